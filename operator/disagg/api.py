@@ -1,0 +1,652 @@
+"""The DisaggDeployment API: pydantic models of spec and status.
+
+This module is the single source of the CRD schema: `disagg.crdgen` turns the
+JSON schema of `DisaggDeploymentSpec` / `DisaggDeploymentStatus` into the
+structural OpenAPI schema of `crds/disagg.dev_disaggdeployments.yaml`.
+
+Cross-field rules live twice, on purpose, with the same message text:
+
+* as CEL `x-kubernetes-validations` (attached through `json_schema_extra`), so
+  the API server refuses a bad object at admission;
+* as pydantic validators, so the operator, `disagg plan` and the tests catch
+  the same mistake offline (the operator reports it as an `InvalidSpec`
+  condition and does not scale).
+
+Pure module: no kopf, no kubernetes client, no HTTP.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "disagg.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "DisaggDeployment"
+PLURAL = "disaggdeployments"
+SINGULAR = "disaggdeployment"
+SHORT_NAMES = ["dd", "disagg"]
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+#: Pool names in pipeline order. `colocated` replaces prefill+decode.
+POOL_NAMES = ("encoder", "prefill", "decode", "colocated")
+
+# Upper bounds keep CEL cost estimates low and integer arithmetic far from overflow.
+MAX_REPLICAS = 10_000
+MAX_GPUS_PER_REPLICA = 64
+MAX_GPU_BUDGET = MAX_REPLICAS * MAX_GPUS_PER_REPLICA
+
+# Condition types written to status.conditions.
+COND_READY = "Ready"
+COND_PROGRESSING = "Progressing"
+COND_DEGRADED = "Degraded"
+COND_METRICS_AVAILABLE = "MetricsAvailable"
+COND_DRAINING = "Draining"
+COND_BUDGET_LIMITED = "BudgetLimited"
+COND_INVALID_SPEC = "InvalidSpec"
+CONDITION_TYPES = (
+    COND_READY,
+    COND_PROGRESSING,
+    COND_DEGRADED,
+    COND_METRICS_AVAILABLE,
+    COND_DRAINING,
+    COND_BUDGET_LIMITED,
+    COND_INVALID_SPEC,
+)
+
+# ---------------------------------------------------------------------------
+# Validation messages (shared by CEL rules and pydantic validators).
+
+MSG_MIN_LE_MAX = "minReplicas must be less than or equal to maxReplicas"
+MSG_REPLICAS_IN_RANGE = "replicas must be between minReplicas and maxReplicas"
+MSG_DRAIN_TIMEOUT = "drain.timeoutSeconds must be between 1 and 3600"
+MSG_SPLIT_THRESHOLD = "splitThresholdTokens must be a positive integer or 'auto'"
+MSG_COLOCATED_NEEDS_POOL = "placement.mode 'colocated' requires pools.colocated"
+MSG_COLOCATED_FORBIDS_PD = "placement.mode 'colocated' does not allow pools.prefill or pools.decode"
+MSG_DISAGG_NEEDS_PD = (
+    "placement.mode 'disaggregated' or 'conditional' requires pools.prefill and pools.decode"
+)
+MSG_DISAGG_FORBIDS_COLOCATED = "pools.colocated is only allowed with placement.mode 'colocated'"
+MSG_GPU_BUDGET = "autoscaling.gpuBudget must be at least the sum over pools of minReplicas * gpusPerReplica"
+MSG_TEMPLATE_CONTAINERS = "template.spec.containers must list at least one container"
+
+
+def cel(rule: str, message: str, reason: str | None = None, field_path: str | None = None) -> dict[str, Any]:
+    """One `x-kubernetes-validations` entry."""
+    out: dict[str, Any] = {"rule": rule, "message": message}
+    if reason:
+        out["reason"] = reason
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
+
+
+def _gpu_sum_expr() -> str:
+    parts = [
+        f"(has(self.pools.{p}) ? self.pools.{p}.minReplicas * self.pools.{p}.gpusPerReplica : 0)"
+        for p in POOL_NAMES
+    ]
+    return " + ".join(parts)
+
+
+_IS_COLOCATED = "(has(self.placement) && self.placement.mode == 'colocated')"
+
+SPEC_RULES = [
+    cel(f"!{_IS_COLOCATED} || has(self.pools.colocated)", MSG_COLOCATED_NEEDS_POOL, field_path=".pools"),
+    cel(
+        f"!{_IS_COLOCATED} || (!has(self.pools.prefill) && !has(self.pools.decode))",
+        MSG_COLOCATED_FORBIDS_PD,
+        field_path=".pools",
+    ),
+    cel(
+        f"{_IS_COLOCATED} || (has(self.pools.prefill) && has(self.pools.decode))",
+        MSG_DISAGG_NEEDS_PD,
+        field_path=".pools",
+    ),
+    cel(f"{_IS_COLOCATED} || !has(self.pools.colocated)", MSG_DISAGG_FORBIDS_COLOCATED, field_path=".pools"),
+    cel(
+        "!has(self.autoscaling) || !has(self.autoscaling.gpuBudget) || "
+        f"self.autoscaling.gpuBudget >= {_gpu_sum_expr()}",
+        MSG_GPU_BUDGET,
+        field_path=".autoscaling.gpuBudget",
+    ),
+]
+
+POOL_RULES = [
+    cel("self.minReplicas <= self.maxReplicas", MSG_MIN_LE_MAX, field_path=".minReplicas"),
+    cel(
+        "!has(self.replicas) || (self.replicas >= self.minReplicas && self.replicas <= self.maxReplicas)",
+        MSG_REPLICAS_IN_RANGE,
+        field_path=".replicas",
+    ),
+]
+
+DRAIN_RULES = [
+    cel(
+        "self.timeoutSeconds >= 1 && self.timeoutSeconds <= 3600",
+        MSG_DRAIN_TIMEOUT,
+        field_path=".timeoutSeconds",
+    )
+]
+
+SPLIT_THRESHOLD_RULES = [
+    cel("type(self) == int ? (self >= 1 && self <= 10000000) : self == 'auto'", MSG_SPLIT_THRESHOLD)
+]
+
+# ---------------------------------------------------------------------------
+# Schema helpers.
+
+#: Free-form object kept as-is by the API server (no pruning).
+FreeForm = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+#: A full PodTemplateSpec, kept verbatim (validated by the Deployment it ends up in).
+PodTemplate = Annotated[
+    dict[str, Any],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "description": (
+                "Pod template of the pool's workers (a core/v1 PodTemplateSpec: metadata and spec). "
+                "The operator adds its labels, a readiness gate of type disagg.dev/routable and, unless "
+                "set, nvidia.com/gpu requests and limits on the engine container."
+            ),
+        }
+    ),
+]
+
+SplitThreshold = Annotated[
+    int | Literal["auto"],
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "x-kubernetes-validations": SPLIT_THRESHOLD_RULES,
+            "description": (
+                "Prompt length (uncached tokens) from which a request is disaggregated, in conditional "
+                "placement: shorter prompts are prefilled locally on the decode worker. 'auto' lets the "
+                "planner derive it from the stage models (where the transfer pays for itself)."
+            ),
+        }
+    ),
+]
+
+
+def _sub(model: type[BaseModel], description: str) -> Any:
+    """A nested object field defaulted to `{}`, so the API server fills in its own defaults."""
+    return Field(default_factory=model, description=description, json_schema_extra={"default": {}})
+
+
+class _Model(BaseModel):
+    """Base: camelCase wire names, snake_case attributes, unknown fields refused."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Wire form (camelCase), without unset optional fields."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# ---------------------------------------------------------------------------
+# Spec.
+
+
+class Placement(_Model):
+    """Where prefill runs relative to decode."""
+
+    mode: Literal["disaggregated", "colocated", "conditional"] = Field(
+        "disaggregated",
+        description=(
+            "disaggregated: every request is prefilled on the prefill pool and its KV cache sent to the "
+            "decode pool. colocated: one pool does both (pools.colocated). conditional: prompts of at "
+            "least splitThresholdTokens go through the prefill pool, shorter ones are prefilled locally "
+            "on the decode pool."
+        ),
+    )
+    split_threshold_tokens: SplitThreshold = "auto"
+
+    @field_validator("split_threshold_tokens")
+    @classmethod
+    def _check_threshold(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not (1 <= v <= 10_000_000):
+            raise ValueError(MSG_SPLIT_THRESHOLD)
+        return v
+
+
+class EncoderServiceModel(_Model):
+    """Encoder service time: fixedMs + msPerItem x items (images, video frames, audio clips)."""
+
+    fixed_ms: float = Field(20.0, ge=0, description="Fixed cost of one encoder call, in milliseconds.")
+    ms_per_item: float = Field(40.0, gt=0, description="Cost per multimodal item, in milliseconds.")
+
+
+class PrefillServiceModel(_Model):
+    """Prefill service time: fixedMs + msPerToken x tokens + msPerTokenSquared x tokens^2, in chunks."""
+
+    fixed_ms: float = Field(20.0, ge=0, description="Fixed cost of one prefill, in milliseconds.")
+    ms_per_token: float = Field(0.035, gt=0, description="Cost per prompt token, in milliseconds.")
+    ms_per_token_squared: float = Field(
+        0.0, ge=0, description="Quadratic (attention) cost per token squared, in milliseconds."
+    )
+    chunk_tokens: int = Field(2000, ge=1, le=1_000_000, description="Chunked-prefill size, in tokens.")
+
+
+class DecodeServiceModel(_Model):
+    """Decode step time: stepFixedMs + stepMsPerSequence x running sequences, with `slots` sequences per worker."""
+
+    step_fixed_ms: float = Field(45.0, gt=0, description="Fixed cost of one decode step, in milliseconds.")
+    step_ms_per_sequence: float = Field(
+        0.0, ge=0, description="Added step cost per running sequence, in milliseconds."
+    )
+    slots: int = Field(
+        32, ge=1, le=100_000, description="Concurrent sequences (batch slots) per decode worker."
+    )
+
+
+class ColocatedServiceModel(PrefillServiceModel, DecodeServiceModel):
+    """Colocated worker: the prefill and the decode parameters of the same engine."""
+
+
+class DrainPolicy(_Model):
+    """How a worker is retired when its pool shrinks or is rebalanced."""
+
+    timeout_seconds: int = Field(
+        300,
+        description=(
+            "Longest wait (1..3600 s) for a victim's in-flight requests and pending KV transfers to finish."
+        ),
+    )
+    on_timeout: Literal["proceed", "readmit"] = Field(
+        "proceed",
+        description=(
+            "At the deadline: proceed removes the pod anyway; readmit makes it routable again and "
+            "cancels the scale-down step."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_timeout(self) -> DrainPolicy:
+        if not (1 <= self.timeout_seconds <= 3600):
+            raise ValueError(MSG_DRAIN_TIMEOUT)
+        return self
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": DRAIN_RULES})
+
+
+class Pool(_Model):
+    """One worker pool: a Deployment sized by the autoscaler within [minReplicas, maxReplicas]."""
+
+    replicas: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_REPLICAS,
+        description="Initial replicas (defaults to minReplicas); afterwards the autoscaler owns the count.",
+    )
+    min_replicas: int = Field(
+        1, ge=0, le=MAX_REPLICAS, description="Lowest replica count the autoscaler may set."
+    )
+    max_replicas: int = Field(
+        ..., ge=1, le=MAX_REPLICAS, description="Highest replica count the autoscaler may set."
+    )
+    gpus_per_replica: int = Field(
+        1,
+        ge=1,
+        le=MAX_GPUS_PER_REPLICA,
+        description="GPUs of one worker (its tensor/pipeline-parallel size); counted against autoscaling.gpuBudget.",
+    )
+    template: PodTemplate
+    drain: DrainPolicy = _sub(DrainPolicy, "Drain policy of this pool's workers.")
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": POOL_RULES})
+
+    @field_validator("template")
+    @classmethod
+    def _check_template(cls, v: dict[str, Any]) -> dict[str, Any]:
+        containers = (v.get("spec") or {}).get("containers")
+        if not isinstance(containers, list) or not containers:
+            raise ValueError(MSG_TEMPLATE_CONTAINERS)
+        return v
+
+    @model_validator(mode="after")
+    def _check_replicas(self) -> Pool:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(MSG_MIN_LE_MAX)
+        if self.replicas is not None and not (self.min_replicas <= self.replicas <= self.max_replicas):
+            raise ValueError(MSG_REPLICAS_IN_RANGE)
+        return self
+
+    @property
+    def initial_replicas(self) -> int:
+        return self.min_replicas if self.replicas is None else self.replicas
+
+
+class EncoderPool(Pool):
+    """Encoder pool (multimodal E/P/D): turns images, video or audio into embeddings for prefill."""
+
+    service_model: EncoderServiceModel = _sub(EncoderServiceModel, "Encoder service-time model.")
+
+
+class PrefillPool(Pool):
+    """Prefill pool: computes the prompt's KV cache and sends it to a decode worker."""
+
+    service_model: PrefillServiceModel = _sub(PrefillServiceModel, "Prefill service-time model.")
+
+
+class DecodePool(Pool):
+    """Decode pool: receives KV caches and generates output tokens."""
+
+    service_model: DecodeServiceModel = _sub(DecodeServiceModel, "Decode step-time model.")
+
+
+class ColocatedPool(Pool):
+    """Colocated pool: each worker prefills and decodes (placement.mode colocated)."""
+
+    service_model: ColocatedServiceModel = _sub(
+        ColocatedServiceModel, "Prefill and decode models of the worker."
+    )
+
+
+class Pools(_Model):
+    """The worker pools. Disaggregated and conditional placement need prefill and decode; colocated needs colocated."""
+
+    encoder: EncoderPool | None = Field(None, description="Optional encoder pool (multimodal models).")
+    prefill: PrefillPool | None = Field(None, description="Prefill pool.")
+    decode: DecodePool | None = Field(None, description="Decode pool.")
+    colocated: ColocatedPool | None = Field(None, description="Colocated prefill+decode pool.")
+
+
+class KVTransfer(_Model):
+    """KV-cache transfer between prefill and decode: setup + bytes / bandwidth, sent in chunks."""
+
+    bytes_per_token: int = Field(
+        327680, ge=1, description="KV-cache bytes per token (all layers, all heads)."
+    )
+    link_setup_ms: float = Field(12.0, ge=0, description="Fixed setup cost of one transfer, in milliseconds.")
+    bandwidth_gi_bps: float = Field(
+        22.0, gt=0, alias="bandwidthGiBps", description="Link bandwidth per transfer, in GiB/s."
+    )
+    chunk_tokens: int = Field(
+        2000, ge=1, le=1_000_000, description="Tokens per streamed chunk (overlaps transfer with prefill)."
+    )
+
+
+class SLO(_Model):
+    """Latency targets, at `percentile`."""
+
+    ttft_seconds: float = Field(0.6, gt=0, description="Time-to-first-token target, in seconds.")
+    itl_seconds: float = Field(0.15, gt=0, description="Inter-token latency target, in seconds.")
+    percentile: float = Field(
+        0.9, gt=0, lt=1, description="Quantile the targets apply to, in (0, 1), e.g. 0.9."
+    )
+
+
+class SecretKeyRef(_Model):
+    """A key of a Secret in the DisaggDeployment's namespace."""
+
+    name: str = Field(..., min_length=1, max_length=253, description="Secret name.")
+    key: str = Field(..., min_length=1, max_length=253, description="Key in the Secret.")
+
+
+class PrometheusTLS(_Model):
+    """TLS settings for the Prometheus connection."""
+
+    insecure_skip_verify: bool = Field(
+        False, description="Skip server certificate verification (testing only)."
+    )
+    ca_secret_ref: SecretKeyRef | None = Field(None, description="CA bundle (PEM) to verify the server with.")
+
+
+class PrometheusConfig(_Model):
+    """Where the autoscaler reads engine metrics."""
+
+    url: str = Field(
+        ...,
+        min_length=1,
+        max_length=2048,
+        description="Base URL of the Prometheus HTTP API, e.g. http://prometheus-operated.monitoring:9090.",
+    )
+    bearer_token_secret_ref: SecretKeyRef | None = Field(None, description="Bearer token for the API.")
+    tls: PrometheusTLS | None = Field(None, description="TLS settings.")
+
+
+class Autoscaling(_Model):
+    """Autoscaler settings."""
+
+    enabled: bool = Field(
+        True, description="Size the pools from metrics. When false, replicas are left as set."
+    )
+    paused: bool = Field(False, description="Temporarily hold every pool at its current size.")
+    interval_seconds: int = Field(30, ge=5, le=3600, description="Seconds between autoscaling decisions.")
+    prometheus: PrometheusConfig | None = Field(
+        None, description="Prometheus to read; defaults to the operator's --prometheus-url."
+    )
+    metric_window_seconds: int = Field(
+        60, ge=10, le=3600, description="Rate/quantile window of the queries, in seconds."
+    )
+    scale_down_stabilization_seconds: int = Field(
+        300,
+        ge=0,
+        le=86400,
+        description="A pool shrinks only to the highest recommendation within this window.",
+    )
+    max_scale_up_step: int = Field(
+        4, ge=1, le=MAX_REPLICAS, description="Most replicas added to a pool per decision."
+    )
+    max_scale_down_step: int = Field(
+        1, ge=1, le=MAX_REPLICAS, description="Most replicas removed (drained) from a pool per decision."
+    )
+    gpu_budget: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_GPU_BUDGET,
+        description="Most GPUs all pools together may use; split across stages by SLO pressure.",
+    )
+    queries: dict[str, Annotated[str, Field(max_length=4096)]] | None = Field(
+        None,
+        max_length=32,
+        description="PromQL overrides by query name (see docs/metrics.md); the engine preset fills the rest.",
+    )
+
+
+class DisaggDeploymentSpec(_Model):
+    """Desired state of a disaggregated LLM serving deployment."""
+
+    engine: Literal["vllm", "sglang"] = Field(
+        ..., description="Serving engine; selects metric names and drain behaviour."
+    )
+    model: str = Field(
+        ..., min_length=1, max_length=256, description="Model display name (e.g. the served model name)."
+    )
+    placement: Placement = _sub(Placement, "Where prefill runs relative to decode.")
+    pools: Pools = Field(..., description="The worker pools.")
+    kv_transfer: KVTransfer = _sub(KVTransfer, "KV-cache transfer model between prefill and decode.")
+    slo: SLO = _sub(SLO, "Latency targets the pools are sized for.")
+    autoscaling: Autoscaling = _sub(Autoscaling, "Autoscaler settings.")
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": SPEC_RULES})
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> DisaggDeploymentSpec:
+        p = self.pools
+        if self.placement.mode == "colocated":
+            if p.colocated is None:
+                raise ValueError(MSG_COLOCATED_NEEDS_POOL)
+            if p.prefill is not None or p.decode is not None:
+                raise ValueError(MSG_COLOCATED_FORBIDS_PD)
+        else:
+            if p.prefill is None or p.decode is None:
+                raise ValueError(MSG_DISAGG_NEEDS_PD)
+            if p.colocated is not None:
+                raise ValueError(MSG_DISAGG_FORBIDS_COLOCATED)
+        budget = self.autoscaling.gpu_budget
+        if budget is not None and budget < min_gpus(self):
+            raise ValueError(MSG_GPU_BUDGET)
+        return self
+
+
+# ---------------------------------------------------------------------------
+# Status.
+
+
+class _Status(_Model):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Condition(_Status):
+    """A Kubernetes-style condition."""
+
+    type: str = Field(
+        ..., min_length=1, max_length=316, description="One of " + ", ".join(CONDITION_TYPES) + "."
+    )
+    status: Literal["True", "False", "Unknown"] = Field(..., description="True, False or Unknown.")
+    reason: str | None = Field(None, max_length=1024, description="CamelCase reason of the last transition.")
+    message: str | None = Field(None, max_length=32768, description="Human-readable details.")
+    last_transition_time: str | None = Field(
+        None,
+        description="When status last changed (RFC 3339).",
+        json_schema_extra={"format": "date-time"},
+    )
+    observed_generation: int | None = Field(
+        None, ge=0, description="metadata.generation the condition was computed for."
+    )
+
+
+class PoolStatus(_Status):
+    """Observed state of one pool."""
+
+    replicas: int | None = Field(None, description="Pods of the pool's Deployment.")
+    ready_replicas: int | None = Field(None, description="Ready (and routable) pods.")
+    desired_replicas: int | None = Field(None, description="Replicas the autoscaler wants.")
+    draining_pods: list[Annotated[str, Field(max_length=253)]] | None = Field(
+        None, max_length=256, description="Pods currently being drained."
+    )
+
+
+class Decision(_Status):
+    """The last autoscaling decision and the figures behind it."""
+
+    time: str | None = Field(
+        None, description="When it was taken (RFC 3339).", json_schema_extra={"format": "date-time"}
+    )
+    reason: str | None = Field(None, max_length=1024, description="CamelCase reason.")
+    inputs: FreeForm | None = Field(None, description="Metrics and model figures the decision used.")
+    outputs: FreeForm | None = Field(None, description="Replica targets and predicted latencies.")
+
+
+class DisaggDeploymentStatus(_Status):
+    """Observed state, written by the operator."""
+
+    observed_generation: int | None = Field(None, description="metadata.generation last reconciled.")
+    conditions: list[Condition] | None = Field(
+        None,
+        max_length=16,
+        description="Ready, Progressing, Degraded, MetricsAvailable, Draining, BudgetLimited, InvalidSpec.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    pools: dict[str, PoolStatus] | None = Field(
+        None, max_length=8, description="Observed state per pool name."
+    )
+    ratio: str | None = Field(
+        None, max_length=64, description='Replica ratio P:D(:E), e.g. "1:2.5" or "1:3:1".'
+    )
+    last_decision: Decision | None = Field(None, description="The last autoscaling decision.")
+    calibration: FreeForm | None = Field(None, description="Stage-model parameters fitted from live metrics.")
+
+
+# ---------------------------------------------------------------------------
+# Helpers.
+
+
+def parse_spec(spec: dict[str, Any]) -> DisaggDeploymentSpec:
+    """Validate a spec dict (camelCase, as stored by the API server)."""
+    return DisaggDeploymentSpec.model_validate(spec)
+
+
+def pool_names(spec: DisaggDeploymentSpec) -> list[str]:
+    """Names of the pools present in `spec`, in pipeline order."""
+    return [name for name in POOL_NAMES if getattr(spec.pools, name) is not None]
+
+
+def pools(spec: DisaggDeploymentSpec) -> dict[str, Pool]:
+    """Present pools by name, in pipeline order."""
+    return {name: getattr(spec.pools, name) for name in pool_names(spec)}
+
+
+def min_gpus(spec: DisaggDeploymentSpec) -> int:
+    """GPUs needed with every pool at minReplicas."""
+    return sum(p.min_replicas * p.gpus_per_replica for p in pools(spec).values())
+
+
+def format_ratio(replicas: dict[str, float]) -> str:
+    """Pool ratio P:D(:E) normalised to prefill = 1, e.g. {"prefill": 2, "decode": 5} -> "1:2.5".
+
+    Colocated deployments report their single pool count; a zero prefill pool reports raw counts.
+    """
+
+    def fmt(x: float) -> str:
+        return f"{x:.2f}".rstrip("0").rstrip(".")
+
+    if "colocated" in replicas:
+        return fmt(replicas["colocated"])
+    order = [n for n in ("prefill", "decode", "encoder") if n in replicas]
+    base = replicas.get("prefill") or 0
+    if base <= 0:
+        return ":".join(fmt(replicas[n]) for n in order)
+    return ":".join(fmt(replicas[n] / base) for n in order)
+
+
+def stage_models(spec: DisaggDeploymentSpec) -> dict[str, Any]:
+    """Service-time models of each present stage, as `disagg.model` dataclasses.
+
+    Keys: encoder, prefill, transfer, decode (the colocated pool yields prefill
+    and decode; transfer is present only when prefill runs remotely).
+    """
+    from disagg import model as m  # lazy: owned by another module, may evolve independently
+
+    out: dict[str, Any] = {}
+    p = spec.pools
+    if p.encoder is not None:
+        e = p.encoder.service_model
+        out["encoder"] = m.EncoderModel(fixed_ms=e.fixed_ms, ms_per_item=e.ms_per_item)
+    prefill = (
+        p.prefill.service_model
+        if p.prefill is not None
+        else (p.colocated.service_model if p.colocated else None)
+    )
+    decode = (
+        p.decode.service_model
+        if p.decode is not None
+        else (p.colocated.service_model if p.colocated else None)
+    )
+    if prefill is not None:
+        out["prefill"] = m.PrefillModel(
+            fixed_ms=prefill.fixed_ms,
+            ms_per_token=prefill.ms_per_token,
+            ms_per_token_sq=prefill.ms_per_token_squared,
+            chunk_tokens=prefill.chunk_tokens,
+        )
+    if p.prefill is not None:
+        kv = spec.kv_transfer
+        out["transfer"] = m.TransferModel(
+            kv_bytes_per_token=kv.bytes_per_token,
+            setup_ms=kv.link_setup_ms,
+            bandwidth_gibps=kv.bandwidth_gi_bps,
+            chunk_tokens=kv.chunk_tokens,
+        )
+    if decode is not None:
+        out["decode"] = m.DecodeModel(
+            step_fixed_ms=decode.step_fixed_ms,
+            step_ms_per_seq=decode.step_ms_per_sequence,
+            slots=decode.slots,
+        )
+    return out
