@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# A local Kubernetes cluster with simulated GPU nodes: the real kube-apiserver,
+# etcd, kube-controller-manager and kube-scheduler (built by hack/tools.sh),
+# run by kwokctl's binary runtime on loopback; KWOK simulates the nodes and the
+# pod lifecycle (hack/kwok/stages.yaml).
+#
+#   hack/cluster.sh up      start (or reuse) the cluster, create the GPU nodes
+#   hack/cluster.sh down    remove everything (also when nothing runs)
+#   hack/cluster.sh status  print whether it runs and its kubeconfig
+#   hack/cluster.sh env     print `export KUBECONFIG=...` for eval
+#
+# Settings (environment):
+#   DISAGG_CLUSTER_NAME   cluster name                     (default: disagg)
+#   DISAGG_GPU_NODES      number of fake GPU nodes         (default: 4)
+#   DISAGG_GPUS_PER_NODE  nvidia.com/gpu per node          (default: 8)
+#   DISAGG_NODE_CPU       cpu per node                     (default: 96)
+#   DISAGG_NODE_MEMORY    memory per node                  (default: 1Ti)
+#   DISAGG_STATE_DIR      state (kwokctl workdir, kubeconfig)
+#                         (default: ~/.cache/disagg-operator/state)
+# The kubeconfig is written to ${DISAGG_STATE_DIR}/<name>.kubeconfig.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "${HERE}/versions.env"
+
+NAME="${DISAGG_CLUSTER_NAME:-disagg}"
+NODES="${DISAGG_GPU_NODES:-4}"
+GPUS="${DISAGG_GPUS_PER_NODE:-8}"
+NODE_CPU="${DISAGG_NODE_CPU:-96}"
+NODE_MEM="${DISAGG_NODE_MEMORY:-1Ti}"
+STATE="${DISAGG_STATE_DIR:-${HOME}/.cache/disagg-operator/state}"
+KUBECONFIG_PATH="${STATE}/${NAME}.kubeconfig"
+export KWOK_WORKDIR="${STATE}/kwok"
+
+log() { echo "[cluster] $*" >&2; }
+die() { echo "hack/cluster.sh: ERROR: $*" >&2; exit 1; }
+
+BIN="$("${HERE}/tools.sh" --print)"
+export PATH="${BIN}:${PATH}"
+
+need_tools() {
+  for t in kwokctl kwok kube-apiserver kube-controller-manager kube-scheduler kubectl etcd; do
+    [[ -x "${BIN}/${t}" ]] || { log "tool ${t} missing: building tools"; "${HERE}/tools.sh" >&2; return; }
+  done
+}
+
+kc() { "${BIN}/kubectl" --kubeconfig "${KUBECONFIG_PATH}" "$@"; }
+
+is_running() {
+  [[ -f "${KUBECONFIG_PATH}" ]] && kc get --raw /readyz >/dev/null 2>&1
+}
+
+write_config() {
+  local cfg="${STATE}/${NAME}.kwokctl.yaml"
+  mkdir -p "${STATE}"
+  cat > "${cfg}" <<EOF
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokctlConfiguration
+options:
+  runtime: binary
+  kubeVersion: ${KUBE_VERSION}
+  etcdVersion: ${ETCD_VERSION#v}
+  kwokVersion: ${KWOK_VERSION}
+  bindAddress: 127.0.0.1
+  kubeAuthorization: true
+  kubeApiserverBinary: ${BIN}/kube-apiserver
+  kubeControllerManagerBinary: ${BIN}/kube-controller-manager
+  kubeSchedulerBinary: ${BIN}/kube-scheduler
+  kubectlBinary: ${BIN}/kubectl
+  etcdBinary: ${BIN}/etcd
+  kwokControllerBinary: ${BIN}/kwok
+  nodeLeaseDurationSeconds: 40
+  cacheDir: ${STATE}/kwok-cache
+EOF
+  cat "${HERE}/kwok/stages.yaml" >> "${cfg}"
+  echo "${cfg}"
+}
+
+gpu_nodes() {
+  for i in $(seq 0 $((NODES - 1))); do
+    cat <<EOF
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: gpu-node-${i}
+  annotations:
+    kwok.x-k8s.io/node: fake
+    node.alpha.kubernetes.io/ttl: "0"
+  labels:
+    kubernetes.io/hostname: gpu-node-${i}
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    kubernetes.io/role: agent
+    type: kwok
+    nvidia.com/gpu.present: "true"
+    nvidia.com/gpu.count: "${GPUS}"
+    nvidia.com/gpu.product: KWOK-Simulated-GPU
+    disagg.dev/simulated: "true"
+spec: {}
+status:
+  allocatable:
+    cpu: "${NODE_CPU}"
+    memory: ${NODE_MEM}
+    pods: "110"
+    nvidia.com/gpu: "${GPUS}"
+  capacity:
+    cpu: "${NODE_CPU}"
+    memory: ${NODE_MEM}
+    pods: "110"
+    nvidia.com/gpu: "${GPUS}"
+EOF
+  done
+}
+
+up() {
+  local start=${SECONDS}
+  need_tools
+  if is_running; then
+    log "cluster '${NAME}' already running; reusing it"
+  else
+    if kwokctl get clusters 2>/dev/null | grep -qx "${NAME}"; then
+      log "cluster '${NAME}' exists but is not serving: starting it"
+      kwokctl start cluster --name "${NAME}" --wait 60s >&2 \
+        || { log "start failed: recreating"; kwokctl delete cluster --name "${NAME}" >&2 || true; }
+    fi
+    if ! is_running; then
+      local cfg
+      cfg="$(write_config)"
+      log "creating cluster '${NAME}' (Kubernetes ${KUBE_VERSION}, kwok ${KWOK_VERSION}, binary runtime, 127.0.0.1)"
+      kwokctl create cluster --name "${NAME}" --config "${cfg}" --wait 90s >&2 \
+        || die "kwokctl could not create the cluster; see the messages above and the logs in ${KWOK_WORKDIR}/clusters/${NAME}/logs. 'make cluster-down' and retry."
+    fi
+    kwokctl get kubeconfig --name "${NAME}" > "${KUBECONFIG_PATH}.tmp"
+    mv "${KUBECONFIG_PATH}.tmp" "${KUBECONFIG_PATH}"
+  fi
+  log "creating ${NODES} simulated GPU nodes with ${GPUS} nvidia.com/gpu each"
+  gpu_nodes | kc apply --server-side --force-conflicts -f - >/dev/null
+  # The default service account must exist before pods can be created in a namespace.
+  for _ in $(seq 1 120); do
+    if [[ "$(kc get nodes -l disagg.dev/simulated=true -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c True)" -ge "${NODES}" ]] \
+      && kc get serviceaccount default -n default >/dev/null 2>&1; then
+      log "cluster '${NAME}' ready in $((SECONDS - start)) s; KUBECONFIG=${KUBECONFIG_PATH}"
+      echo "${KUBECONFIG_PATH}"
+      return 0
+    fi
+    sleep 0.5
+  done
+  die "the nodes did not become Ready within 60 s; see ${KWOK_WORKDIR}/clusters/${NAME}/logs"
+}
+
+down() {
+  if [[ -x "${BIN}/kwokctl" ]] && kwokctl get clusters 2>/dev/null | grep -qx "${NAME}"; then
+    log "deleting cluster '${NAME}'"
+    kwokctl delete cluster --name "${NAME}" >&2 || true
+  else
+    log "no cluster '${NAME}' to delete"
+  fi
+  rm -f "${KUBECONFIG_PATH}" "${STATE}/${NAME}.kwokctl.yaml"
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status)
+    if is_running; then echo "running: KUBECONFIG=${KUBECONFIG_PATH}"; else echo "not running"; exit 1; fi ;;
+  env) echo "export KUBECONFIG=${KUBECONFIG_PATH}" ;;
+  kubeconfig) echo "${KUBECONFIG_PATH}" ;;
+  *) echo "usage: $0 up|down|status|env|kubeconfig" >&2; exit 2 ;;
+esac

@@ -1,0 +1,156 @@
+"""Start and stop a real Prometheus server on loopback, for tests and the demo.
+
+Uses the `prometheus` binary from the system (Debian package `prometheus`).
+Targets are given as a file_sd file, so they can change while the server runs
+(Prometheus re-reads the file by itself).
+
+    with PrometheusServer(targets={"emulator": ["127.0.0.1:9400"]}, scrape_interval="1s") as prom:
+        print(prom.url)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_prometheus() -> str:
+    path = os.environ.get("DISAGG_PROMETHEUS_BIN") or shutil.which("prometheus")
+    if not path:
+        raise RuntimeError(
+            "the Prometheus server binary was not found. Install it "
+            "('apt-get install prometheus' on Debian/Ubuntu) or set DISAGG_PROMETHEUS_BIN."
+        )
+    return path
+
+
+class PrometheusServer:
+    """A Prometheus server process with its own data directory, on 127.0.0.1."""
+
+    def __init__(
+        self,
+        targets: dict[str, list[str]] | None = None,
+        scrape_interval: str = "1s",
+        port: int | None = None,
+        workdir: str | Path | None = None,
+        log_path: str | Path | None = None,
+    ) -> None:
+        self.port = port or free_port()
+        self.scrape_interval = scrape_interval
+        self._own_dir = workdir is None
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix="disagg-prom-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.sd_file = self.dir / "targets.json"
+        self.log_path = Path(log_path) if log_path else self.dir / "prometheus.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.set_targets(targets or {})
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def set_targets(self, targets: dict[str, list[str]]) -> None:
+        """Replace the scrape targets: job name -> list of host:port."""
+        groups = [{"targets": addrs, "labels": {"job": job}} for job, addrs in sorted(targets.items())]
+        tmp = self.sd_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups))
+        tmp.replace(self.sd_file)
+
+    def _config(self) -> str:
+        return (
+            "global:\n"
+            f"  scrape_interval: {self.scrape_interval}\n"
+            f"  scrape_timeout: {self.scrape_interval}\n"
+            f"  evaluation_interval: {self.scrape_interval}\n"
+            "scrape_configs:\n"
+            "  - job_name: disagg\n"
+            "    honor_labels: true\n"
+            "    file_sd_configs:\n"
+            f"      - files: ['{self.sd_file}']\n"
+            "        refresh_interval: 1s\n"
+        )
+
+    def start(self, timeout: float = 30.0) -> PrometheusServer:
+        if self.proc and self.proc.poll() is None:
+            return self
+        binary = find_prometheus()
+        cfg = self.dir / "prometheus.yml"
+        cfg.write_text(self._config())
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={cfg}",
+                f"--storage.tsdb.path={self.dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=2h",
+                "--web.enable-lifecycle",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"prometheus exited with code {self.proc.returncode}; see {self.log_path}:\n"
+                    + self.log_path.read_text()[-2000:]
+                )
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"prometheus did not become ready within {timeout} s; see {self.log_path}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def query(self, promql: str) -> list[dict]:
+        """Instant query through the HTTP API; returns the result vector."""
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(url, timeout=5) as r:
+            body = json.loads(r.read())
+        if body.get("status") != "success":
+            raise RuntimeError(f"prometheus query failed: {body}")
+        return body["data"]["result"]
+
+    def __enter__(self) -> PrometheusServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

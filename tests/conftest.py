@@ -1,0 +1,130 @@
+"""Shared fixtures.
+
+Cluster tests (`@pytest.mark.cluster`) run against the local kwokctl cluster
+(real kube-apiserver, etcd, controller-manager, scheduler; KWOK GPU nodes).
+The session fixture reuses a running cluster or starts one with
+`hack/cluster.sh up`; one it started itself is removed at the end unless
+DISAGG_KEEP_CLUSTER=1. Prometheus tests start the real server binary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HACK = ROOT / "hack"
+
+
+def tools_bin() -> Path:
+    out = subprocess.run([str(HACK / "tools.sh"), "--print"], capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+@dataclass
+class Cluster:
+    kubeconfig: str
+    bin: Path
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["KUBECONFIG"] = self.kubeconfig
+        env["PATH"] = f"{self.bin}:{env.get('PATH', '')}"
+        return env
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [str(self.bin / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+        return proc
+
+    def get_json(self, *args: str) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def wait_for(
+        self, predicate: Callable[[], object], timeout: float = 60, interval: float = 0.5, what: str = ""
+    ) -> object:
+        deadline = time.monotonic() + timeout
+        last: object = None
+        while time.monotonic() < deadline:
+            last = predicate()
+            if last:
+                return last
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    binp = tools_bin()
+    status = subprocess.run([str(HACK / "cluster.sh"), "status"], capture_output=True, text=True)
+    started = status.returncode != 0
+    up = subprocess.run([str(HACK / "cluster.sh"), "up"], capture_output=True, text=True, timeout=900)
+    if up.returncode != 0:
+        raise RuntimeError(f"hack/cluster.sh up failed:\n{up.stderr}")
+    c = Cluster(kubeconfig=up.stdout.strip().splitlines()[-1], bin=binp)
+    yield c
+    if started and os.environ.get("DISAGG_KEEP_CLUSTER") != "1":
+        subprocess.run([str(HACK / "cluster.sh"), "down"], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: Cluster) -> str:
+    """Path of the local cluster's kubeconfig."""
+    return cluster.kubeconfig
+
+
+@pytest.fixture
+def kubectl(cluster: Cluster) -> Callable[..., subprocess.CompletedProcess[str]]:
+    return cluster.kubectl
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards (without waiting)."""
+    base = request.node.name.lower().replace("_", "-")
+    base = "".join(ch for ch in base if ch.isalnum() or ch == "-")[:40].strip("-")
+    name = f"t-{base}-{uuid.uuid4().hex[:5]}"
+    cluster.kubectl("create", "namespace", name)
+    cluster.wait_for(
+        lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+        timeout=30,
+        what=f"default service account in {name}",
+    )
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def prometheus_factory(tmp_path: Path) -> Iterator[Callable[..., object]]:
+    """Start real Prometheus servers on loopback; all are stopped at the end of the test."""
+    from disagg.devtools.prometheus import PrometheusServer
+
+    servers: list[PrometheusServer] = []
+
+    def make(targets: dict[str, list[str]] | None = None, scrape_interval: str = "1s") -> PrometheusServer:
+        srv = PrometheusServer(
+            targets=targets, scrape_interval=scrape_interval, workdir=tmp_path / f"prom{len(servers)}"
+        )
+        servers.append(srv)
+        return srv.start()
+
+    yield make
+    for s in servers:
+        s.close()
