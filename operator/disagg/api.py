@@ -215,10 +215,12 @@ class Placement(_Model):
     )
     split_threshold_tokens: SplitThreshold = "auto"
 
-    @field_validator("split_threshold_tokens")
+    @field_validator("split_threshold_tokens", mode="before")
     @classmethod
-    def _check_threshold(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and not (1 <= v <= 10_000_000):
+    def _check_threshold(cls, v: Any) -> Any:
+        # Same rule as the CEL one: an int in range, or exactly the string "auto" (not "123").
+        ok = v == "auto" if isinstance(v, str) else (type(v) is int and 1 <= v <= 10_000_000)
+        if not ok:
             raise ValueError(MSG_SPLIT_THRESHOLD)
         return v
 
