@@ -1,0 +1,223 @@
+"""Pure manifests of a DisaggDeployment's children: per pool a Deployment, a Service and a PDB.
+
+Every function returns plain dicts, ready for a server-side apply; nothing here
+talks to the API server. `kube.py` applies them; the tests read them.
+
+Naming: the children of DisaggDeployment `llama` are `llama-prefill`,
+`llama-decode`, ... (one Deployment, Service and PodDisruptionBudget each).
+The selector uses only the two stable labels `disagg.dev/deployment` and
+`disagg.dev/pool` (a Deployment selector is immutable).
+
+Pure module: no kopf, no kubernetes client, no HTTP.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from disagg import api
+
+LABEL_DEPLOYMENT = "disagg.dev/deployment"
+LABEL_POOL = "disagg.dev/pool"
+ANNOTATION_TEMPLATE_HASH = "disagg.dev/template-hash"
+#: Pod condition the operator sets False on a worker being drained (removes it from endpoints).
+READINESS_GATE = "disagg.dev/routable"
+GPU_RESOURCE = "nvidia.com/gpu"
+MANAGED_BY = "disagg-operator"
+PART_OF = "disagg"
+DEFAULT_HTTP_PORT = 8000
+DEFAULT_METRICS_PORT = 9090
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The DisaggDeployment the children belong to."""
+
+    name: str
+    namespace: str
+    uid: str
+    api_version: str = api.API_VERSION
+    kind: str = api.KIND
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Owner:
+        meta = body["metadata"]
+        return cls(name=meta["name"], namespace=meta.get("namespace") or "default", uid=meta["uid"])
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def child_name(owner_name: str, pool: str) -> str:
+    return f"{owner_name}-{pool}"
+
+
+def selector_labels(owner_name: str, pool: str) -> dict[str, str]:
+    """The immutable selector of a pool's pods."""
+    return {LABEL_DEPLOYMENT: owner_name, LABEL_POOL: pool}
+
+
+def labels(owner_name: str, pool: str, engine: str) -> dict[str, str]:
+    """All labels the operator puts on a pool's objects and pods."""
+    return {
+        **selector_labels(owner_name, pool),
+        "app.kubernetes.io/name": engine,
+        "app.kubernetes.io/instance": owner_name,
+        "app.kubernetes.io/component": pool,
+        "app.kubernetes.io/part-of": PART_OF,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def deep_merge(base: Any, override: Any) -> Any:
+    """Recursively merge mappings (override wins); any other value is replaced. Inputs are not modified."""
+    if isinstance(base, Mapping) and isinstance(override, Mapping):
+        out = {k: copy.deepcopy(v) for k, v in base.items()}
+        for key, value in override.items():
+            out[key] = deep_merge(out[key], value) if key in out else copy.deepcopy(value)
+        return out
+    return copy.deepcopy(override)
+
+
+def template_hash(obj: Any) -> str:
+    """Deterministic short hash of a JSON-able object (key order does not matter)."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def engine_container(containers: list[dict[str, Any]], engine: str) -> dict[str, Any]:
+    """The container running the engine: the one named like the engine, else the first."""
+    for c in containers:
+        if c.get("name") == engine:
+            return c
+    return containers[0]
+
+
+def _set_gpus(container: dict[str, Any], gpus: int) -> None:
+    resources = container.setdefault("resources", {})
+    requests = resources.setdefault("requests", {})
+    limits = resources.setdefault("limits", {})
+    # Extended resources need requests == limits; honour whichever the user set.
+    value = limits.get(GPU_RESOURCE, requests.get(GPU_RESOURCE, gpus))
+    requests.setdefault(GPU_RESOURCE, value)
+    limits.setdefault(GPU_RESOURCE, value)
+
+
+def pod_template(owner: Owner, spec: api.DisaggDeploymentSpec, pool: str) -> dict[str, Any]:
+    """The pool's pod template: the user's template plus labels, GPUs and the routable readiness gate."""
+    p = api.pools(spec)[pool]
+    operator_part = {"metadata": {"labels": labels(owner.name, pool, spec.engine)}}
+    tpl = deep_merge(p.template, operator_part)
+    pod = tpl.setdefault("spec", {})
+    containers = pod["containers"]
+    _set_gpus(engine_container(containers, spec.engine), p.gpus_per_replica)
+    gates = pod.setdefault("readinessGates", [])
+    if not any(g.get("conditionType") == READINESS_GATE for g in gates):
+        gates.append({"conditionType": READINESS_GATE})
+    # The engine needs time to finish in-flight work on SIGTERM (rolling updates bypass our drain).
+    pod.setdefault("terminationGracePeriodSeconds", p.drain.timeout_seconds)
+    return tpl
+
+
+def _meta(owner: Owner, spec: api.DisaggDeploymentSpec, pool: str) -> dict[str, Any]:
+    return {
+        "name": child_name(owner.name, pool),
+        "namespace": owner.namespace,
+        "labels": labels(owner.name, pool, spec.engine),
+        "ownerReferences": [owner.reference()],
+    }
+
+
+def deployment(owner: Owner, spec: api.DisaggDeploymentSpec, pool: str, replicas: int) -> dict[str, Any]:
+    """The pool's Deployment with `replicas` pods."""
+    template = pod_template(owner, spec, pool)
+    meta = _meta(owner, spec, pool)
+    meta["annotations"] = {ANNOTATION_TEMPLATE_HASH: template_hash(template)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "replicas": int(replicas),
+            "selector": {"matchLabels": selector_labels(owner.name, pool)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": template,
+        },
+    }
+
+
+def _ports(spec: api.DisaggDeploymentSpec, pool: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(http, metrics) Service ports from the engine container."""
+    p = api.pools(spec)[pool]
+    container = engine_container(p.template["spec"]["containers"], spec.engine)
+    ports = [x for x in container.get("ports") or [] if isinstance(x, Mapping) and "containerPort" in x]
+    metrics = next((x for x in ports if x.get("name") == "metrics"), None)
+    serving = next((x for x in ports if x is not metrics), None)
+    http_port = int(serving["containerPort"]) if serving else DEFAULT_HTTP_PORT
+    http = {"name": "http", "port": http_port, "targetPort": http_port, "protocol": "TCP"}
+    if metrics is not None:
+        mp = int(metrics["containerPort"])
+        return http, {"name": "metrics", "port": mp, "targetPort": mp, "protocol": "TCP"}
+    # vLLM and SGLang serve /metrics on the API port: expose it under the name "metrics" too.
+    port = DEFAULT_METRICS_PORT if http_port != DEFAULT_METRICS_PORT else DEFAULT_METRICS_PORT + 1
+    return http, {"name": "metrics", "port": port, "targetPort": http_port, "protocol": "TCP"}
+
+
+def service(owner: Owner, spec: api.DisaggDeploymentSpec, pool: str) -> dict[str, Any]:
+    """ClusterIP Service of the pool (draining pods leave it through the readiness gate)."""
+    http, metrics = _ports(spec, pool)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(owner, spec, pool),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(owner.name, pool),
+            "ports": [http, metrics],
+        },
+    }
+
+
+def pod_disruption_budget(owner: Owner, spec: api.DisaggDeploymentSpec, pool: str) -> dict[str, Any]:
+    """At most one voluntary eviction at a time per pool (node drains, not our own scale-downs)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(owner, spec, pool),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(owner.name, pool)}},
+    }
+
+
+def pool_objects(
+    owner: Owner, spec: api.DisaggDeploymentSpec, pool: str, replicas: int | None = None
+) -> list[dict[str, Any]]:
+    """Deployment, Service and PDB of one pool (replicas default to the pool's initial count)."""
+    n = api.pools(spec)[pool].initial_replicas if replicas is None else replicas
+    return [
+        deployment(owner, spec, pool, n),
+        service(owner, spec, pool),
+        pod_disruption_budget(owner, spec, pool),
+    ]
+
+
+def all_objects(
+    owner: Owner, spec: api.DisaggDeploymentSpec, replicas: Mapping[str, int] | None = None
+) -> list[dict[str, Any]]:
+    """Children of every present pool, in pipeline order."""
+    replicas = replicas or {}
+    out: list[dict[str, Any]] = []
+    for pool in api.pool_names(spec):
+        out.extend(pool_objects(owner, spec, pool, replicas.get(pool)))
+    return out
