@@ -1,0 +1,86 @@
+"""`disagg run`: the operator (Kopf) with its autoscaler, metrics and dashboard."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run the operator against the current cluster",
+        description="Run the disagg-operator: reconcile DisaggDeployments, autoscale and drain pools.",
+    )
+    p.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch only this namespace (repeatable); default: all namespaces",
+    )
+    p.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config or in-cluster)"
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8080,
+        help="port of the operator's Prometheus metrics (0 disables; default 8080)",
+    )
+    p.add_argument(
+        "--dashboard-port",
+        type=int,
+        default=8081,
+        help="port of the read-only web dashboard (0 disables; default 8081)",
+    )
+    p.add_argument(
+        "--liveness-port",
+        type=int,
+        default=8082,
+        help="port of Kopf's liveness probe /healthz (0 disables; default 8082)",
+    )
+    p.add_argument(
+        "--bind",
+        default="127.0.0.1",
+        help="address the HTTP endpoints listen on (default 127.0.0.1; 0.0.0.0 in a pod)",
+    )
+    p.add_argument("--no-autoscaler", action="store_true", help="reconcile only; never change pool sizes")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+    import os
+
+    import kopf
+
+    from disagg import handlers
+
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    handlers.State.options = {
+        "metrics_port": args.metrics_port,
+        "dashboard_port": args.dashboard_port,
+        "bind": args.bind,
+        "autoscaler": not args.no_autoscaler,
+    }
+    try:
+        from disagg import runtime  # metrics, dashboard and autoscaling loop
+
+        handlers.State.options["on_startup"] = runtime.start
+    except ModuleNotFoundError as exc:
+        if exc.name != "disagg.runtime":
+            raise
+    liveness = f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port else None
+    kopf.run(
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace or (),
+        liveness_endpoint=liveness,
+    )
+    return 0

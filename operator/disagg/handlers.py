@@ -1,0 +1,88 @@
+"""Kopf handlers: decorators only, everything else is delegated.
+
+Watches (no polling): DisaggDeployments, and the Deployments and Pods that
+carry the `disagg.dev/deployment` label. Any event reconciles the owning
+DisaggDeployment (level-triggered, idempotent: see disagg.reconcile).
+
+Only watch-event handlers are used. They store no progress annotations and add
+no finalizer, so deleting a DisaggDeployment never waits for the operator, and
+restarting the operator writes nothing to unchanged objects. The autoscaling
+loop is a task of the operator (disagg.loop), not a Kopf timer, for the same
+reason: Kopf timers put a finalizer on every object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from disagg import api, builders, reconcile
+from disagg.kube import Kube, NotFound
+
+log = logging.getLogger("disagg.handlers")
+
+
+class State:
+    kube: Kube | None = None
+    tasks: list[asyncio.Task] = []
+    options: dict[str, Any] = {}
+
+
+def kube() -> Kube:
+    assert State.kube is not None, "operator not started"
+    return State.kube
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.peering.standalone = True
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = 30
+    State.kube = await Kube.connect(os.environ.get("KUBECONFIG") or None)
+    hook = State.options.get("on_startup")
+    if hook:
+        await hook(State)
+
+
+@kopf.on.cleanup()
+async def cleanup(**_: Any) -> None:
+    for t in State.tasks:
+        t.cancel()
+    await asyncio.gather(*State.tasks, return_exceptions=True)
+    State.tasks.clear()
+    if State.kube:
+        await State.kube.close()
+        State.kube = None
+
+
+async def reconcile_owner(namespace: str, name: str) -> None:
+    async with reconcile.lock_for(namespace, name):
+        try:
+            body = await kube().get(api.KIND, namespace, name)
+        except NotFound:
+            return
+        await reconcile.reconcile(kube(), body)
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+async def on_disaggdeployment(event: dict, body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
+    if event.get("type") == "DELETED":
+        return  # children are garbage-collected through their owner references
+    await reconcile_owner(namespace, name)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={builders.LABEL_DEPLOYMENT: kopf.PRESENT})
+async def on_pool_deployment(body: kopf.Body, namespace: str, **_: Any) -> None:
+    await reconcile_owner(namespace, body["metadata"]["labels"][builders.LABEL_DEPLOYMENT])
+
+
+@kopf.on.event("", "v1", "pods", labels={builders.LABEL_DEPLOYMENT: kopf.PRESENT})
+async def on_pool_pod(body: kopf.Body, namespace: str, **_: Any) -> None:
+    await reconcile_owner(namespace, body["metadata"]["labels"][builders.LABEL_DEPLOYMENT])

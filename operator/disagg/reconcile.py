@@ -1,0 +1,226 @@
+"""Reconciliation: make the pool children match a DisaggDeployment, report status.
+
+Level-triggered and idempotent: every call reads the current children, computes
+what they should be with the pure builders, and writes only what differs. An
+unchanged object costs reads, never writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from disagg import api, builders, status
+from disagg.kube import Kube, NotFound
+
+log = logging.getLogger("disagg.reconcile")
+
+ANNOTATION_APPLIED = "disagg.dev/applied-hash"
+CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget")
+
+_locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+
+def lock_for(namespace: str, name: str) -> asyncio.Lock:
+    """One lock per DisaggDeployment: reconciliation, status and autoscaling never interleave."""
+    return _locks.setdefault((namespace, name), asyncio.Lock())
+
+
+def applied_hash(obj: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def with_hash(obj: dict[str, Any]) -> dict[str, Any]:
+    h = applied_hash(obj)
+    obj["metadata"].setdefault("annotations", {})[ANNOTATION_APPLIED] = h
+    return obj
+
+
+def owner_selector(name: str) -> str:
+    return f"{builders.LABEL_DEPLOYMENT}={name}"
+
+
+def clamp(n: int, pool: api.Pool) -> int:
+    return max(pool.min_replicas, min(pool.max_replicas, n))
+
+
+async def read_children(kube: Kube, namespace: str, name: str) -> dict[str, list[dict]]:
+    sel = owner_selector(name)
+    kinds = (*CHILD_KINDS, "Pod")
+    results = await asyncio.gather(*(kube.list(k, namespace, sel) for k in kinds))
+    return dict(zip(kinds, results, strict=True))
+
+
+def by_pool(objs: list[dict]) -> dict[str, dict]:
+    return {(o["metadata"].get("labels") or {}).get(builders.LABEL_POOL, ""): o for o in objs}
+
+
+def target_replicas(spec: api.DisaggDeploymentSpec, deployments: Mapping[str, dict]) -> dict[str, int]:
+    """Replicas each pool Deployment should have now.
+
+    With autoscaling on, the count belongs to the autoscaler: keep what the
+    Deployment has (clamped to the bounds, which a spec edit may have moved).
+    Otherwise the spec's `replicas` rules.
+    """
+    out: dict[str, int] = {}
+    for pool_name, pool in api.pools(spec).items():
+        existing = deployments.get(pool_name)
+        if spec.autoscaling.enabled and existing is not None:
+            out[pool_name] = clamp(int(existing["spec"].get("replicas", pool.initial_replicas)), pool)
+        else:
+            out[pool_name] = pool.initial_replicas
+    return out
+
+
+async def write_status(kube: Kube, body: Mapping[str, Any], new_status: dict[str, Any]) -> bool:
+    """Server-side apply of the operator's status fields; skipped when nothing changed."""
+    old = body.get("status") or {}
+    changed = any(
+        (not status.conditions_equal(old.get(k), v)) if k == "conditions" else old.get(k) != v
+        for k, v in new_status.items()
+    )
+    if not changed:
+        return False
+    meta = body["metadata"]
+    payload = dict(new_status)
+    if "pools" in payload and isinstance(old.get("pools"), dict):
+        # A merge patch keeps map keys it does not mention: null out removed pools.
+        payload["pools"] = {
+            **{k: None for k in old["pools"] if k not in payload["pools"]},
+            **payload["pools"],
+        }
+    patch = {"status": payload}
+    try:
+        await kube.patch(api.KIND, meta["namespace"], meta["name"], patch, subresource="status")
+    except NotFound:
+        return False
+    return True
+
+
+async def reconcile(kube: Kube, body: Mapping[str, Any], replicas: Mapping[str, int] | None = None) -> dict:
+    """Bring the children of one DisaggDeployment to their desired state, then update its status.
+
+    `replicas` overrides the pool sizes (the autoscaler passes its decision).
+    Returns a summary: {"applied": [...], "deleted": [...], "statusWritten": bool}.
+    """
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    generation = meta.get("generation")
+    summary: dict[str, Any] = {"applied": [], "deleted": [], "statusWritten": False}
+    try:
+        spec = api.parse_spec(body.get("spec") or {})
+    except ValidationError as exc:
+        msg = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())[:1000]
+        conds = status.merge_conditions(
+            (body.get("status") or {}).get("conditions"),
+            [
+                status.condition("InvalidSpec", True, "ValidationFailed", msg, generation),
+                status.condition("Ready", False, "InvalidSpec", "the spec is invalid: " + msg, generation),
+            ],
+        )
+        written = await write_status(kube, body, {"observedGeneration": generation, "conditions": conds})
+        if written:
+            await kube.event(body, "InvalidSpec", msg, type_="Warning")
+        summary["statusWritten"] = written
+        return summary
+
+    children = await read_children(kube, ns, name)
+    deployments = by_pool(children["Deployment"])
+    want = target_replicas(spec, deployments)
+    if replicas:
+        want.update({k: clamp(int(v), api.pools(spec)[k]) for k, v in replicas.items() if k in want})
+    owner = builders.Owner.from_body(body)
+    existing = {(o["kind"], o["metadata"]["name"]): o for k in CHILD_KINDS for o in children[k]}
+
+    for obj in builders.all_objects(owner, spec, want):
+        obj.setdefault("kind", obj["kind"])
+        with_hash(obj)
+        cur = existing.get((obj["kind"], obj["metadata"]["name"]))
+        cur_hash = ((cur or {}).get("metadata", {}).get("annotations") or {}).get(ANNOTATION_APPLIED)
+        drifted = (
+            cur is not None
+            and obj["kind"] == "Deployment"
+            and cur["spec"].get("replicas") != obj["spec"].get("replicas")
+        )
+        if cur is not None and cur_hash == obj["metadata"]["annotations"][ANNOTATION_APPLIED] and not drifted:
+            continue
+        result = await kube.apply(obj)
+        if obj["kind"] == "Deployment":
+            deployments[(obj["metadata"].get("labels") or {}).get(builders.LABEL_POOL, "")] = result
+        verb = "Created" if cur is None else "Updated"
+        summary["applied"].append(f"{obj['kind']}/{obj['metadata']['name']}")
+        await kube.event(
+            body,
+            f"Pool{verb}",
+            f"{verb} {obj['kind']} {obj['metadata']['name']}"
+            + (f" (replicas {obj['spec']['replicas']})" if obj["kind"] == "Deployment" else ""),
+        )
+
+    # Pools removed from the spec: delete their children.
+    present = set(api.pool_names(spec))
+    for kind in CHILD_KINDS:
+        for obj in children[kind]:
+            pool = (obj["metadata"].get("labels") or {}).get(builders.LABEL_POOL)
+            if pool not in present and await kube.delete(kind, ns, obj["metadata"]["name"]):
+                summary["deleted"].append(f"{kind}/{obj['metadata']['name']}")
+                deployments.pop(pool, None)
+                await kube.event(
+                    body, "PoolDeleted", f"Deleted {kind} {obj['metadata']['name']} (pool {pool} removed)"
+                )
+
+    # New pods become routable once running (the operator owns the readiness gate).
+    for pod in children["Pod"]:
+        if status.needs_admission(pod):
+            await admit(kube, pod)
+
+    pools = status.pool_status(spec, deployments, children["Pod"], want)
+    conds = status.merge_conditions(
+        (body.get("status") or {}).get("conditions"),
+        [
+            *status.child_conditions(
+                spec, deployments, pools, generation, status.unschedulable_pods(children["Pod"])
+            ),
+            status.condition("InvalidSpec", False, "Valid", "the spec is valid", generation),
+        ],
+    )
+    new_status = {
+        "observedGeneration": generation,
+        "conditions": conds,
+        "pools": pools,
+        "ratio": status.ratio(pools),
+    }
+    summary["statusWritten"] = await write_status(kube, body, new_status)
+    return summary
+
+
+async def set_routable(kube: Kube, pod: Mapping[str, Any], routable: bool, reason: str, message: str) -> None:
+    meta = pod["metadata"]
+    patch = {
+        "status": {
+            "conditions": [
+                {
+                    "type": builders.READINESS_GATE,
+                    "status": "True" if routable else "False",
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": status.now_iso(),
+                }
+            ]
+        }
+    }
+    try:
+        await kube.patch(
+            "Pod", meta["namespace"], meta["name"], patch, subresource="status", patch_type="strategic"
+        )
+    except NotFound:
+        pass
+
+
+async def admit(kube: Kube, pod: Mapping[str, Any]) -> None:
+    await set_routable(kube, pod, True, "Admitted", "running; routable by disagg-operator")
