@@ -126,7 +126,8 @@ POOL_RULES = [
 
 DRAIN_RULES = [
     cel(
-        "self.timeoutSeconds >= 1 && self.timeoutSeconds <= 3600",
+        # has(): the API server also checks the `default: {}` itself, before nested defaults apply.
+        "!has(self.timeoutSeconds) || (self.timeoutSeconds >= 1 && self.timeoutSeconds <= 3600)",
         MSG_DRAIN_TIMEOUT,
         field_path=".timeoutSeconds",
     )
