@@ -70,8 +70,9 @@ def run(args: argparse.Namespace) -> int:
         "autoscaler": not args.no_autoscaler,
     }
     try:
-        from disagg import runtime  # metrics, dashboard and autoscaling loop
+        import importlib
 
+        runtime = importlib.import_module("disagg.runtime")  # metrics, dashboard and autoscaling loop
         handlers.State.options["on_startup"] = runtime.start
     except ModuleNotFoundError as exc:
         if exc.name != "disagg.runtime":
