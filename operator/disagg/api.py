@@ -362,10 +362,24 @@ class ColocatedPool(Pool):
 class Pools(_Model):
     """The worker pools. Disaggregated and conditional placement need prefill and decode; colocated needs colocated."""
 
-    encoder: EncoderPool | None = Field(None, description="Optional encoder pool (multimodal models).")
-    prefill: PrefillPool | None = Field(None, description="Prefill pool.")
-    decode: DecodePool | None = Field(None, description="Decode pool.")
-    colocated: ColocatedPool | None = Field(None, description="Colocated prefill+decode pool.")
+    encoder: EncoderPool | None = Field(
+        None,
+        description="Optional encoder pool (multimodal E/P/D): turns images, video or audio into embeddings for prefill.",
+    )
+    prefill: PrefillPool | None = Field(
+        None,
+        description="Prefill pool: computes each prompt's KV cache and sends it to a decode worker. "
+        "Required by disaggregated and conditional placement.",
+    )
+    decode: DecodePool | None = Field(
+        None,
+        description="Decode pool: receives KV caches and generates output tokens. "
+        "Required by disaggregated and conditional placement.",
+    )
+    colocated: ColocatedPool | None = Field(
+        None,
+        description="Colocated pool: each worker prefills and decodes. Only (and required) with placement.mode colocated.",
+    )
 
 
 class KVTransfer(_Model):

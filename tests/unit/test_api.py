@@ -27,6 +27,7 @@ OPENAPI_PHRASES = (
     "must be of type",
     "Too many",
     "Too long",
+    "field not declared in schema",  # strict field validation of server-side apply
 )
 
 
