@@ -1,0 +1,102 @@
+"""The operator's own Prometheus metrics (served by `disagg run` on --metrics-port).
+
+Every name here is part of the public interface: the Grafana dashboard and the
+alert examples use them. Labels: namespace, deployment (the DisaggDeployment's
+name), and pool or stage where it applies.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+_DL = ("namespace", "deployment")
+_PL = (*_DL, "pool")
+_SL = (*_DL, "stage")
+
+POOL_REPLICAS_DESIRED = Gauge(
+    "disagg_pool_replicas_desired", "Replicas the autoscaler wants for the pool.", _PL, registry=REGISTRY
+)
+POOL_REPLICAS = Gauge("disagg_pool_replicas", "Pods present in the pool.", _PL, registry=REGISTRY)
+POOL_REPLICAS_READY = Gauge(
+    "disagg_pool_replicas_ready", "Ready (routable) pods in the pool.", _PL, registry=REGISTRY
+)
+POOL_RATIO = Gauge(
+    "disagg_pool_ratio",
+    "Desired replicas of the pool per prefill replica (the P:D(:E) ratio).",
+    _PL,
+    registry=REGISTRY,
+)
+POOL_DRAINING = Gauge("disagg_pool_draining_pods", "Pods of the pool being drained.", _PL, registry=REGISTRY)
+GPUS = Gauge("disagg_gpus", "GPUs requested by all pools of the deployment.", _DL, registry=REGISTRY)
+GPU_BUDGET = Gauge(
+    "disagg_gpu_budget", "The deployment's GPU budget (absent when unlimited).", _DL, registry=REGISTRY
+)
+
+STAGE_ARRIVAL_RATE = Gauge(
+    "disagg_stage_arrival_rate", "Arrival rate lambda into the stage (requests/s).", _SL, registry=REGISTRY
+)
+STAGE_WAIT = Gauge(
+    "disagg_stage_time_in_system_seconds",
+    "Time W a request spends in the stage (queue + service).",
+    _SL,
+    registry=REGISTRY,
+)
+STAGE_IN_SYSTEM = Gauge(
+    "disagg_stage_in_system", "Requests L in the stage (Little's law L = lambda x W).", _SL, registry=REGISTRY
+)
+STAGE_UTILIZATION = Gauge(
+    "disagg_stage_utilization", "Planned utilisation of the stage's pool (0..1).", _SL, registry=REGISTRY
+)
+
+PREDICTED_TTFT = Gauge(
+    "disagg_predicted_ttft_seconds",
+    "TTFT at the SLO percentile the planner predicts for the chosen sizes.",
+    _DL,
+    registry=REGISTRY,
+)
+PREDICTED_ITL = Gauge(
+    "disagg_predicted_itl_seconds",
+    "Inter-token latency the planner predicts for the chosen sizes.",
+    _DL,
+    registry=REGISTRY,
+)
+OBSERVED_TTFT = Gauge(
+    "disagg_observed_ttft_seconds",
+    "TTFT at the SLO percentile observed in Prometheus.",
+    _DL,
+    registry=REGISTRY,
+)
+OBSERVED_ITL = Gauge(
+    "disagg_observed_itl_seconds", "Inter-token latency observed in Prometheus.", _DL, registry=REGISTRY
+)
+SLO_TTFT = Gauge("disagg_slo_ttft_seconds", "The TTFT target.", _DL, registry=REGISTRY)
+SLO_ITL = Gauge("disagg_slo_itl_seconds", "The ITL target.", _DL, registry=REGISTRY)
+
+DECISIONS = Counter(
+    "disagg_decisions", "Autoscaling decisions by reason.", (*_DL, "reason"), registry=REGISTRY
+)
+METRIC_ERRORS = Counter(
+    "disagg_metric_errors",
+    "Metrics that were missing, stale or invalid, by kind.",
+    (*_DL, "kind"),
+    registry=REGISTRY,
+)
+DRAINS = Counter(
+    "disagg_drains",
+    "Finished drains by outcome (completed, timeout_proceed, timeout_readmit, cancelled).",
+    (*_PL, "outcome"),
+    registry=REGISTRY,
+)
+METRICS_AVAILABLE = Gauge(
+    "disagg_metrics_available",
+    "1 when the last snapshot was complete and fresh, else 0.",
+    _DL,
+    registry=REGISTRY,
+)
+
+# Names as exported (counters get a _total suffix), for the dashboard test.
+EXPORTED_NAMES = sorted(
+    {f"{m._name}_total" if isinstance(m, Counter) else m._name for m in REGISTRY._collector_to_names}
+)
