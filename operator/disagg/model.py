@@ -62,7 +62,13 @@ def _check(name: str, value: Any, *, positive: bool = False, integer: bool = Fal
         raise ValueError(f"{name} must be >= 0, got {value!r}")
 
 
-def _arr(name: str, x: Any) -> np.ndarray:
+def _arr(name: str, x: Any) -> Any:
+    if type(x) is float or type(x) is int:  # scalar fast path (planner hot loop)
+        if not math.isfinite(x):
+            raise ValueError(f"{name} must be finite")
+        if x < 0:
+            raise ValueError(f"{name} must be >= 0")
+        return float(x)
     a = np.asarray(x, dtype=float)
     if not np.all(np.isfinite(a)):
         raise ValueError(f"{name} must be finite")

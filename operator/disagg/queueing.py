@@ -273,3 +273,32 @@ def decode_slot_wait(
         mgc_mean_wait(c, arrival_rps, hold, cs2),
         mgc_wait_percentile(p, c, arrival_rps, hold, cs2),
     )
+
+
+def erlang_b_range(a: float, c_lo: int, c_hi: int) -> list[float]:
+    """Erlang B for c = c_lo..c_hi at one load, in one recursion pass (pure Python, fast for scalars).
+
+    Values for c below the truncated start (c < a - 7 sqrt(a) - 5) are the
+    overload approximation 1 - c/a; waiting systems never use them (unstable).
+    """
+    if a < 0 or math.isnan(a) or math.isinf(a):
+        raise ValueError("a must be finite and >= 0")
+    if c_lo < 0 or c_hi < c_lo:
+        raise ValueError("need 0 <= c_lo <= c_hi")
+    sq = math.sqrt(a)
+    k0 = int(max(0.0, math.floor(a - _START_SIGMAS * sq - 5.0)))
+    cutoff = math.ceil(a + _CUTOFF_SIGMAS * sq + 50.0)
+    out: list[float] = []
+    k = k0
+    b = 1.0 if k0 == 0 else 1.0 - k0 / a
+    for c in range(c_lo, min(c_hi, k0) + 1):
+        out.append(1.0 if c == 0 else max(0.0, 1.0 - c / a) if c < k0 else b)
+    stop = min(c_hi, cutoff)
+    while k < stop:
+        k += 1
+        ab = a * b
+        b = ab / (k + ab)
+        if k >= c_lo:
+            out.append(b)
+    out.extend([0.0] * (c_hi - c_lo + 1 - len(out)))
+    return out

@@ -1,0 +1,983 @@
+"""Joint pool planner: size encoder, prefill and decode pools from one queueing model.
+
+Pure (numpy + the stage models + queueing). See docs/planner.md.
+
+Each pool is an M/G/c queue (Allen-Cunneen): c = replicas for encoder and
+prefill, c = replicas x effective batch slots for decode (a sequence holds a
+slot for output_tokens x step_ms). The TTFT at the SLO percentile is
+
+    enc wait_p + enc service + prefill wait_p + prefill service
+    + transfer (serial or chunked) + decode slot wait_p + one decode step
+
+(summing per-stage percentiles: conservative). ITL is the decode step at the
+expected batch occupancy; the batch per replica is capped so the step at the
+cap fits the ITL target (matters when step_ms_per_seq > 0).
+
+The planner finds the replica counts that minimise GPUs subject to
+TTFT_p <= target and ITL <= target, by exact search: per pool a table of the
+percentile wait for every replica count from the smallest stable count to the
+first with zero percentile wait; then every (encoder, prefill) pair takes the
+fewest decode replicas that fit the remaining TTFT slack. Under a GPU budget
+(or max-replica bounds) too small for the demand, it maximises goodput: the
+largest admitted fraction of the arrival rate whose plan meets the SLO within
+the budget (bisection), and says how much load is shed. It never squeezes
+pools proportionally.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from disagg.model import StageModels
+from disagg.queueing import erlang_b_range
+
+__all__ = [
+    "SLO",
+    "Demand",
+    "Plan",
+    "PoolBounds",
+    "PoolPlan",
+    "plan",
+    "plan_replicas",
+    "predict",
+    "split_threshold_tokens",
+]
+
+Placement = Literal["disaggregated", "colocated", "conditional"]
+PLACEMENTS = ("disaggregated", "colocated", "conditional")
+POOLS = ("encoder", "prefill", "decode")
+ENCODER_CS2 = 1.0  # encoder service variability (items per request vary): exponential-like
+
+
+def _num(name: str, v: Any, *, positive: bool = False, unit: bool = False, integer: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        try:
+            v = float(v)  # numpy scalars
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a number, got {v!r}") from None
+    x = float(v)
+    if math.isnan(x) or math.isinf(x):
+        raise ValueError(f"{name} must be finite, got {v!r}")
+    if x < 0:
+        raise ValueError(f"{name} must be >= 0, got {v!r}")
+    if positive and x <= 0:
+        raise ValueError(f"{name} must be > 0, got {v!r}")
+    if unit and x > 1:
+        raise ValueError(f"{name} must be <= 1, got {v!r}")
+    if integer and x != int(x):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    return x
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class Demand:
+    """Offered load: arrival rate and request shape (defaults: the worked example at 1 rps)."""
+
+    arrival_rps: float = 1.0
+    prompt_tokens_mean: float = 6000.0
+    prompt_tokens_std: float = 0.0
+    output_tokens_mean: float = 400.0
+    output_tokens_std: float = 0.0
+    media_fraction: float = 0.0
+    items_per_request: float = 1.0
+    prefix_hit_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        _num("arrival_rps", self.arrival_rps)
+        _num("prompt_tokens_mean", self.prompt_tokens_mean)
+        _num("prompt_tokens_std", self.prompt_tokens_std)
+        _num("output_tokens_mean", self.output_tokens_mean, positive=True)
+        _num("output_tokens_std", self.output_tokens_std)
+        _num("media_fraction", self.media_fraction, unit=True)
+        _num("items_per_request", self.items_per_request)
+        _num("prefix_hit_rate", self.prefix_hit_rate, unit=True)
+
+    @property
+    def prompt_tokens_cv(self) -> float:
+        return self.prompt_tokens_std / self.prompt_tokens_mean if self.prompt_tokens_mean > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_s: float = 0.6
+    itl_s: float = 0.15
+    percentile: float = 0.9
+
+    def __post_init__(self) -> None:
+        _num("ttft_s", self.ttft_s, positive=True)
+        _num("itl_s", self.itl_s, positive=True)
+        p = _num("percentile", self.percentile, positive=True)
+        if p >= 1:
+            raise ValueError(f"percentile must be < 1, got {self.percentile!r}")
+
+
+@dataclass(frozen=True)
+class PoolBounds:
+    min_replicas: int = 1
+    max_replicas: int = 10_000
+    gpus_per_replica: int = 1
+
+    def __post_init__(self) -> None:
+        _num("min_replicas", self.min_replicas, integer=True)
+        _num("max_replicas", self.max_replicas, integer=True)
+        _num("gpus_per_replica", self.gpus_per_replica, positive=True, integer=True)
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})"
+            )
+
+
+DEFAULT_BOUNDS: dict[str, PoolBounds] = {
+    "encoder": PoolBounds(min_replicas=0),
+    "prefill": PoolBounds(),
+    "decode": PoolBounds(),
+    "colocated": PoolBounds(),
+}
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    name: str
+    replicas: int
+    gpus: int
+    gpus_per_replica: int
+    servers_per_replica: int  # 1, or decode batch slots in use per replica
+    arrival_rps: float
+    service_s: float  # mean service (decode: slot hold) time
+    capacity_rps: float  # per replica, at full utilisation
+    utilization: float
+    wait_mean_s: float
+    wait_p_s: float
+    queue_len: float  # Little: L_q = lambda x W_q
+    in_service: float  # Little: lambda x S
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "replicas": self.replicas,
+            "gpus": self.gpus,
+            "gpus_per_replica": self.gpus_per_replica,
+            "servers_per_replica": self.servers_per_replica,
+            "arrival_rps": _j(self.arrival_rps),
+            "service_s": _j(self.service_s),
+            "capacity_rps": _j(self.capacity_rps),
+            "utilization": _j(self.utilization),
+            "wait_mean_s": _j(self.wait_mean_s),
+            "wait_p_s": _j(self.wait_p_s),
+            "queue_len": _j(self.queue_len),
+            "in_service": _j(self.in_service),
+        }
+
+
+def _j(x: float) -> float | None:
+    """JSON-safe float: None for inf/NaN, 6 significant digits otherwise."""
+    if x is None or math.isnan(x) or math.isinf(x):
+        return None
+    return float(f"{x:.6g}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    placement: str
+    pools: dict[str, PoolPlan]
+    stages: dict[str, float]
+    ttft_s: float
+    itl_s: float
+    percentile: float
+    decode_per_prefill: float | None
+    encoder_per_prefill: float | None
+    capacity_ratio: float | None  # decode replicas one prefill replica feeds at full batch (throughput only)
+    total_gpus: int
+    gpu_budget: int | None
+    feasible: bool
+    reason: str
+    best_ttft_s: float
+    best_itl_s: float
+    budget_limited: bool
+    admitted_fraction: float
+    goodput_rps: float
+    shed_rps: float
+    sacrificed: str
+    interference_ms: float
+    split_threshold_tokens: float | None
+    remote_fraction: float | None
+    demand: Demand = field(default_factory=Demand)
+    slo: SLO = field(default_factory=SLO)
+
+    @property
+    def replicas(self) -> dict[str, int]:
+        return {k: v.replicas for k, v in self.pools.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Stable JSON form (documented in docs/planner.md; key order fixed, inf -> null)."""
+        return {
+            "schema": "disagg.plan/v1",
+            "placement": self.placement,
+            "feasible": self.feasible,
+            "reason": self.reason,
+            "pools": {k: self.pools[k].to_dict() for k in sorted(self.pools)},
+            "stages": {k: {kk: _j(vv) for kk, vv in v.items()} for k, v in _nest_stages(self.stages).items()},
+            "predicted": {
+                "ttft_s": _j(self.ttft_s),
+                "itl_s": _j(self.itl_s),
+                "percentile": self.percentile,
+                "interference_ms": _j(self.interference_ms),
+            },
+            "best_achievable": {"ttft_s": _j(self.best_ttft_s), "itl_s": _j(self.best_itl_s)},
+            "ratio": {
+                "decode_per_prefill": None
+                if self.decode_per_prefill is None
+                else _j(self.decode_per_prefill),
+                "encoder_per_prefill": None
+                if self.encoder_per_prefill is None
+                else _j(self.encoder_per_prefill),
+                "capacity_decode_per_prefill": None
+                if self.capacity_ratio is None
+                else _j(self.capacity_ratio),
+            },
+            "gpus": {"total": self.total_gpus, "budget": self.gpu_budget},
+            "budget": {
+                "limited": self.budget_limited,
+                "admitted_fraction": _j(self.admitted_fraction),
+                "goodput_rps": _j(self.goodput_rps),
+                "shed_rps": _j(self.shed_rps),
+                "sacrificed": self.sacrificed,
+            },
+            "conditional": {
+                "split_threshold_tokens": None
+                if self.split_threshold_tokens is None
+                else _j(self.split_threshold_tokens),
+                "remote_fraction": None if self.remote_fraction is None else _j(self.remote_fraction),
+            },
+            "demand": {
+                "arrival_rps": _j(self.demand.arrival_rps),
+                "prompt_tokens_mean": _j(self.demand.prompt_tokens_mean),
+                "prompt_tokens_std": _j(self.demand.prompt_tokens_std),
+                "output_tokens_mean": _j(self.demand.output_tokens_mean),
+                "output_tokens_std": _j(self.demand.output_tokens_std),
+                "media_fraction": _j(self.demand.media_fraction),
+                "items_per_request": _j(self.demand.items_per_request),
+                "prefix_hit_rate": _j(self.demand.prefix_hit_rate),
+            },
+            "slo": {"ttft_s": self.slo.ttft_s, "itl_s": self.slo.itl_s, "percentile": self.slo.percentile},
+        }
+
+
+def _nest_stages(stages: dict[str, float]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for key, v in stages.items():
+        stage, _, name = key.partition(".")
+        out.setdefault(stage, {})[name] = v
+    return out
+
+
+# --------------------------------------------------------------------------- queue tables
+
+
+@dataclass
+class _Row:
+    replicas: int
+    wait_p: float
+    wait_mean: float
+
+
+def _table(lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: int, p: float) -> list[_Row]:
+    """Percentile wait for R = first stable (>= r_lo) .. first R whose percentile wait is 0 (<= r_hi)."""
+    if lam <= 0 or service_s <= 0:
+        return [_Row(r_lo, 0.0, 0.0)]
+    a = lam * service_s
+    r0 = max(r_lo, int(a // k) + 1)
+    if r0 > r_hi:
+        return []
+    f = (1.0 + cs2) / 2.0
+    mu = 1.0 / service_s
+    tail = 1.0 - p
+    rows: list[_Row] = []
+    r = r0
+    c_hi = min(r_hi * k, max(r0 * k, math.ceil(a + 8.0 * math.sqrt(a) + 10.0)) + k)
+    while True:
+        c_lo = r * k
+        bs = erlang_b_range(a, c_lo, c_hi)
+        while r * k <= c_hi:
+            c = r * k
+            b = bs[c - c_lo]
+            denom = c - a * (1.0 - b)
+            pw = min(1.0, c * b / denom) if denom > 0 else 1.0
+            gap = c * mu - lam
+            wp = f * math.log(pw / tail) / gap if pw > tail else 0.0
+            rows.append(_Row(r, wp, f * pw / gap))
+            if wp <= 0.0:
+                return rows
+            r += 1
+        if r > r_hi:
+            return rows
+        c_hi = min(r_hi * k, c_hi * 2 + k)
+
+
+# --------------------------------------------------------------------------- core
+
+
+@dataclass
+class _Stage:
+    lam: float
+    service_s: float
+    cs2: float
+    k: int
+    bounds: PoolBounds
+    table: list[_Row]
+
+
+@dataclass
+class _Setup:
+    """Everything about one (demand, models, slo) that does not depend on the replica counts."""
+
+    fixed_s: float  # latency floor: services + transfer + first step
+    enc_s: float
+    prefill_s: float
+    prefill_cs2: float
+    transfer_ms: float
+    serial_ms: float
+    chunked_ms: float
+    kv_bytes: float
+    step_cap_ms: float
+    b_eff: int
+    itl_ok: bool
+    hold_s: float
+    hold_cs2: float
+    media: float
+
+
+def _setup(d: Demand, m: StageModels, slo: SLO, chunked: bool) -> _Setup:
+    key = (
+        d.prompt_tokens_mean,
+        d.prompt_tokens_std,
+        d.output_tokens_mean,
+        d.output_tokens_std,
+        d.media_fraction,
+        d.items_per_request,
+        d.prefix_hit_rate,
+    )
+    return replace(_setup_cached(key, m, slo, chunked))
+
+
+@functools.lru_cache(maxsize=1024)
+def _setup_cached(key: tuple[float, ...], m: StageModels, slo: SLO, chunked: bool) -> _Setup:
+    d = Demand(1.0, *key)
+    tokens = d.prompt_tokens_mean
+    h = d.prefix_hit_rate
+    pf = m.prefill
+    cached = h * tokens
+    # E[S] with the quadratic term's E[t^2] = mean^2 + std^2; linearised variance
+    s_ms = pf.fixed_ms + pf.ms_per_token * (1 - h) * tokens
+    s_ms += pf.ms_per_token_sq * (1 - h * h) * (tokens * tokens + d.prompt_tokens_std**2)
+    slope = pf.ms_per_token * (1 - h) + 2 * pf.ms_per_token_sq * (1 - h * h) * tokens
+    cs2 = (slope * d.prompt_tokens_std / s_ms) ** 2 if s_ms > 0 else 0.0
+    serial = float(m.transfer.serial_ms(tokens))
+    chunked_end = (
+        m.transfer.chunked_end_ms(pf, tokens)
+        if m.transfer.chunk_tokens > 0
+        else float(pf.service_ms(tokens)) + serial
+    )
+    chunked_ms = max(0.0, chunked_end - float(pf.service_ms(tokens, cached)))
+    transfer = m.transfer_ms(tokens, chunked=chunked, cached_tokens=cached) if tokens > 0 else 0.0
+    itl_ms = slo.itl_s * 1000.0
+    b_eff = m.decode.max_batch_for_itl(itl_ms)
+    itl_ok = b_eff >= 1
+    b_eff = max(1, b_eff)
+    step_cap = float(m.decode.step_ms(b_eff))
+    step1 = float(m.decode.step_ms(1))
+    enc_s = float(m.encoder.service_ms(d.items_per_request)) / 1000.0 if d.media_fraction > 0 else 0.0
+    fixed = enc_s + s_ms / 1000.0 + transfer / 1000.0 + step1 / 1000.0
+    return _Setup(
+        fixed_s=fixed,
+        enc_s=enc_s,
+        prefill_s=s_ms / 1000.0,
+        prefill_cs2=cs2,
+        transfer_ms=transfer,
+        serial_ms=serial,
+        chunked_ms=chunked_ms,
+        kv_bytes=float(m.transfer.kv_bytes(tokens)),
+        step_cap_ms=step_cap,
+        b_eff=b_eff,
+        itl_ok=itl_ok,
+        hold_s=d.output_tokens_mean * step_cap / 1000.0,
+        hold_cs2=(d.output_tokens_std / d.output_tokens_mean) ** 2,
+        media=d.media_fraction,
+    )
+
+
+def _stages(lam: float, st: _Setup, bounds: dict[str, PoolBounds], p: float) -> dict[str, _Stage]:
+    eb, pb, db = bounds["encoder"], bounds["prefill"], bounds["decode"]
+    lam_e = lam * st.media
+    out = {
+        "encoder": _Stage(lam_e, st.enc_s, ENCODER_CS2, 1, eb, []),
+        "prefill": _Stage(lam, st.prefill_s, st.prefill_cs2, 1, pb, []),
+        "decode": _Stage(lam, st.hold_s, st.hold_cs2, st.b_eff, db, []),
+    }
+    for s in out.values():
+        s.table = _table(s.lam, s.service_s, s.cs2, s.k, s.bounds.min_replicas, s.bounds.max_replicas, p)
+    return out
+
+
+def _search(stages: dict[str, _Stage], slack: float) -> tuple[int, int, int] | None:
+    """Fewest GPUs (then fewest replicas) with summed percentile waits <= slack; indices into tables."""
+    te, tp, td = stages["encoder"].table, stages["prefill"].table, stages["decode"].table
+    if not te or not tp or not td:
+        return None
+    ge = stages["encoder"].bounds.gpus_per_replica
+    gp = stages["prefill"].bounds.gpus_per_replica
+    gd = stages["decode"].bounds.gpus_per_replica
+    # decode waits are non-increasing along the table: bisect on the negated list
+    neg_d = [-row.wait_p for row in td]
+    best: tuple[int, int, float] | None = None
+    best_idx: tuple[int, int, int] | None = None
+    eps = 1e-12
+    for i, re_ in enumerate(te):
+        if re_.wait_p > slack + eps:
+            continue
+        for j, rp in enumerate(tp):
+            rem = slack - re_.wait_p - rp.wait_p
+            if rem < -eps:
+                continue
+            k = bisect.bisect_left(neg_d, -(rem + eps))
+            if k >= len(td):
+                continue
+            rd = td[k]
+            cost = ge * re_.replicas + gp * rp.replicas + gd * rd.replicas
+            key = (cost, re_.replicas + rp.replicas + rd.replicas, re_.wait_p + rp.wait_p + rd.wait_p)
+            if best is None or key < best:
+                best, best_idx = key, (i, j, k)
+    return best_idx
+
+
+def _solve(
+    lam: float, st: _Setup, bounds: dict[str, PoolBounds], p: float, slack: float, budget: int | None
+) -> tuple[dict[str, _Stage], tuple[int, int, int]] | None:
+    stages = _stages(lam, st, bounds, p)
+    idx = _search(stages, slack)
+    if idx is None:
+        return None
+    if budget is not None and _cost(stages, idx) > budget:
+        return None
+    return stages, idx
+
+
+def _cost(stages: dict[str, _Stage], idx: tuple[int, int, int]) -> int:
+    return sum(
+        stages[n].table[i].replicas * stages[n].bounds.gpus_per_replica
+        for n, i in zip(POOLS, idx, strict=True)
+    )
+
+
+def _best_slack_ttft(stages: dict[str, _Stage], fixed: float) -> float:
+    """Best TTFT at the percentile these bounds allow (each pool at its largest table entry)."""
+    if any(not s.table for s in stages.values()):
+        return math.inf
+    return fixed + sum(s.table[-1].wait_p for s in stages.values())
+
+
+def _pool_plan(name: str, s: _Stage, row: _Row) -> PoolPlan:
+    r = row.replicas
+    c = r * s.k
+    cap = s.k / s.service_s if s.service_s > 0 else math.inf
+    util = s.lam * s.service_s / c if c > 0 else (0.0 if s.lam == 0 else math.inf)
+    return PoolPlan(
+        name=name,
+        replicas=r,
+        gpus=r * s.bounds.gpus_per_replica,
+        gpus_per_replica=s.bounds.gpus_per_replica,
+        servers_per_replica=s.k,
+        arrival_rps=s.lam,
+        service_s=s.service_s,
+        capacity_rps=cap,
+        utilization=util,
+        wait_mean_s=row.wait_mean,
+        wait_p_s=row.wait_p,
+        queue_len=s.lam * row.wait_mean,
+        in_service=s.lam * s.service_s,
+    )
+
+
+def _bounds(bounds: dict[str, PoolBounds] | None) -> dict[str, PoolBounds]:
+    out = dict(DEFAULT_BOUNDS)
+    for k, v in (bounds or {}).items():
+        if k not in out:
+            raise ValueError(f"bounds: unknown pool {k!r} (expected one of {sorted(out)})")
+        if not isinstance(v, PoolBounds):
+            raise ValueError(f"bounds[{k!r}] must be a PoolBounds")
+        out[k] = v
+    return out
+
+
+def _check_budget(budget: int | None) -> int | None:
+    if budget is None:
+        return None
+    _num("gpu_budget", budget, positive=True, integer=True)
+    return int(budget)
+
+
+def _admit(lam: float, feasible_at: Any, full_known_bad: bool = False) -> tuple[float, Any]:
+    """Largest admitted rate f x lam (f in [0, 1]) for which feasible_at(rate) is not None."""
+    if not full_known_bad:
+        full = feasible_at(lam)
+        if full is not None:
+            return 1.0, full
+    zero = feasible_at(0.0)
+    if zero is None:
+        return 0.0, None
+    lo, hi, sol = 0.0, 1.0, zero
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        got = feasible_at(lam * mid)
+        if got is not None:
+            lo, sol = mid, got
+        else:
+            hi = mid
+        if hi - lo < 1e-4:
+            break
+    return lo, sol
+
+
+def _plan_disagg(
+    d: Demand,
+    m: StageModels,
+    slo: SLO,
+    bounds: dict[str, PoolBounds],
+    budget: int | None,
+    chunked: bool,
+) -> Plan:
+    p = slo.percentile
+    st = _setup(d, m, slo, chunked)
+    target = slo.ttft_s
+    reasons: list[str] = []
+    slack = target - st.fixed_s
+    best_itl = float(m.decode.step_ms(1)) / 1000.0
+    if slack < 0:
+        reasons.append(
+            f"TTFT target {target:.3g}s is below the bare pipeline latency {st.fixed_s:.4g}s "
+            "(services + transfer + one decode step)"
+        )
+    if not st.itl_ok:
+        reasons.append(f"ITL target {slo.itl_s:.3g}s is below one decode step at batch 1 ({best_itl:.4g}s)")
+    slo_ok = not reasons
+    eff_slack = max(slack, 0.0)
+
+    min_cost = sum(b.min_replicas * b.gpus_per_replica for n, b in bounds.items() if n in POOLS)
+    if budget is not None and budget < min_cost:
+        raise ValueError(f"gpu_budget ({budget}) is below the pools' minimum GPUs ({min_cost})")
+
+    stages_full = _stages(d.arrival_rps, st, bounds, p)
+    best_ttft = _best_slack_ttft(stages_full, st.fixed_s)
+    idx_full = _search(stages_full, eff_slack)
+    unbudgeted = None if idx_full is None else (stages_full, idx_full)
+    if unbudgeted is not None and (budget is None or _cost(stages_full, idx_full) <= budget):
+        frac, sol = 1.0, unbudgeted
+    else:
+
+        def at(rate: float) -> Any:
+            return _solve(rate, st, bounds, p, eff_slack, budget)
+
+        frac, sol = _admit(d.arrival_rps, at, full_known_bad=True)
+    budget_limited = frac < 1.0 and budget is not None and unbudgeted is not None
+    if sol is None:  # cannot happen: rate 0 always fits min bounds
+        raise RuntimeError("planner: no plan even at zero load")
+    stages, idx = sol
+    sacrificed = ""
+    if frac < 1.0:
+        shed = d.arrival_rps * (1 - frac)
+        if budget_limited:
+            reasons.append(f"gpu_budget {budget} admits {frac:.1%} of {d.arrival_rps:.4g} rps within the SLO")
+        else:
+            caps = [n for n, s in stages_full.items() if not s.table or s.table[-1].wait_p > eff_slack]
+            reasons.append(
+                f"maxReplicas of {', '.join(caps) or 'the pools'} admit {frac:.1%} of "
+                f"{d.arrival_rps:.4g} rps within the SLO"
+            )
+        sacrificed = (
+            f"shed {shed:.4g} rps ({1 - frac:.1%} of demand) at admission; the admitted "
+            f"{d.arrival_rps * frac:.4g} rps meet TTFT/ITL"
+        )
+    rows = {n: stages[n].table[i] for n, i in zip(POOLS, idx, strict=True)}
+    pools = {n: _pool_plan(n, stages[n], rows[n]) for n in POOLS}
+    ttft = st.fixed_s + sum(r.wait_p for r in rows.values())
+    # ITL at the expected decode occupancy, capped at the effective batch
+    dec = pools["decode"]
+    lam_adm = d.arrival_rps * frac
+    n_occ = 0.0
+    if dec.replicas > 0 and lam_adm > 0:
+        o = d.output_tokens_mean
+        denom = 1000.0 * dec.replicas - lam_adm * o * m.decode.step_ms_per_seq
+        n_occ = st.b_eff if denom <= 0 else min(st.b_eff, lam_adm * o * m.decode.step_fixed_ms / denom)
+    itl = float(m.decode.step_ms(max(1.0, n_occ))) / 1000.0
+    feasible = slo_ok and frac >= 1.0
+    pr = pools["prefill"].replicas
+    stages_out = {
+        "encoder.service_ms": st.enc_s * 1000.0,
+        "prefill.service_ms": st.prefill_s * 1000.0,
+        "prefill.service_cv": math.sqrt(st.prefill_cs2),
+        "transfer.kv_bytes": st.kv_bytes,
+        "transfer.serial_ms": st.serial_ms,
+        "transfer.chunked_ms": st.chunked_ms,
+        "transfer.used_ms": st.transfer_ms,
+        "decode.step_ms": st.step_cap_ms,
+        "decode.batch_cap": float(st.b_eff),
+        "decode.expected_batch": n_occ,
+        "decode.slot_hold_s": st.hold_s,
+    }
+    return Plan(
+        placement="disaggregated",
+        pools=pools,
+        stages=stages_out,
+        ttft_s=ttft,
+        itl_s=itl,
+        percentile=p,
+        decode_per_prefill=pools["decode"].replicas / pr if pr else None,
+        encoder_per_prefill=pools["encoder"].replicas / pr if pr else None,
+        capacity_ratio=(pools["decode"].service_s / pools["decode"].servers_per_replica) / st.prefill_s
+        if st.prefill_s > 0
+        else None,
+        total_gpus=sum(x.gpus for x in pools.values()),
+        gpu_budget=budget,
+        feasible=feasible,
+        reason="; ".join(reasons) if reasons else "ok",
+        best_ttft_s=best_ttft,
+        best_itl_s=best_itl,
+        budget_limited=budget_limited,
+        admitted_fraction=frac,
+        goodput_rps=d.arrival_rps * frac if slo_ok else 0.0,
+        shed_rps=d.arrival_rps * (1 - frac),
+        sacrificed=sacrificed,
+        interference_ms=0.0,
+        split_threshold_tokens=None,
+        remote_fraction=None,
+        demand=d,
+        slo=slo,
+    )
+
+
+# --------------------------------------------------------------------------- colocated
+
+
+def _colocated_eval(
+    r: int, lam: float, d: Demand, m: StageModels, slo: SLO, st: _Setup
+) -> tuple[float, float, float, float, float, float] | None:
+    """(ttft_p, itl_p, prefill util, w_pf, w_slot, hold) for r colocated replicas, or None if unstable."""
+    if r <= 0:
+        return None if lam > 0 else (st.fixed_s, st.step_cap_ms / 1000.0, 0.0, 0.0, 0.0, st.hold_s)
+    p = slo.percentile
+    u = lam * st.prefill_s / r
+    if u >= 1.0:
+        return None
+    hold = st.hold_s / (1.0 - u)  # decode runs only when the worker is not prefilling
+    w_pf = _table(lam, st.prefill_s, st.prefill_cs2, 1, r, r, p)
+    w_sl = _table(lam, hold, st.hold_cs2, st.b_eff, r, r, p)
+    if not w_pf or not w_sl:
+        return None
+    wp, ws = w_pf[0].wait_p, w_sl[0].wait_p
+    ttft = st.enc_s + wp + st.prefill_s + ws + float(m.decode.step_ms(1)) / 1000.0
+    # a decode gap absorbs a whole prefill with probability ~ prefill starts per gap per replica
+    step_s = st.step_cap_ms / 1000.0
+    p_stall = 1.0 - math.exp(-(lam / r) * (step_s + st.prefill_s))
+    itl = step_s + st.prefill_s if p_stall > 1.0 - p else step_s / (1.0 - u)
+    return ttft, itl, u, wp, ws, hold
+
+
+def _plan_colocated(
+    d: Demand, m: StageModels, slo: SLO, bounds: dict[str, PoolBounds], budget: int | None
+) -> Plan:
+    st = _setup(d, m, slo, chunked=False)
+    st.fixed_s = st.enc_s + st.prefill_s + float(m.decode.step_ms(1)) / 1000.0
+    b = bounds["colocated"]
+    if budget is not None and budget < b.min_replicas * b.gpus_per_replica:
+        raise ValueError(
+            f"gpu_budget ({budget}) is below the pools' minimum GPUs ({b.min_replicas * b.gpus_per_replica})"
+        )
+    r_cap = b.max_replicas if budget is None else min(b.max_replicas, budget // b.gpus_per_replica)
+
+    def ok(r: int, lam: float) -> bool:
+        e = _colocated_eval(r, lam, d, m, slo, st)
+        return e is not None and e[0] <= slo.ttft_s + 1e-12 and e[1] <= slo.itl_s + 1e-12
+
+    def min_r(lam: float) -> int | None:
+        lo = b.min_replicas
+        if ok(lo, lam):
+            return lo
+        if not ok(r_cap, lam):
+            return None
+        hi = r_cap
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if ok(mid, lam):
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    reasons: list[str] = []
+    lam = d.arrival_rps
+    r = min_r(lam)
+    frac = 1.0
+    if r is None:
+        lo_f, hi_f = 0.0, 1.0
+        r = min_r(0.0)
+        for _ in range(30):
+            mid = (lo_f + hi_f) / 2
+            got = min_r(lam * mid)
+            if got is not None:
+                lo_f, r = mid, got
+            else:
+                hi_f = mid
+            if hi_f - lo_f < 1e-4:
+                break
+        frac = lo_f
+        if r is None:  # even zero load misses the SLO (latency floor): size for stability
+            r = max(b.min_replicas, min(r_cap, int(lam * st.prefill_s / 0.9) + 1))
+            frac = 0.0
+            reasons.append(
+                f"colocated latency floor (TTFT {st.fixed_s:.4g}s, ITL with a prefill stall "
+                f"{(st.step_cap_ms / 1000 + st.prefill_s):.4g}s) misses the SLO at any replica count"
+            )
+        elif budget is not None and r_cap < b.max_replicas:
+            reasons.append(f"gpu_budget {budget} admits {frac:.1%} of {lam:.4g} rps within the SLO")
+        else:
+            reasons.append(f"colocated maxReplicas admits {frac:.1%} of {lam:.4g} rps within the SLO")
+    lam_adm = lam * frac if frac > 0 else lam
+    ev = _colocated_eval(r, lam_adm, d, m, slo, st)
+    ttft, itl, _u, wp, ws, hold = ev if ev is not None else (math.inf, math.inf, 1.0, math.inf, math.inf, 0)
+    k = st.b_eff
+    cap = 1.0 / (st.prefill_s + d.output_tokens_mean * st.step_cap_ms / 1000.0 / k)
+    pool = PoolPlan(
+        name="colocated",
+        replicas=r,
+        gpus=r * b.gpus_per_replica,
+        gpus_per_replica=b.gpus_per_replica,
+        servers_per_replica=k,
+        arrival_rps=lam_adm,
+        service_s=st.prefill_s,
+        capacity_rps=cap,
+        utilization=min(1.0, lam_adm / (cap * r)) if r else 0.0,
+        wait_mean_s=wp,
+        wait_p_s=wp + ws,
+        queue_len=lam_adm * (wp + ws),
+        in_service=lam_adm * (st.prefill_s + hold),
+    )
+    feasible = frac >= 1.0 and not reasons
+    sacrificed = ""
+    if frac < 1.0:
+        sacrificed = f"shed {lam * (1 - frac):.4g} rps ({1 - frac:.1%} of demand) at admission"
+    return Plan(
+        placement="colocated",
+        pools={"colocated": pool},
+        stages={
+            "encoder.service_ms": st.enc_s * 1000.0,
+            "prefill.service_ms": st.prefill_s * 1000.0,
+            "prefill.service_cv": math.sqrt(st.prefill_cs2),
+            "transfer.kv_bytes": 0.0,
+            "transfer.serial_ms": st.serial_ms,
+            "transfer.chunked_ms": st.chunked_ms,
+            "transfer.used_ms": 0.0,
+            "decode.step_ms": st.step_cap_ms,
+            "decode.batch_cap": float(k),
+            "decode.expected_batch": float("nan"),
+            "decode.slot_hold_s": hold,
+        },
+        ttft_s=ttft,
+        itl_s=itl,
+        percentile=slo.percentile,
+        decode_per_prefill=None,
+        encoder_per_prefill=None,
+        capacity_ratio=None,
+        total_gpus=pool.gpus,
+        gpu_budget=budget,
+        feasible=feasible,
+        reason="; ".join(reasons) if reasons else "ok",
+        best_ttft_s=st.fixed_s,
+        best_itl_s=float(m.decode.step_ms(1)) / 1000.0,
+        budget_limited=budget is not None and frac < 1.0 and r_cap < b.max_replicas,
+        admitted_fraction=frac,
+        goodput_rps=lam * frac,
+        shed_rps=lam * (1 - frac),
+        sacrificed=sacrificed,
+        interference_ms=st.prefill_s * 1000.0,
+        split_threshold_tokens=None,
+        remote_fraction=None,
+        demand=d,
+        slo=slo,
+    )
+
+
+# --------------------------------------------------------------------------- conditional
+
+
+def split_threshold_tokens(
+    models: StageModels | None = None,
+    slo: SLO | None = None,
+    cached_fraction: float = 0.0,
+    max_tokens: float = 10_000_000.0,
+) -> float:
+    """Prompt tokens above which remote prefill + transfer beats colocated prefill.
+
+    A colocated prefill of t tokens stalls every decode sequence on its worker
+    for prefill_ms(t): the neighbours' inter-token gap becomes step + prefill_ms(t).
+    Remote prefill pays the transfer instead and leaves the neighbours' ITL at
+    one step. Remote wins once the stall breaches the ITL target, i.e. above
+    the largest t with step(1) + prefill_ms(t) <= itl target. Returns 0 when
+    even an empty prompt breaches it, ``max_tokens`` when none does.
+    (Worked example: (150 - 45 - 20) / 0.035 ~ 2,428.6 tokens.)
+    """
+    m = models or StageModels()
+    s = slo or SLO()
+    _num("cached_fraction", cached_fraction, unit=True)
+    budget_ms = s.itl_s * 1000.0 - float(m.decode.step_ms(1))
+
+    def stall(t: float) -> float:
+        return float(m.prefill.service_ms(t, cached_fraction * t))
+
+    if stall(0.0) > budget_ms:
+        return 0.0
+    if stall(max_tokens) <= budget_ms:
+        return max_tokens
+    pf = m.prefill
+    if pf.ms_per_token_sq == 0.0:
+        return (budget_ms - pf.fixed_ms) / (pf.ms_per_token * (1 - cached_fraction))
+    lo, hi = 0.0, max_tokens
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if stall(mid) <= budget_ms:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-6:
+            break
+    return lo
+
+
+def _remote_fraction(d: Demand, threshold: float) -> float:
+    """P(prompt tokens > threshold) under a normal approximation of the prompt length."""
+    if d.prompt_tokens_std <= 0:
+        return 1.0 if d.prompt_tokens_mean > threshold else 0.0
+    z = (threshold - d.prompt_tokens_mean) / d.prompt_tokens_std
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def plan(
+    demand: Demand | None = None,
+    models: StageModels | None = None,
+    slo: SLO | None = None,
+    bounds: dict[str, PoolBounds] | None = None,
+    budget: int | None = None,
+    placement: Placement = "disaggregated",
+    chunked: bool = False,
+) -> Plan:
+    """Plan replicas for one demand point. See the module docstring and docs/planner.md."""
+    d = demand or Demand()
+    m = models or StageModels()
+    s = slo or SLO()
+    if not isinstance(d, Demand):
+        raise ValueError("demand must be a Demand")
+    if not isinstance(m, StageModels):
+        raise ValueError("models must be a StageModels")
+    if not isinstance(s, SLO):
+        raise ValueError("slo must be an SLO")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+    b = _bounds(bounds)
+    g = _check_budget(budget)
+    if placement == "disaggregated":
+        return _plan_disagg(d, m, s, b, g, chunked)
+    if placement == "colocated":
+        return _plan_colocated(d, m, s, b, g)
+    # conditional: plan both and keep the cheaper one that serves more goodput
+    thr = split_threshold_tokens(m, s, d.prefix_hit_rate)
+    frac = _remote_fraction(d, thr)
+    dis = _plan_disagg(d, m, s, b, g, chunked)
+    col = _plan_colocated(d, m, s, b, g)
+
+    def key(pl: Plan) -> tuple[float, int]:
+        return (-round(pl.goodput_rps, 9), pl.total_gpus)
+
+    chosen = col if key(col) <= key(dis) else dis
+    note = f"conditional: chose {chosen.placement} ({chosen.total_gpus} GPUs) over " + (
+        f"disaggregated ({dis.total_gpus} GPUs)" if chosen is col else f"colocated ({col.total_gpus} GPUs)"
+    )
+    return replace(
+        chosen,
+        placement=f"conditional/{chosen.placement}",
+        split_threshold_tokens=thr,
+        remote_fraction=frac,
+        reason=chosen.reason if chosen.reason != "ok" else "ok",
+        sacrificed=(chosen.sacrificed + "; " if chosen.sacrificed else "") + note,
+    )
+
+
+def plan_replicas(
+    demands: list[Demand],
+    models: StageModels | None = None,
+    slo: SLO | None = None,
+    bounds: dict[str, PoolBounds] | None = None,
+    chunked: bool = False,
+) -> list[tuple[int, int, int, bool]]:
+    """Fast path for sweeps: (encoder, prefill, decode, feasible) per demand, no Plan objects, no budget."""
+    m = models or StageModels()
+    s = slo or SLO()
+    b = _bounds(bounds)
+    out: list[tuple[int, int, int, bool]] = []
+    p = s.percentile
+    for d in demands:
+        st = _setup(d, m, s, chunked)
+        slack = s.ttft_s - st.fixed_s
+        sol = _solve(d.arrival_rps, st, b, p, max(0.0, slack), None)
+        if sol is None:
+            out.append((-1, -1, -1, False))
+            continue
+        stages, idx = sol
+        e, pr, de = (stages[n].table[i].replicas for n, i in zip(POOLS, idx, strict=True))
+        out.append((e, pr, de, slack >= 0 and st.itl_ok))
+    return out
+
+
+def predict(
+    replicas: dict[str, int],
+    demand: Demand | None = None,
+    models: StageModels | None = None,
+    slo: SLO | None = None,
+    chunked: bool = False,
+) -> dict[str, float]:
+    """Predicted TTFT at the percentile and ITL for given disaggregated replica counts.
+
+    Returns ``{"ttft_s", "itl_s", "encoder_wait_s", "prefill_wait_s", "decode_wait_s"}``;
+    waits are inf when a pool is unstable (too few replicas for the load).
+    """
+    d = demand or Demand()
+    m = models or StageModels()
+    s = slo or SLO()
+    st = _setup(d, m, s, chunked)
+    p = s.percentile
+    waits = {}
+    for name, lam, svc, cs2, k in (
+        ("encoder", d.arrival_rps * st.media, st.enc_s, ENCODER_CS2, 1),
+        ("prefill", d.arrival_rps, st.prefill_s, st.prefill_cs2, 1),
+        ("decode", d.arrival_rps, st.hold_s, st.hold_cs2, st.b_eff),
+    ):
+        r = int(replicas.get(name, 0))
+        rows = _table(lam, svc, cs2, k, r, r, p)
+        waits[name] = rows[0].wait_p if rows and rows[0].replicas == r else math.inf
+    return {
+        "ttft_s": st.fixed_s + sum(waits.values()),
+        "itl_s": st.step_cap_ms / 1000.0 if st.itl_ok else float(m.decode.step_ms(1)) / 1000.0,
+        "encoder_wait_s": waits["encoder"],
+        "prefill_wait_s": waits["prefill"],
+        "decode_wait_s": waits["decode"],
+    }

@@ -1,0 +1,251 @@
+"""Joint planner: worked example, SLO properties, minimality, budget goodput, validation."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from disagg.model import DecodeModel, StageModels
+from disagg.planner import SLO, Demand, PoolBounds, plan, plan_replicas, predict, split_threshold_tokens
+
+EPS = 1e-9
+
+demands = st.builds(
+    Demand,
+    arrival_rps=st.floats(0.0, 60.0),
+    prompt_tokens_mean=st.floats(100.0, 12000.0),
+    prompt_tokens_std=st.floats(0.0, 4000.0),
+    output_tokens_mean=st.floats(20.0, 1500.0),
+    output_tokens_std=st.floats(0.0, 800.0),
+    media_fraction=st.sampled_from([0.0, 0.0, 0.2, 1.0]),
+    items_per_request=st.floats(0.0, 4.0),
+    prefix_hit_rate=st.floats(0.0, 0.9),
+)
+slos = st.builds(
+    SLO,
+    ttft_s=st.floats(0.4, 3.0),
+    itl_s=st.floats(0.05, 0.3),
+    percentile=st.sampled_from([0.5, 0.9, 0.95, 0.99]),
+)
+decode_models = st.builds(
+    DecodeModel,
+    step_fixed_ms=st.floats(10.0, 60.0),
+    step_ms_per_seq=st.sampled_from([0.0, 0.5, 2.0]),
+    slots=st.integers(1, 128),
+)
+PROPS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_zero_load_gives_minimums():
+    p = plan(Demand(arrival_rps=0.0))
+    assert p.replicas == {"encoder": 0, "prefill": 1, "decode": 1}
+    assert p.feasible
+    p2 = plan(
+        Demand(arrival_rps=0.0),
+        bounds={"prefill": PoolBounds(2, 10), "decode": PoolBounds(3, 10), "encoder": PoolBounds(1, 4)},
+    )
+    assert p2.replicas == {"encoder": 1, "prefill": 2, "decode": 3}
+
+
+def test_worked_example_stage_figures_in_plan():
+    p = plan(Demand(arrival_rps=4.0))
+    assert p.stages["prefill.service_ms"] == pytest.approx(230.0)
+    assert p.stages["transfer.kv_bytes"] == 1_966_080_000
+    assert p.stages["transfer.serial_ms"] == pytest.approx(95.23, abs=0.01)
+    assert p.stages["transfer.chunked_ms"] == pytest.approx(39.74, abs=0.01)
+    assert p.pools["prefill"].capacity_rps == pytest.approx(4.348, abs=1e-3)
+    assert p.pools["decode"].capacity_rps == pytest.approx(1.778, abs=1e-3)
+    assert p.capacity_ratio == pytest.approx(2.445, abs=1e-3)
+    assert p.best_ttft_s == pytest.approx(0.37023, abs=1e-4)
+    assert p.feasible and p.ttft_s <= 0.6 and p.itl_s <= 0.15
+    # Little's law: decode slots in use = lambda x hold = 4 x 18 s
+    assert p.pools["decode"].in_service == pytest.approx(72.0)
+
+
+def test_chunked_transfer_lowers_floor():
+    p = plan(Demand(arrival_rps=1.0), chunked=True)
+    assert p.best_ttft_s == pytest.approx(0.31474, abs=1e-4)
+    assert p.stages["transfer.used_ms"] == pytest.approx(39.74, abs=0.01)
+
+
+def test_high_load_ratio_approaches_capacity_ratio():
+    p = plan(Demand(arrival_rps=200.0))
+    assert p.feasible
+    assert p.decode_per_prefill == pytest.approx(p.capacity_ratio, rel=0.12)
+
+
+def test_infeasible_ttft_reports_best_achievable():
+    p = plan(Demand(arrival_rps=2.0), slo=SLO(ttft_s=0.3))
+    assert not p.feasible
+    assert "below the bare pipeline latency" in p.reason
+    assert p.best_ttft_s == pytest.approx(0.37023, abs=1e-4)
+    assert p.ttft_s == pytest.approx(p.best_ttft_s)  # sized for the best it can do
+
+
+def test_infeasible_itl():
+    p = plan(Demand(arrival_rps=1.0), slo=SLO(itl_s=0.03))
+    assert not p.feasible
+    assert "ITL" in p.reason
+    assert p.best_itl_s == pytest.approx(0.045)
+
+
+def test_itl_caps_batch_when_step_grows():
+    m = StageModels(decode=DecodeModel(step_fixed_ms=30.0, step_ms_per_seq=2.0, slots=64))
+    p = plan(Demand(arrival_rps=10.0), models=m, slo=SLO(itl_s=0.07))
+    assert p.stages["decode.batch_cap"] == 20
+    assert p.feasible and p.itl_s <= 0.07 + EPS
+    assert p.pools["decode"].servers_per_replica == 20
+
+
+def test_budget_maximises_goodput_not_proportional():
+    full = plan(Demand(arrival_rps=10.0))
+    assert full.total_gpus == 11
+    p = plan(Demand(arrival_rps=10.0), budget=8)
+    assert p.budget_limited and not p.feasible
+    assert p.total_gpus <= 8
+    assert 0.5 < p.admitted_fraction < 1.0
+    assert p.shed_rps == pytest.approx(10.0 * (1 - p.admitted_fraction))
+    assert "shed" in p.sacrificed
+    # the admitted load meets the SLO
+    assert p.ttft_s <= 0.6 + EPS
+    admitted = predict(p.replicas, Demand(arrival_rps=p.goodput_rps))
+    assert admitted["ttft_s"] <= 0.6 + EPS
+    # a proportional squeeze of (4, 7) into 8 GPUs would give (3, 5) or worse at the full load
+    assert p.replicas != {"encoder": 0, "prefill": 3, "decode": 4} or p.admitted_fraction > 0
+
+
+def test_budget_below_minimums_is_value_error():
+    with pytest.raises(ValueError, match="gpu_budget"):
+        plan(Demand(), bounds={"prefill": PoolBounds(4, 10)}, budget=3)
+
+
+def test_max_bounds_limit_is_reported():
+    p = plan(Demand(arrival_rps=10.0), bounds={"decode": PoolBounds(1, 4)})
+    assert not p.feasible and not p.budget_limited
+    assert "maxReplicas" in p.reason
+    assert p.replicas["decode"] <= 4
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        ({"arrival_rps": -1.0}, "arrival_rps"),
+        ({"arrival_rps": float("nan")}, "arrival_rps"),
+        ({"prompt_tokens_mean": float("inf")}, "prompt_tokens_mean"),
+        ({"output_tokens_mean": 0.0}, "output_tokens_mean"),
+        ({"media_fraction": 1.5}, "media_fraction"),
+        ({"prefix_hit_rate": -0.1}, "prefix_hit_rate"),
+    ],
+)
+def test_bad_demand_names_input(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        Demand(**kwargs)
+
+
+def test_bad_slo_bounds_budget_placement():
+    with pytest.raises(ValueError, match="ttft_s"):
+        SLO(ttft_s=0.0)
+    with pytest.raises(ValueError, match="percentile"):
+        SLO(percentile=1.0)
+    with pytest.raises(ValueError, match="min_replicas"):
+        PoolBounds(5, 2)
+    with pytest.raises(ValueError, match="gpu_budget"):
+        plan(Demand(), budget=-1)
+    with pytest.raises(ValueError, match="placement"):
+        plan(Demand(), placement="sideways")  # type: ignore[arg-type]
+
+
+def test_split_threshold_worked_example():
+    # stall of a colocated prefill + one 45 ms step must fit the 150 ms ITL
+    assert split_threshold_tokens() == pytest.approx((150 - 45 - 20) / 0.035)
+    assert split_threshold_tokens(slo=SLO(itl_s=0.05)) == 0.0
+
+
+def test_colocated_interference_and_conditional():
+    col = plan(Demand(arrival_rps=2.0), placement="colocated")
+    assert col.interference_ms == pytest.approx(230.0)
+    assert set(col.pools) == {"colocated"}
+    assert col.feasible and col.ttft_s <= 0.6 and col.itl_s <= 0.15
+    short = plan(Demand(arrival_rps=2.0, prompt_tokens_mean=500), placement="conditional")
+    assert short.placement.startswith("conditional/")
+    assert short.split_threshold_tokens == pytest.approx(2428.57, abs=0.01)
+    assert short.remote_fraction == 0.0
+    long_ = plan(
+        Demand(arrival_rps=2.0, prompt_tokens_mean=6000, prompt_tokens_std=1000), placement="conditional"
+    )
+    assert long_.remote_fraction > 0.99
+
+
+def test_to_dict_is_json_and_stable():
+    d1 = plan(Demand(arrival_rps=3.0)).to_dict()
+    d2 = plan(Demand(arrival_rps=3.0)).to_dict()
+    assert json.dumps(d1) == json.dumps(d2)
+    for key in ("pools", "stages", "predicted", "ratio", "feasible", "budget", "gpus"):
+        assert key in d1
+    assert d1["pools"]["prefill"]["replicas"] >= 1
+
+
+def test_plan_replicas_matches_plan():
+    ds = [Demand(arrival_rps=r) for r in (0.0, 1.0, 5.0, 20.0)]
+    fast = plan_replicas(ds)
+    for d, (e, p, dd, ok) in zip(ds, fast, strict=True):
+        full = plan(d)
+        assert (e, p, dd) == (full.replicas["encoder"], full.replicas["prefill"], full.replicas["decode"])
+        assert ok == full.feasible
+
+
+# ---------------------------------------------------------------- properties
+
+
+@PROPS
+@given(d=demands, slo=slos, dm=decode_models, extra=st.floats(0.0, 30.0))
+def test_more_load_never_needs_fewer_gpus(d, slo, dm, extra):
+    m = StageModels(decode=dm)
+    a = plan(d, m, slo)
+    b = plan(Demand(**{**d.__dict__, "arrival_rps": d.arrival_rps + extra}), m, slo)
+    assume(a.admitted_fraction == 1.0 and b.admitted_fraction == 1.0)
+    assert b.total_gpus >= a.total_gpus
+    assert sum(b.replicas.values()) >= sum(a.replicas.values()) - 1  # equal-GPU trades only
+
+
+@PROPS
+@given(d=demands, slo=slos, budget=st.integers(2, 40))
+def test_budget_never_exceeded(d, slo, budget):
+    p = plan(d, slo=slo, budget=budget)
+    assert p.total_gpus <= budget
+    if p.budget_limited:
+        assert p.admitted_fraction < 1.0 and p.shed_rps > 0
+
+
+@PROPS
+@given(d=demands, slo=slos, dm=decode_models)
+def test_feasible_plan_meets_targets(d, slo, dm):
+    m = StageModels(decode=dm)
+    p = plan(d, m, slo)
+    if p.feasible:
+        assert p.ttft_s <= slo.ttft_s + EPS
+        assert p.itl_s <= slo.itl_s + EPS
+        check = predict(p.replicas, d, m, slo)
+        assert check["ttft_s"] <= slo.ttft_s + EPS
+    else:
+        assert p.reason != "ok"
+
+
+@PROPS
+@given(d=demands, slo=slos, dm=decode_models)
+def test_minimality(d, slo, dm):
+    m = StageModels(decode=dm)
+    b = {"encoder": PoolBounds(0, 10_000), "prefill": PoolBounds(1, 10_000), "decode": PoolBounds(1, 10_000)}
+    p = plan(d, m, slo, bounds=b)
+    assume(p.feasible)
+    for pool in ("encoder", "prefill", "decode"):
+        fewer = dict(p.replicas)
+        fewer[pool] -= 1
+        if fewer[pool] < b[pool].min_replicas:
+            continue  # a bound
+        got = predict(fewer, d, m, slo)
+        assert not (got["ttft_s"] <= slo.ttft_s + EPS and math.isfinite(got["ttft_s"])), (pool, fewer)
