@@ -229,8 +229,8 @@ class Placement(_Model):
 class EncoderServiceModel(_Model):
     """Encoder service time: fixedMs + msPerItem x items (images, video frames, audio clips)."""
 
-    fixed_ms: float = Field(20.0, ge=0, description="Fixed cost of one encoder call, in milliseconds.")
-    ms_per_item: float = Field(40.0, gt=0, description="Cost per multimodal item, in milliseconds.")
+    fixed_ms: float = Field(15.0, ge=0, description="Fixed cost of one encoder call, in milliseconds.")
+    ms_per_item: float = Field(25.0, gt=0, description="Cost per multimodal item, in milliseconds.")
 
 
 class PrefillServiceModel(_Model):
@@ -667,3 +667,10 @@ def stage_models(spec: DisaggDeploymentSpec) -> dict[str, Any]:
             slots=decode.slots,
         )
     return out
+
+
+def stage_bundle(spec: DisaggDeploymentSpec) -> Any:
+    """All stage models as one `disagg.model.StageModels`; absent stages keep the model defaults."""
+    from disagg import model as m
+
+    return m.StageModels(**stage_models(spec))

@@ -231,3 +231,18 @@ def test_pure_module_imports():
     src = (ROOT / "operator/disagg/api.py").read_text()
     for banned in ("kopf", "kubernetes", "aiohttp", "requests", "httpx", "urllib"):
         assert not re.search(rf"^\s*(import|from)\s+{banned}\b", src, re.M), banned
+
+
+def test_stage_bundle_fills_absent_stages():
+    m = pytest.importorskip("disagg.model")
+    if not hasattr(m, "StageModels"):
+        pytest.skip("disagg.model.StageModels not defined")
+    spec = api.parse_spec(load(ROOT / "config/samples/vllm-disaggregated-70b.yaml")["spec"])
+    bundle = api.stage_bundle(spec)
+    assert bundle.prefill.chunk_tokens == 2000
+    assert bundle.decode.slots == 32
+    assert bundle.transfer.bandwidth_gibps == 22
+    assert bundle.encoder == m.EncoderModel()  # no encoder pool: the model's defaults
+    # The API's encoder defaults are the model's.
+    enc = api.EncoderServiceModel()
+    assert (enc.fixed_ms, enc.ms_per_item) == (m.EncoderModel().fixed_ms, m.EncoderModel().ms_per_item)
