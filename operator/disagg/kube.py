@@ -74,6 +74,14 @@ class Conflict(Exception):
     pass
 
 
+class ApiError(Exception):
+    """Any other non-2xx answer of the API server."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class Kube:
     """Async Kubernetes access on dicts. Create with `await Kube.connect()`."""
 
@@ -123,7 +131,16 @@ class Kube:
                 raise Conflict(f"{path}: {exc.reason}") from exc
             raise
         raw = await resp.read()
-        return json.loads(raw) if raw else {}
+        data = json.loads(raw) if raw else {}
+        code = resp.status
+        if not 200 <= code <= 299:
+            message = data.get("message") if isinstance(data, dict) else str(raw[:500])
+            if code == 404:
+                raise NotFound(f"{path}: {message}")
+            if code == 409:
+                raise Conflict(f"{path}: {message}")
+            raise ApiError(code, f"{method} {path}: {code} {message}")
+        return data
 
     # -- reads ---------------------------------------------------------------
     async def get(self, kind: str, namespace: str | None, name: str) -> dict:
@@ -137,8 +154,13 @@ class Kube:
 
     async def list(self, kind: str, namespace: str | None = None, selector: str | None = None) -> list[dict]:
         query = [("labelSelector", selector)] if selector else []
-        out = await self._call("GET", resource_for(kind).path(namespace), query=query)
-        return out.get("items", [])
+        res = resource_for(kind)
+        out = await self._call("GET", res.path(namespace), query=query)
+        items = out.get("items", [])
+        for item in items:  # list items come without their kind
+            item.setdefault("apiVersion", res.api_version)
+            item.setdefault("kind", res.kind)
+        return items
 
     # -- writes --------------------------------------------------------------
     async def apply(self, obj: dict, subresource: str | None = None, force: bool = True) -> dict:
@@ -149,7 +171,7 @@ class Kube:
         return await self._call(
             "PATCH",
             res.path(meta.get("namespace"), meta["name"], subresource),
-            body=json.dumps(obj),
+            body=obj,
             query=query,
             content_type="application/apply-patch+yaml",
         )
@@ -171,7 +193,7 @@ class Kube:
         return await self._call(
             "PATCH",
             resource_for(kind).path(namespace, name, subresource),
-            body=json.dumps(patch),
+            body=patch,
             content_type=ctype,
         )
 
@@ -180,7 +202,7 @@ class Kube:
         if uid:
             body["preconditions"] = {"uid": uid}
         try:
-            await self._call("DELETE", resource_for(kind).path(namespace, name), body=json.dumps(body))
+            await self._call("DELETE", resource_for(kind).path(namespace, name), body=body)
             return True
         except NotFound:
             return False
@@ -214,6 +236,6 @@ class Kube:
             "count": 1,
         }
         try:
-            await self._call("POST", resource_for("Event").path(meta["namespace"]), body=json.dumps(ev))
-        except ApiException as exc:  # events are best effort
-            log.warning("could not record event %s on %s: %s", reason, meta["name"], exc.reason)
+            await self._call("POST", resource_for("Event").path(meta["namespace"]), body=ev)
+        except (ApiException, ApiError) as exc:  # events are best effort
+            log.warning("could not record event %s on %s: %s", reason, meta["name"], exc)
