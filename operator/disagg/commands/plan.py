@@ -1,0 +1,540 @@
+"""`disagg plan`: size encoder / prefill / decode pools for a demand and an SLO.
+
+Every model flag defaults to the worked example (prefill 20 + 0.035 ms/token,
+320 KiB/token KV over 12 ms + 22 GiB/s, 45 ms decode steps with 32 slots,
+TTFT 0.6 s / ITL 0.15 s at p90). `--from FILE` reads a DisaggDeployment YAML
+(pools, kvTransfer, slo, autoscaling.gpuBudget, placement); explicit flags
+override it. `--output json` prints the stable schema of docs/planner.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+POOL_NAMES = ("encoder", "prefill", "decode", "colocated")
+
+# flag dest -> worked-example default
+DEFAULTS: dict[str, Any] = {
+    "arrival_rate": 1.0,
+    "input_tokens": 6000.0,
+    "input_tokens_std": 0.0,
+    "output_tokens": 400.0,
+    "output_tokens_std": 0.0,
+    "media_fraction": 0.0,
+    "items_per_request": 1.0,
+    "prefix_hit_rate": 0.0,
+    "ttft": 0.6,
+    "itl": 0.15,
+    "percentile": 0.9,
+    "encoder_fixed_ms": 15.0,
+    "encoder_ms_per_item": 25.0,
+    "prefill_fixed_ms": 20.0,
+    "prefill_ms_per_token": 0.035,
+    "prefill_ms_per_token_sq": 0.0,
+    "decode_step_ms": 45.0,
+    "decode_ms_per_seq": 0.0,
+    "decode_slots": 32,
+    "kv_bytes_per_token": 327680.0,
+    "link_setup_ms": 12.0,
+    "link_gibps": 22.0,
+    "chunk_tokens": 2000,
+    "gpu_budget": None,
+    "placement": "disaggregated",
+    "chunked": False,
+}
+# model field (as named in its ValueError) -> flag
+FIELD_FLAGS = {
+    "encoder.fixed_ms": "encoder-fixed-ms",
+    "encoder.ms_per_item": "encoder-ms-per-item",
+    "prefill.fixed_ms": "prefill-fixed-ms",
+    "prefill.ms_per_token_sq": "prefill-ms-per-token-sq",
+    "prefill.ms_per_token": "prefill-ms-per-token",
+    "transfer.kv_bytes_per_token": "kv-bytes-per-token",
+    "transfer.setup_ms": "link-setup-ms",
+    "transfer.bandwidth_gibps": "link-gibps",
+    "transfer.chunk_tokens": "chunk-tokens",
+    "decode.step_fixed_ms": "decode-step-ms",
+    "decode.step_ms_per_seq": "decode-ms-per-seq",
+    "decode.slots": "decode-slots",
+    "output_tokens_mean": "output-tokens",
+    "media_fraction": "media-fraction",
+    "prefix_hit_rate": "prefix-hit-rate",
+    "ttft_s": "ttft",
+    "itl_s": "itl",
+    "percentile": "percentile",
+}
+POOL_DEFAULTS = {
+    "encoder": (0, 10_000, 1),
+    "prefill": (1, 10_000, 1),
+    "decode": (1, 10_000, 1),
+    "colocated": (1, 10_000, 1),
+}
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="size the encoder/prefill/decode pools for a demand and an SLO",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    f = p.add_argument
+    g = p.add_argument_group("demand")
+    g.add_argument("--arrival-rate", type=float, help="requests per second (default 1)")
+    g.add_argument("--input-tokens", type=float, help="mean prompt tokens (default 6000)")
+    g.add_argument("--input-tokens-std", type=float, help="prompt tokens standard deviation (default 0)")
+    g.add_argument("--output-tokens", type=float, help="mean output tokens (default 400)")
+    g.add_argument("--output-tokens-std", type=float, help="output tokens standard deviation (default 0)")
+    g.add_argument("--media-fraction", type=float, help="fraction of requests with media (default 0)")
+    g.add_argument("--items-per-request", type=float, help="media items per media request (default 1)")
+    g.add_argument("--prefix-hit-rate", type=float, help="fraction of prompt tokens cached (default 0)")
+    s = p.add_argument_group("SLO")
+    s.add_argument("--ttft", type=float, help="TTFT target in seconds (default 0.6)")
+    s.add_argument("--itl", type=float, help="ITL target in seconds (default 0.15)")
+    s.add_argument("--percentile", type=float, help="quantile of the targets, in (0,1) (default 0.9)")
+    m = p.add_argument_group("service-time models")
+    m.add_argument("--encoder-fixed-ms", type=float, help="default 15")
+    m.add_argument("--encoder-ms-per-item", type=float, help="default 25")
+    m.add_argument("--prefill-fixed-ms", type=float, help="default 20")
+    m.add_argument("--prefill-ms-per-token", type=float, help="default 0.035")
+    m.add_argument("--prefill-ms-per-token-sq", type=float, help="quadratic term (default 0)")
+    m.add_argument("--decode-step-ms", type=float, help="fixed decode step time (default 45)")
+    m.add_argument("--decode-ms-per-seq", type=float, help="added step ms per running sequence (default 0)")
+    m.add_argument("--decode-slots", type=int, help="batch slots per decode replica (default 32)")
+    m.add_argument("--kv-bytes-per-token", type=float, help="default 327680 (320 KiB)")
+    m.add_argument("--link-setup-ms", type=float, help="default 12")
+    m.add_argument("--link-gibps", type=float, help="link bandwidth in GiB/s (default 22)")
+    m.add_argument("--chunk-tokens", type=int, help="tokens per streamed KV chunk (default 2000)")
+    m.add_argument(
+        "--chunked",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="stream KV in chunks as prefill proceeds (default: serial)",
+    )
+    pl = p.add_argument_group("pools")
+    pl.add_argument("--gpu-budget", type=int, help="most GPUs all pools may use (default: none)")
+    pl.add_argument(
+        "--placement",
+        choices=["disaggregated", "colocated", "conditional"],
+        help="default disaggregated",
+    )
+    for pool in POOL_NAMES:
+        pl.add_argument(f"--{pool}-min-replicas", type=int, metavar="N")
+        pl.add_argument(f"--{pool}-max-replicas", type=int, metavar="N")
+        pl.add_argument(f"--{pool}-gpus-per-replica", type=int, metavar="N")
+    f(
+        "--from",
+        dest="from_file",
+        metavar="FILE",
+        help="read models, SLO, bounds from a DisaggDeployment YAML",
+    )
+    f("--output", "-o", choices=["table", "json"], default="table", help="output format (default table)")
+    f("--sweep", metavar="START:STOP:STEP", help="plan a range of arrival rates (rps), STOP inclusive")
+    f("--plot", metavar="FILE.png", help="with --sweep: write replicas and ratio vs load as a PNG")
+    p.set_defaults(func=run)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _get(d: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(key)
+    return d
+
+
+def _from_file(path: str) -> dict[str, Any]:
+    """Read settings from a DisaggDeployment YAML: the api models if available, else raw keys."""
+    import yaml
+
+    from disagg.cli import UsageError
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh)
+    except OSError as exc:
+        raise UsageError(f"--from {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise UsageError(f"--from {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"--from {path}: expected a DisaggDeployment mapping")
+    spec = doc.get("spec", doc)
+    if not isinstance(spec, dict):
+        raise UsageError(f"--from {path}: spec must be a mapping")
+    out: dict[str, Any] = {}
+    try:
+        from disagg import api  # written by another module; optional here
+    except ImportError:
+        api = None
+    if api is not None and hasattr(api, "DisaggDeploymentSpec"):
+        try:
+            sp = api.DisaggDeploymentSpec.model_validate(spec)
+        except Exception as exc:
+            first = str(exc).splitlines()
+            msg = " ".join(first[:3]) if first else type(exc).__name__
+            raise UsageError(f"--from {path}: invalid DisaggDeployment spec: {msg}") from None
+        spec = sp.to_dict()
+    # read the wire (camelCase) form defensively
+    pools = _get(spec, "pools") or {}
+    for pool in POOL_NAMES:
+        pd = pools.get(pool) if isinstance(pools, dict) else None
+        if not isinstance(pd, dict):
+            continue
+        for key, dest in (
+            ("minReplicas", f"{pool}_min_replicas"),
+            ("maxReplicas", f"{pool}_max_replicas"),
+            ("gpusPerReplica", f"{pool}_gpus_per_replica"),
+        ):
+            if pd.get(key) is not None:
+                out[dest] = pd[key]
+        sm = pd.get("serviceModel") or {}
+        if pool == "encoder":
+            pairs = [("fixedMs", "encoder_fixed_ms"), ("msPerItem", "encoder_ms_per_item")]
+        else:
+            pairs = []
+            if pool in ("prefill", "colocated"):
+                pairs += [
+                    ("fixedMs", "prefill_fixed_ms"),
+                    ("msPerToken", "prefill_ms_per_token"),
+                    ("msPerTokenSquared", "prefill_ms_per_token_sq"),
+                ]
+            if pool in ("decode", "colocated"):
+                pairs += [
+                    ("stepFixedMs", "decode_step_ms"),
+                    ("stepMsPerSequence", "decode_ms_per_seq"),
+                    ("slots", "decode_slots"),
+                ]
+        for key, dest in pairs:
+            if isinstance(sm, dict) and sm.get(key) is not None:
+                out[dest] = sm[key]
+    for key, dest in (
+        ("bytesPerToken", "kv_bytes_per_token"),
+        ("linkSetupMs", "link_setup_ms"),
+        ("bandwidthGiBps", "link_gibps"),
+        ("chunkTokens", "chunk_tokens"),
+    ):
+        v = _get(spec, "kvTransfer", key)
+        if v is not None:
+            out[dest] = v
+    for key, dest in (("ttftSeconds", "ttft"), ("itlSeconds", "itl"), ("percentile", "percentile")):
+        v = _get(spec, "slo", key)
+        if v is not None:
+            out[dest] = v
+    v = _get(spec, "autoscaling", "gpuBudget")
+    if v is not None:
+        out["gpu_budget"] = v
+    v = _get(spec, "placement", "mode")
+    if v is not None:
+        out["placement"] = v
+    return out
+
+
+def _resolve(args: argparse.Namespace) -> dict[str, Any]:
+    file_vals = _from_file(args.from_file) if args.from_file else {}
+    vals: dict[str, Any] = {}
+    keys = list(DEFAULTS) + [
+        f"{pool}_{k}" for pool in POOL_NAMES for k in ("min_replicas", "max_replicas", "gpus_per_replica")
+    ]
+    for key in keys:
+        v = getattr(args, key, None)
+        if v is None:
+            v = file_vals.get(key)
+        if v is None:
+            if key in DEFAULTS:
+                v = DEFAULTS[key]
+            else:
+                pool, _, what = key.partition("_")
+                idx = ("min_replicas", "max_replicas", "gpus_per_replica").index(what)
+                v = POOL_DEFAULTS[pool][idx]
+        vals[key] = v
+    return vals
+
+
+def _build(vals: dict[str, Any], arrival: float | None = None) -> tuple[Any, ...]:
+    from disagg.model import DecodeModel, EncoderModel, PrefillModel, StageModels, TransferModel
+    from disagg.planner import SLO, Demand, PoolBounds
+
+    def num(name: str, flag: str) -> float:
+        v = vals[name]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(float(v)):
+            raise ValueError(f"--{flag} must be a finite number, got {v!r}")
+        if float(v) < 0:
+            raise ValueError(f"--{flag} must be >= 0, got {v!r}")
+        return float(v)
+
+    def whole(name: str, flag: str) -> int:
+        x = num(name, flag)
+        if x != int(x):
+            raise ValueError(f"--{flag} must be an integer, got {vals[name]!r}")
+        return int(x)
+
+    def wrap(flag: str, fn: Any) -> Any:
+        try:
+            return fn()
+        except ValueError as exc:
+            msg = str(exc)
+            if msg.startswith("--"):
+                raise
+            for field, name in FIELD_FLAGS.items():
+                if msg.startswith(field):
+                    raise ValueError(f"--{name}: {msg}") from None
+            raise ValueError(f"--{flag}: {msg}") from None
+
+    models = StageModels(
+        encoder=wrap(
+            "encoder-*",
+            lambda: EncoderModel(
+                num("encoder_fixed_ms", "encoder-fixed-ms"), num("encoder_ms_per_item", "encoder-ms-per-item")
+            ),
+        ),
+        prefill=wrap(
+            "prefill-*",
+            lambda: PrefillModel(
+                num("prefill_fixed_ms", "prefill-fixed-ms"),
+                num("prefill_ms_per_token", "prefill-ms-per-token"),
+                num("prefill_ms_per_token_sq", "prefill-ms-per-token-sq"),
+            ),
+        ),
+        transfer=wrap(
+            "link-*",
+            lambda: TransferModel(
+                num("kv_bytes_per_token", "kv-bytes-per-token"),
+                num("link_setup_ms", "link-setup-ms"),
+                num("link_gibps", "link-gibps"),
+                whole("chunk_tokens", "chunk-tokens"),
+            ),
+        ),
+        decode=wrap(
+            "decode-*",
+            lambda: DecodeModel(
+                num("decode_step_ms", "decode-step-ms"),
+                num("decode_ms_per_seq", "decode-ms-per-seq"),
+                whole("decode_slots", "decode-slots"),
+            ),
+        ),
+    )
+    demand = wrap(
+        "demand",
+        lambda: Demand(
+            arrival_rps=num("arrival_rate", "arrival-rate") if arrival is None else arrival,
+            prompt_tokens_mean=num("input_tokens", "input-tokens"),
+            prompt_tokens_std=num("input_tokens_std", "input-tokens-std"),
+            output_tokens_mean=num("output_tokens", "output-tokens"),
+            output_tokens_std=num("output_tokens_std", "output-tokens-std"),
+            media_fraction=num("media_fraction", "media-fraction"),
+            items_per_request=num("items_per_request", "items-per-request"),
+            prefix_hit_rate=num("prefix_hit_rate", "prefix-hit-rate"),
+        ),
+    )
+    slo = wrap(
+        "ttft/--itl/--percentile",
+        lambda: SLO(num("ttft", "ttft"), num("itl", "itl"), num("percentile", "percentile")),
+    )
+    bounds = {}
+    for pool in POOL_NAMES:
+        flag = f"{pool}-*-replicas"
+        bounds[pool] = wrap(
+            flag,
+            lambda pool=pool: PoolBounds(
+                whole(f"{pool}_min_replicas", f"{pool}-min-replicas"),
+                whole(f"{pool}_max_replicas", f"{pool}-max-replicas"),
+                whole(f"{pool}_gpus_per_replica", f"{pool}-gpus-per-replica"),
+            ),
+        )
+    budget = vals["gpu_budget"]
+    if budget is not None:
+        budget = whole("gpu_budget", "gpu-budget")
+        if budget <= 0:
+            raise ValueError(f"--gpu-budget must be > 0, got {vals['gpu_budget']!r}")
+    return demand, models, slo, bounds, budget
+
+
+def _parse_sweep(text: str) -> list[float]:
+    from disagg.cli import UsageError
+
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise UsageError(f"--sweep expects START:STOP:STEP, got {text!r}")
+    try:
+        start, stop, step = (float(x) for x in parts)
+    except ValueError:
+        raise UsageError(f"--sweep expects numbers START:STOP:STEP, got {text!r}") from None
+    if not all(math.isfinite(x) for x in (start, stop, step)) or start < 0 or stop < start or step <= 0:
+        raise UsageError(f"--sweep needs 0 <= START <= STOP and STEP > 0, got {text!r}")
+    n = int(math.floor((stop - start) / step + 1e-9)) + 1
+    if n > 100_000:
+        raise UsageError(f"--sweep has {n} points; at most 100000")
+    return [round(start + i * step, 12) for i in range(n)]
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _fmt(x: Any, nd: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if math.isinf(x) or math.isnan(x):
+            return "inf"
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def _print_table(pl: Any) -> None:
+    d = pl.to_dict()
+    out = sys.stdout.write
+    st = d["stages"]
+    out(
+        f"placement {d['placement']}   demand {pl.demand.arrival_rps:g} rps   "
+        f"SLO ttft {pl.slo.ttft_s:g}s itl {pl.slo.itl_s:g}s at p{pl.slo.percentile * 100:g}\n\n"
+    )
+    hdr = f"{'pool':<10}{'replicas':>9}{'gpus':>6}{'cap rps/rep':>13}{'util':>7}{'wait mean s':>13}{'wait p s':>10}{'L=λW':>9}\n"
+    out(hdr)
+    for name in ("encoder", "prefill", "decode", "colocated"):
+        if name not in d["pools"]:
+            continue
+        p = d["pools"][name]
+        out(
+            f"{name:<10}{p['replicas']:>9}{p['gpus']:>6}{_fmt(p['capacity_rps']):>13}"
+            f"{_fmt(p['utilization'], 2):>7}{_fmt(p['wait_mean_s']):>13}{_fmt(p['wait_p_s']):>10}"
+            f"{_fmt(p['queue_len'], 2):>9}\n"
+        )
+    out("\n")
+    out(
+        f"prefill service {_fmt(st['prefill']['service_ms'], 1)} ms   KV {st['transfer']['kv_bytes'] / 2**30:.2f} GiB   "
+        f"transfer serial {_fmt(st['transfer']['serial_ms'], 2)} ms / chunked tail "
+        f"{_fmt(st['transfer']['chunked_ms'], 2)} ms   decode step {_fmt(st['decode']['step_ms'], 1)} ms "
+        f"(batch cap {int(st['decode']['batch_cap'])})\n"
+    )
+    pr = d["predicted"]
+    out(
+        f"predicted TTFT p{pl.slo.percentile * 100:g} {_fmt(pr['ttft_s'])} s   ITL {_fmt(pr['itl_s'])} s   "
+        f"best achievable TTFT {_fmt(d['best_achievable']['ttft_s'])} s"
+    )
+    if pr["interference_ms"]:
+        out(f"   prefill stall on colocated decode {_fmt(pr['interference_ms'], 1)} ms")
+    out("\n")
+    r = d["ratio"]
+    if r["decode_per_prefill"] is not None:
+        out(
+            f"ratio decode:prefill {_fmt(r['decode_per_prefill'], 2)} (throughput-only "
+            f"{_fmt(r['capacity_decode_per_prefill'], 3)})   encoder:prefill {_fmt(r['encoder_per_prefill'], 2)}\n"
+        )
+    c = d["conditional"]
+    if c["split_threshold_tokens"] is not None:
+        out(
+            f"split threshold {_fmt(c['split_threshold_tokens'], 0)} tokens   remote fraction "
+            f"{_fmt(c['remote_fraction'], 3)}\n"
+        )
+    out(
+        f"GPUs {d['gpus']['total']}"
+        + (f" of budget {d['gpus']['budget']}" if d["gpus"]["budget"] else "")
+        + "\n"
+    )
+    out(f"feasible {'yes' if d['feasible'] else 'NO'}: {d['reason']}\n")
+    if d["budget"]["sacrificed"]:
+        out(f"sacrificed: {d['budget']['sacrificed']}\n")
+
+
+def _sweep_rows(plans: list[Any]) -> list[dict[str, Any]]:
+    rows = []
+    for pl in plans:
+        rows.append(
+            {
+                "arrival_rps": pl.demand.arrival_rps,
+                "replicas": pl.replicas,
+                "gpus": pl.total_gpus,
+                "decode_per_prefill": pl.decode_per_prefill,
+                "ttft_s": pl.ttft_s,
+                "itl_s": pl.itl_s,
+                "feasible": pl.feasible,
+                "admitted_fraction": pl.admitted_fraction,
+            }
+        )
+    return rows
+
+
+def _plot(path: str, plans: list[Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [pl.demand.arrival_rps for pl in plans]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    names = [n for n in ("encoder", "prefill", "decode", "colocated") if n in plans[0].pools]
+    for name in names:
+        ys = [pl.pools[name].replicas if name in pl.pools else 0 for pl in plans]
+        if any(ys):
+            ax.step(xs, ys, where="post", label=f"{name} replicas")
+    ax.set_xlabel("arrival rate (req/s)")
+    ax.set_ylabel("replicas")
+    ax2 = ax.twinx()
+    ratio = [pl.decode_per_prefill if pl.decode_per_prefill is not None else float("nan") for pl in plans]
+    ax2.plot(xs, ratio, "k--", label="decode:prefill")
+    ax2.set_ylabel("decode per prefill")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, loc="upper left")
+    ax.set_title("disagg plan: replicas and ratio vs load")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from disagg.cli import UsageError
+    from disagg.planner import plan
+
+    if args.plot and not args.sweep:
+        raise UsageError("--plot needs --sweep")
+    if args.plot and not args.plot.lower().endswith(".png"):
+        raise UsageError(f"--plot writes a PNG; give a .png file name, got {args.plot!r}")
+    vals = _resolve(args)
+    placement = vals["placement"]
+    if placement not in ("disaggregated", "colocated", "conditional"):
+        raise UsageError(f"placement must be disaggregated, colocated or conditional, got {placement!r}")
+    chunked = bool(vals["chunked"])
+    if args.sweep:
+        rates = _parse_sweep(args.sweep)
+        plans = []
+        for rate in rates:
+            demand, models, slo, bounds, budget = _build(vals, arrival=rate)
+            plans.append(plan(demand, models, slo, bounds, budget, placement, chunked))
+        if args.output == "json":
+            doc = {"schema": "disagg.plan.sweep/v1", "points": [pl.to_dict() for pl in plans]}
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        else:
+            names = [n for n in ("encoder", "prefill", "decode", "colocated") if n in plans[0].pools]
+            sys.stdout.write(
+                f"{'rps':>8}"
+                + "".join(f"{n:>10}" for n in names)
+                + f"{'gpus':>6}{'D/P':>7}{'ttft s':>8}{'itl s':>7}{'admit':>7}  feasible\n"
+            )
+            for pl in plans:
+                sys.stdout.write(
+                    f"{pl.demand.arrival_rps:>8g}"
+                    + "".join(f"{pl.pools[n].replicas:>10}" for n in names)
+                    + f"{pl.total_gpus:>6}{_fmt(pl.decode_per_prefill, 2):>7}{_fmt(pl.ttft_s):>8}"
+                    f"{_fmt(pl.itl_s):>7}{_fmt(pl.admitted_fraction, 2):>7}  {'yes' if pl.feasible else 'no'}\n"
+                )
+        if args.plot:
+            _plot(args.plot, plans)
+            if args.output != "json":
+                sys.stdout.write(f"wrote {args.plot}\n")
+        return 0
+    demand, models, slo, bounds, budget = _build(vals)
+    pl = plan(demand, models, slo, bounds, budget, placement, chunked)
+    if args.output == "json":
+        sys.stdout.write(json.dumps(pl.to_dict(), indent=2) + "\n")
+    else:
+        _print_table(pl)
+    return 0
