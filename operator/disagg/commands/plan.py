@@ -367,7 +367,7 @@ def _parse_sweep(text: str) -> list[float]:
         raise UsageError(f"--sweep expects numbers START:STOP:STEP, got {text!r}") from None
     if not all(math.isfinite(x) for x in (start, stop, step)) or start < 0 or stop < start or step <= 0:
         raise UsageError(f"--sweep needs 0 <= START <= STOP and STEP > 0, got {text!r}")
-    n = int(math.floor((stop - start) / step + 1e-9)) + 1
+    n = math.floor((stop - start) / step + 1e-9) + 1
     if n > 100_000:
         raise UsageError(f"--sweep has {n} points; at most 100000")
     return [round(start + i * step, 12) for i in range(n)]
