@@ -1,0 +1,21 @@
+# The disagg-operator image: `disagg run` (Kopf operator + autoscaler).
+FROM python:3.11-slim
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator ./operator
+RUN pip install . \
+    && rm -rf /src \
+    && groupadd --gid 65532 nonroot \
+    && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin nonroot
+
+WORKDIR /tmp
+USER 65532:65532
+# metrics, dashboard, liveness (/healthz)
+EXPOSE 8080 8081 8082
+ENTRYPOINT ["disagg"]
+CMD ["run", "--bind", "0.0.0.0"]

@@ -1,0 +1,96 @@
+{{/* Chart name, truncated to the 63 characters of a DNS label. */}}
+{{- define "disagg-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name: the release name, plus the chart name unless the release name already
+contains it. Cluster-scoped objects (ClusterRole/Binding) use it too, so two
+releases never collide.
+*/}}
+{{- define "disagg-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of cluster-scoped objects: also carries the release namespace. */}}
+{{- define "disagg-operator.clusterName" -}}
+{{- printf "%s-%s" (include "disagg-operator.fullname" .) .Release.Namespace | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "disagg-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "disagg-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "disagg-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "disagg-operator.labels" -}}
+helm.sh/chart: {{ include "disagg-operator.chart" . }}
+{{ include "disagg-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: disagg-operator
+{{- end }}
+
+{{- define "disagg-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "disagg-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "disagg-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+The operator's API permissions, least privilege (shared by Role and ClusterRole).
+Server-side apply is a PATCH; creating through apply also needs create.
+*/}}
+{{- define "disagg-operator.rules" -}}
+- apiGroups: [disagg.dev]
+  resources: [disaggdeployments]
+  verbs: [get, list, watch, patch]
+- apiGroups: [disagg.dev]
+  resources: [disaggdeployments/status]
+  verbs: [get, patch]
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [apps]
+  resources: [replicasets]
+  verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, patch, delete]
+- apiGroups: [""]
+  resources: [pods/status]
+  verbs: [patch]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+{{- end }}
