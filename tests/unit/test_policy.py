@@ -1,0 +1,300 @@
+"""Scaling policy: stabilization, steps, hysteresis, stale metrics, pending pods, budget, rebalance."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from disagg.policy import (
+    REASONS,
+    Decision,
+    PolicyConfig,
+    PolicyState,
+    decide,
+    forecast_rate,
+    observe_rate,
+    rebalance_steps,
+    total_gpus,
+)
+
+PROPS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def run(seq, cfg, current, **kw):
+    """Feed (t, planned) pairs; apply each decision; return the decisions."""
+    state = PolicyState()
+    out = []
+    for t, planned in seq:
+        d = decide(t, current, planned, state, cfg, metrics_ok=True, **kw)
+        assert d.reason in REASONS
+        state = d.state
+        current = d.targets
+        out.append(d)
+    return out
+
+
+def test_scale_up_at_once():
+    d = decide(
+        0.0,
+        {"prefill": 1, "decode": 2},
+        {"prefill": 3, "decode": 7},
+        PolicyState(),
+        PolicyConfig(),
+        metrics_ok=True,
+    )
+    assert d.targets == {"prefill": 3, "decode": 7}
+    assert d.reason == "ScaleUp" and d.changed
+    assert d.steps == [d.targets]
+
+
+def test_max_step_up_and_down():
+    cfg = PolicyConfig(max_step_up=2, max_step_down=1, scale_down_stabilization_s=0, hysteresis=0)
+    d = decide(0.0, {"decode": 2}, {"decode": 9}, PolicyState(), cfg, metrics_ok=True)
+    assert d.targets == {"decode": 4}
+    d = decide(10.0, {"decode": 9}, {"decode": 2}, d.state, cfg, metrics_ok=True)
+    assert d.targets == {"decode": 8} and d.reason == "ScaleDown"
+
+
+def test_scale_down_waits_for_window_and_uses_window_max():
+    cfg = PolicyConfig(scale_down_stabilization_s=300, hysteresis=0)
+    seq = [(t, {"decode": 10 if t < 60 else 4}) for t in range(0, 700, 30)]
+    ds = run(seq, cfg, {"decode": 10})
+    targets = [d.targets["decode"] for d in ds]
+    times = [t for t, _ in seq]
+    for t, n in zip(times, targets, strict=True):
+        if t < 300 + 60:  # the 10s at t < 60 are in the window until t >= 360
+            assert n == 10, (t, n)
+    assert targets[-1] == 4
+    assert any(d.reason == "HoldStabilization" for d in ds)
+
+
+def test_square_wave_never_scales_down_inside_window():
+    cfg = PolicyConfig(scale_down_stabilization_s=300)
+    seq = [(t, {"decode": 12 if (t // 120) % 2 == 0 else 3}) for t in range(0, 1200, 30)]
+    ds = run(seq, cfg, {"decode": 12})
+    assert all(d.targets["decode"] == 12 for d in ds)
+
+
+def test_hysteresis_small_drop_needs_sustain():
+    cfg = PolicyConfig(scale_down_stabilization_s=60, hysteresis=0.1, hysteresis_sustain_s=300)
+    seq = [(t, {"decode": 19}) for t in range(0, 400, 30)]
+    ds = run(seq, cfg, {"decode": 20})
+    first_down = next(t for (t, _), d in zip(seq, ds, strict=True) if d.targets["decode"] == 19)
+    assert first_down >= 300
+    # a large drop goes after the stabilization window alone
+    seq = [(t, {"decode": 10}) for t in range(0, 400, 30)]
+    ds = run(seq, cfg, {"decode": 20})
+    first_down = next(t for (t, _), d in zip(seq, ds, strict=True) if d.targets["decode"] == 10)
+    assert 60 <= first_down < 120
+
+
+def test_stale_metrics_hold_never_zero():
+    cfg = PolicyConfig(min_replicas={"prefill": 1})
+    d = decide(
+        0.0, {"prefill": 4, "decode": 6}, {"prefill": 0, "decode": 0}, PolicyState(), cfg, metrics_ok=False
+    )
+    assert d.targets == {"prefill": 4, "decode": 6}
+    assert d.reason == "HoldStaleMetrics" and not d.changed
+    # invalid recommendation is treated as stale
+    d = decide(0.0, {"decode": 6}, {"decode": float("nan")}, PolicyState(), cfg, metrics_ok=True)
+    assert d.reason == "HoldStaleMetrics" and d.targets == {"decode": 6}
+
+
+def test_paused():
+    d = decide(0.0, {"decode": 6}, {"decode": 9}, PolicyState(), PolicyConfig(paused=True), metrics_ok=True)
+    assert d.reason == "Paused" and d.targets == {"decode": 6}
+
+
+def test_pending_pods_block_more_scale_up():
+    d = decide(
+        0.0,
+        {"decode": 6},
+        {"decode": 12},
+        PolicyState(),
+        PolicyConfig(),
+        metrics_ok=True,
+        pending={"decode": 2},
+    )
+    assert d.targets == {"decode": 6} and d.reason == "HoldPending"
+    # repeated decisions with pending pods do not run away
+    st_ = d.state
+    for t in range(30, 600, 30):
+        d = decide(
+            float(t),
+            {"decode": 6},
+            {"decode": 40},
+            st_,
+            PolicyConfig(),
+            metrics_ok=True,
+            pending={"decode": 2},
+        )
+        st_ = d.state
+        assert d.targets["decode"] == 6
+
+
+def test_bounds_clamp():
+    cfg = PolicyConfig(min_replicas={"decode": 2}, max_replicas={"decode": 5}, scale_down_stabilization_s=0)
+    assert decide(0, {"decode": 3}, {"decode": 50}, PolicyState(), cfg, metrics_ok=True).targets == {
+        "decode": 5
+    }
+    assert decide(0, {"decode": 3}, {"decode": 0}, PolicyState(), cfg, metrics_ok=True).targets == {
+        "decode": 2
+    }
+
+
+def test_budget_trims_growth_last_resort():
+    cfg = PolicyConfig(gpu_budget=10, gpus_per_replica={"prefill": 2, "decode": 1})
+    d = decide(
+        0.0, {"prefill": 2, "decode": 4}, {"prefill": 4, "decode": 6}, PolicyState(), cfg, metrics_ok=True
+    )
+    assert total_gpus(d.targets, cfg.gpus_per_replica) <= 10
+    assert d.reason == "BudgetLimited"
+    assert d.targets["prefill"] >= 2 and d.targets["decode"] >= 4
+
+
+def test_budget_rebalance_bypasses_window_with_floor():
+    cfg = PolicyConfig(gpu_budget=8)
+    d = decide(
+        0.0, {"prefill": 2, "decode": 6}, {"prefill": 4, "decode": 4}, PolicyState(), cfg, metrics_ok=True
+    )
+    assert d.targets == {"prefill": 4, "decode": 4} and d.reason == "Rebalance"
+    assert d.steps[-1] == d.targets
+    for s in d.steps:
+        assert total_gpus(s) <= 8
+    assert d.steps[0]["prefill"] == 2  # break a little first, then make
+    d = decide(
+        0.0,
+        {"prefill": 2, "decode": 6},
+        {"prefill": 4, "decode": 4},
+        PolicyState(),
+        cfg,
+        metrics_ok=True,
+        floor={"decode": 5},
+    )
+    assert d.targets["decode"] == 5 and d.targets["prefill"] == 3
+
+
+def test_state_round_trip_json():
+    cfg = PolicyConfig()
+    st_ = PolicyState()
+    for t, r in [(0, 1.0), (30, 2.0), (60, 3.0)]:
+        st_ = observe_rate(st_, t, r, cfg)
+    d = decide(60.0, {"decode": 2}, {"decode": 3}, st_, cfg, metrics_ok=True)
+    blob = json.dumps(d.state.to_dict())
+    back = PolicyState.from_dict(json.loads(blob))
+    assert back == d.state
+    assert PolicyState.from_dict({"recommendations": [{"bad": 1}]}) == PolicyState()
+    assert PolicyState.from_dict(None) == PolicyState()
+    assert isinstance(d, Decision) and json.dumps(d.to_dict())
+
+
+def test_forecast_rising_falling_flat():
+    cfg = PolicyConfig(forecast_horizon_s=60, forecast_samples=4)
+    st_ = PolicyState()
+    assert forecast_rate(st_, 0, cfg) is None
+    for t, r in [(0, 10.0), (30, 12.0), (60, 14.0), (90, 16.0)]:
+        st_ = observe_rate(st_, t, r, cfg)
+    assert forecast_rate(st_, 90, cfg) == pytest.approx(20.0)
+    st2 = PolicyState()
+    for t, r in [(0, 16.0), (30, 14.0), (60, 12.0), (90, 10.0)]:
+        st2 = observe_rate(st2, t, r, cfg)
+    assert forecast_rate(st2, 90, cfg) == 10.0  # falling: keep the observation
+    st3 = PolicyState()
+    for t, r in [(0, 1.0), (30, 1.0), (60, 1.0), (90, 50.0)]:
+        st3 = observe_rate(st3, t, r, cfg)
+    assert forecast_rate(st3, 90, cfg) <= 100.0  # capped at 2x
+    assert observe_rate(st3, 120, float("nan"), cfg) == st3
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="min_replicas"):
+        PolicyConfig(min_replicas={"decode": 5}, max_replicas={"decode": 2})
+    with pytest.raises(ValueError, match="hysteresis"):
+        PolicyConfig(hysteresis=1.5)
+    with pytest.raises(ValueError, match="max_step_up"):
+        PolicyConfig(max_step_up=0)
+
+
+# --------------------------------------------------------------------------- properties
+
+pool_names = ["encoder", "prefill", "decode"]
+
+
+@st.composite
+def rebalance_cases(draw):
+    g = {p: draw(st.integers(1, 4)) for p in pool_names}
+    cur = {p: draw(st.integers(0, 12)) for p in pool_names}
+    tgt = {p: draw(st.integers(0, 12)) for p in pool_names}
+    floor = {p: draw(st.integers(0, 12)) for p in pool_names}
+    lo = max(total_gpus(cur, g), total_gpus(tgt, g))
+    budget = draw(st.integers(lo, lo + 6))
+    return cur, tgt, g, budget, floor
+
+
+@PROPS
+@given(rebalance_cases())
+def test_rebalance_steps_properties(case):
+    cur, tgt, g, budget, floor = case
+    steps = rebalance_steps(cur, tgt, g, budget, floor)
+    if cur == tgt:
+        assert steps == []
+        return
+    assert steps[-1] == tgt
+    prev = cur
+    for s in steps:
+        assert total_gpus(s, g) <= budget
+        assert s != prev
+        for p in pool_names:
+            assert s[p] >= min(floor[p], tgt[p], cur[p])
+            assert min(cur[p], tgt[p]) <= s[p] <= max(cur[p], tgt[p])
+        prev = s
+
+
+@PROPS
+@given(rebalance_cases())
+def test_rebalance_donor_reaches_floor_before_target(case):
+    cur, tgt, g, budget, floor = case
+    steps = rebalance_steps(cur, tgt, g, budget, floor)
+    donors = [p for p in pool_names if cur[p] > tgt[p]]
+    for p in donors:
+        # once any donor dips below its floor, no donor stays above its floor
+        for s in steps[:-1]:
+            if s[p] < min(floor[p], cur[p]):
+                assert all(s[q] <= max(tgt[q], floor[q]) for q in donors)
+
+
+@PROPS
+@given(
+    st.lists(st.integers(0, 40), min_size=1, max_size=40),
+    st.integers(0, 40),
+    st.booleans(),
+)
+def test_decide_invariants(plans, start, ok):
+    cfg = PolicyConfig(
+        scale_down_stabilization_s=120,
+        max_step_down=3,
+        min_replicas={"decode": 1},
+        max_replicas={"decode": 30},
+        gpu_budget=30,
+    )
+    cur = {"decode": max(1, min(start, 30))}
+    state = PolicyState()
+    history: list[tuple[float, int]] = []
+    for i, n in enumerate(plans):
+        t = 30.0 * i
+        d = decide(t, cur, {"decode": n}, state, cfg, metrics_ok=ok)
+        new = d.targets["decode"]
+        assert 1 <= new <= 30
+        assert new >= cur["decode"] - 3
+        if not ok:
+            assert new >= cur["decode"]
+        if ok:
+            history.append((t, min(30, max(1, n))))
+            if new < cur["decode"]:
+                assert new >= max(r for tt, r in history if tt >= t - 120)
+                assert t >= 120
+        state, cur = d.state, d.targets
+    assume(True)
