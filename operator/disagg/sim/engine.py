@@ -151,6 +151,7 @@ class Cluster:
         self.good = 0
         self.kv_reserved_max = 0
         # per-request results (completed requests)
+        self.r_id = array("q")
         self.r_arrival = array("d")
         self.r_ttft = array("d")
         self.r_itl = array("d")
@@ -524,6 +525,7 @@ class Cluster:
         self.completed += 1
         ttft = job.t_first - job.arrival
         itl = (now - job.t_first) / (job.output - 1) if job.output > 1 else 0.0
+        self.r_id.append(job.id)
         self.r_arrival.append(job.arrival)
         self.r_ttft.append(ttft)
         self.r_itl.append(itl)

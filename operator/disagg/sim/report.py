@@ -164,7 +164,12 @@ class Report:
             prefix_cache=prefix,
             kv_reserved_max=cl.kv_reserved_max,
             series=series,
-            samples={"arrival_s": arrival, "ttft_s": ttft, "itl_s": itl_all},
+            samples={
+                "id": np.frombuffer(cl.r_id, dtype=np.int64) if len(cl.r_id) else np.zeros(0, dtype=np.int64),
+                "arrival_s": arrival,
+                "ttft_s": ttft,
+                "itl_s": itl_all,
+            },
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -103,6 +103,9 @@ class FcfsWorker(Component):
 
     # -- routing signals
     def load(self) -> float:
+        """Outstanding work in seconds (queued service + remaining service): least-work routing."""
+        if self.cur is not None:
+            return self.load_s - (self.host.now - self.t_start)
         return self.load_s
 
     def in_flight(self) -> int:
