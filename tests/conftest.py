@@ -128,3 +128,84 @@ def prometheus_factory(tmp_path: Path) -> Iterator[Callable[..., object]]:
     yield make
     for s in servers:
         s.close()
+
+
+class OperatorProcess:
+    """`disagg run` as a subprocess against the local cluster, watching given namespaces."""
+
+    def __init__(
+        self, cluster: Cluster, namespaces: list[str], log_path: Path, extra: list[str] | None = None
+    ):
+        self.cluster = cluster
+        self.namespaces = namespaces
+        self.log_path = log_path
+        self.extra = extra or []
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        import sys
+
+        args = [
+            sys.executable,
+            "-m",
+            "disagg.cli",
+            "run",
+            "--kubeconfig",
+            self.cluster.kubeconfig,
+            "--metrics-port",
+            "0",
+            "--dashboard-port",
+            "0",
+            "--liveness-port",
+            "0",
+            *self.extra,
+        ]
+        for ns in self.namespaces:
+            args += ["--namespace", ns]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.cluster.env())
+        log.close()
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: Cluster) -> str:
+    """The DisaggDeployment CRD, applied from crds/ and Established."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/disaggdeployments.disagg.dev", "--timeout=60s"
+    )
+    return "disaggdeployments.disagg.dev"
+
+
+@pytest.fixture
+def operator_factory(cluster: Cluster, crd: str, tmp_path: Path) -> Iterator[Callable[..., OperatorProcess]]:
+    procs: list[OperatorProcess] = []
+
+    def make(namespaces: list[str], extra: list[str] | None = None) -> OperatorProcess:
+        p = OperatorProcess(cluster, namespaces, tmp_path / f"operator{len(procs)}.log", extra).start()
+        procs.append(p)
+        return p
+
+    yield make
+    for p in procs:
+        p.stop()
