@@ -366,14 +366,19 @@ def _check_tokens(prompt: int, output: int) -> str | None:
 
 
 _DAY_CACHE: dict[str, float] = {}
+_EPOCH_ORDINAL = date(2000, 1, 1).toordinal()
 
 
-def _azure_seconds(ts: str) -> float:
-    """Seconds since the epoch day for 'YYYY-MM-DD HH:MM:SS[.fffffff]' (no time zone)."""
+def _azure_seconds(ts: str) -> tuple[float, float]:
+    """(day offset s since 2000-01-01, seconds in the day) of 'YYYY-MM-DD HH:MM:SS[.fffffff]'.
+
+    Parsed by hand (fast). The two parts stay separate so that, once the first
+    row's day is subtracted, float64 keeps the 7-digit fraction exactly.
+    """
     day = _DAY_CACHE.get(ts[:10])
     if day is None:
         y, m, d = ts[:10].split("-")
-        day = float(date(int(y), int(m), int(d)).toordinal() * 86400)
+        day = float((date(int(y), int(m), int(d)).toordinal() - _EPOCH_ORDINAL) * 86400)
         _DAY_CACHE[ts[:10]] = day
     if ts[10] not in " T" or ts[13] != ":" or ts[16] != ":":
         raise ValueError("bad time")
@@ -384,10 +389,10 @@ def _azure_seconds(ts: str) -> float:
         frac = ts[20:]
         if not frac.isdigit():
             raise ValueError("bad fraction")
-        return day + secs + int(frac) / 10 ** len(frac)
+        return day, secs + int(frac) / 10 ** len(frac)
     if len(ts) != 19:
         raise ValueError("bad time")
-    return day + secs
+    return day, float(secs)
 
 
 def _read_azure(path: str, rows: _Rows, limit: int | None) -> None:
@@ -402,6 +407,7 @@ def _read_azure(path: str, rows: _Rows, limit: int | None) -> None:
             ) from None
         width = len(cols)
         arrival, prompt, output = rows.arrival, rows.prompt, rows.output
+        day0 = None
         for lineno, line in enumerate(fh, start=2):
             if limit is not None and len(arrival) >= limit:
                 break
@@ -413,7 +419,7 @@ def _read_azure(path: str, rows: _Rows, limit: int | None) -> None:
                 rows.bad(lineno, f"expected {width} fields, got {len(parts)}")
                 continue
             try:
-                t = _azure_seconds(parts[it].strip())
+                day, t = _azure_seconds(parts[it].strip())
                 p = int(parts[ic])
                 o = int(parts[ig])
             except (ValueError, IndexError):
@@ -423,7 +429,9 @@ def _read_azure(path: str, rows: _Rows, limit: int | None) -> None:
             if why:
                 rows.bad(lineno, why)
                 continue
-            arrival.append(t)
+            if day0 is None:
+                day0 = day
+            arrival.append((day - day0) + t)
             prompt.append(p)
             output.append(o)
 

@@ -1,0 +1,104 @@
+"""Workload generators and trace readers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from disagg.workload import (
+    Request,
+    Workload,
+    burst,
+    detect_format,
+    load_trace,
+    mix,
+    poisson,
+    spikes,
+)
+
+AZURE = "/work/shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+MOONCAKE = "/work/shared/traces/mooncake_fast25/conversation_trace.0-40min.jsonl"
+
+
+def test_azure_trace_matches_readme_statistics():
+    w = load_trace(AZURE)
+    assert len(w) == 19366 and w.skipped == 0
+    assert w.duration_s == pytest.approx(3501.7219370, abs=1e-6)  # 18:15:46.6805900 -> 19:14:08.4025270
+    assert w.mean_rate == pytest.approx(5.530, abs=1e-3)
+    assert w.prompt_tokens.mean() == pytest.approx(1154.7, abs=0.05)
+    assert w[0] == Request(0.0, 374, 44)
+    assert w.arrival_s[1] == pytest.approx(50.9951690 - 46.6805900, abs=1e-9)
+
+
+def test_mooncake_trace_keeps_hash_ids_and_scales_time():
+    w = load_trace(MOONCAKE)
+    assert len(w) == 7851
+    assert w.duration_s == pytest.approx(2397.0)
+    assert w.hash_ids[1][:3] == (0, 14, 15)
+    fast = load_trace(MOONCAKE, time_scale=0.5, limit=100)
+    assert len(fast) == 100
+    assert fast.arrival_s[-1] == pytest.approx(w.arrival_s[99] * 0.5)
+
+
+def test_format_detection(tmp_path):
+    assert detect_format(AZURE) == "azure"
+    assert detect_format(MOONCAKE) == "mooncake"
+    f = tmp_path / "trace.txt"
+    f.write_text('{"timestamp": 0, "input_length": 5, "output_length": 2}\n')
+    assert detect_format(str(f)) == "mooncake"
+    g = tmp_path / "mystery.dat"
+    g.write_text("a b c\n")
+    with pytest.raises(ValueError, match="known formats: azure, mooncake"):
+        load_trace(str(g))
+    with pytest.raises(ValueError, match="unknown trace format 'parquet'"):
+        load_trace(str(f), format="parquet")
+
+
+def test_malformed_lines_report_line_numbers(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:47.12,oops,5\n"
+        "2023-11-16 18:15:48,10\n"
+        "2023-11-16 18:15:49.5,20,0\n"
+        "2023-11-16 18:15:50.25,20,3\n"
+    )
+    with pytest.raises(ValueError, match=r"t\.csv:3: "):
+        load_trace(str(f))
+    w = load_trace(str(f), on_error="skip")
+    assert len(w) == 2 and w.skipped == 3
+    assert w.arrival_s[1] == pytest.approx(50.25 - 46.68059)
+    j = tmp_path / "t.jsonl"
+    j.write_text('{"timestamp": 0, "input_length": 5, "output_length": 2}\n{"timestamp": 1000}\n')
+    with pytest.raises(ValueError, match=r"t\.jsonl:2: "):
+        load_trace(str(j))
+    assert load_trace(str(j), on_error="skip").skipped == 1
+
+
+def test_generators_are_seeded_and_shaped():
+    a = poisson(5.0, 1000.0, seed=3)
+    b = poisson(5.0, 1000.0, seed=3)
+    assert np.array_equal(a.arrival_s, b.arrival_s)
+    assert len(a) == pytest.approx(5000, rel=0.05)
+    n = poisson(5.0, n=1000, seed=1)
+    assert len(n) == 1000 and np.all(np.diff(n.arrival_s) >= 0)
+    m = mix(10.0, 1000.0, long_fraction=0.25, short_tokens=500, long_tokens=6000, seed=2)
+    assert (m.prompt_tokens == 6000).mean() == pytest.approx(0.25, abs=0.02)
+    bw = burst(1.0, 10.0, 100.0, 10_000.0, duty=0.5, seed=4)
+    phase = bw.arrival_s % 100.0
+    assert (phase < 50).sum() / (phase >= 50).sum() == pytest.approx(10.0, rel=0.1)
+    sp = spikes(1.0, 20.0, every_s=60.0, spike_s=6.0, duration_s=6000.0, seed=5)
+    assert len(sp) == pytest.approx((54 * 1.0 + 6 * 20.0) * 100, rel=0.05)
+    wm = poisson(2.0, 100.0, media_fraction=0.5, media_items=3, seed=1)
+    assert set(np.unique(wm.media_items)) <= {0, 3}
+
+
+def test_workload_validation():
+    with pytest.raises(ValueError):
+        Workload([0.0], [0], [1])
+    with pytest.raises(ValueError):
+        poisson(0.0, 10.0)
+    w = Workload([2.0, 1.0], [10, 20], [1, 2])  # sorted on construction
+    assert list(w.prompt_tokens) == [20, 10]
+    assert list(Workload.from_requests(list(w))) == list(w)
