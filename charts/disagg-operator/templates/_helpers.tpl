@@ -58,6 +58,8 @@ app.kubernetes.io/part-of: disagg-operator
 {{/*
 The operator's API permissions, least privilege (shared by Role and ClusterRole).
 Server-side apply is a PATCH; creating through apply also needs create.
+Events are core/v1 (the operator's and Kopf's own); events.k8s.io is not used.
+Secrets: get only, for the Prometheus token/CA a DisaggDeployment references.
 */}}
 {{- define "disagg-operator.rules" -}}
 - apiGroups: [disagg.dev]
@@ -85,9 +87,6 @@ Server-side apply is a PATCH; creating through apply also needs create.
   resources: [pods/status]
   verbs: [patch]
 - apiGroups: [""]
-  resources: [events]
-  verbs: [create, patch]
-- apiGroups: [events.k8s.io]
   resources: [events]
   verbs: [create, patch]
 - apiGroups: [""]

@@ -1,0 +1,431 @@
+"""The Helm chart: lint, render, schema, install/uninstall, and least-privilege RBAC.
+
+Render tests need only the helm binary (hack/tools.sh). Cluster tests install
+the chart into a fresh namespace of the local cluster; the operator pod itself
+is simulated by KWOK (it is scheduled and reported Running but never executes),
+so the RBAC test runs `disagg run` locally with the chart ServiceAccount's
+token instead: whatever the operator needs must be granted by the chart, and
+nothing more.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from rbac_util import forbidden_lines, kubectl_as, sa_kubeconfig, start_operator, stop_operator
+
+from disagg import api
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "disagg-operator"
+ALL_ON = CHART / "ci" / "all-on-values.yaml"
+CRD_FILE = CHART / "crds" / "disagg.dev_disaggdeployments.yaml"
+SAMPLE = ROOT / "config" / "samples" / "sglang-disaggregated.yaml"
+
+# The permissions the operator needs (see charts/disagg-operator/templates/_helpers.tpl).
+EXPECTED_RULES = {
+    ("disagg.dev", "disaggdeployments"): {"get", "list", "watch", "patch"},
+    ("disagg.dev", "disaggdeployments/status"): {"get", "patch"},
+    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("apps", "replicasets"): {"get", "list", "watch"},
+    ("", "services"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "pods"): {"get", "list", "watch", "patch", "delete"},
+    ("", "pods/status"): {"patch"},
+    ("", "events"): {"create", "patch"},
+    ("", "secrets"): {"get"},
+}
+
+
+def tools_bin() -> Path:
+    out = subprocess.run(
+        [str(ROOT / "hack" / "tools.sh"), "--print"], capture_output=True, text=True, check=True
+    )
+    return Path(out.stdout.strip())
+
+
+@pytest.fixture(scope="module")
+def helm_bin() -> str:
+    path = tools_bin() / "helm"
+    if not path.exists():
+        pytest.skip("helm not built (run hack/tools.sh)")
+    return str(path)
+
+
+def helm(helm_bin: str, *args: str, env: dict | None = None, check: bool = True, timeout: float = 180):
+    proc = subprocess.run([helm_bin, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc
+
+
+def render(helm_bin: str, *args: str, release: str = "rel", namespace: str = "ops") -> list[dict]:
+    out = helm(helm_bin, "template", release, str(CHART), "--namespace", namespace, *args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for res in rule["resources"]:
+                out.setdefault((group, res), set()).update(rule["verbs"])
+    return out
+
+
+# ---------------------------------------------------------------------------
+# lint, render, schema (helm only)
+
+
+@pytest.mark.parametrize("values", [None, ALL_ON], ids=["default", "all-on"])
+def test_lint(helm_bin: str, values: Path | None) -> None:
+    args = ["lint", "--strict", str(CHART)] + (["-f", str(values)] if values else [])
+    proc = helm(helm_bin, *args)
+    assert "0 chart(s) failed" in proc.stdout
+
+
+def test_render_default(helm_bin: str) -> None:
+    docs = render(helm_bin)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+    (dep,) = by_kind(docs, "Deployment")
+    spec = dep["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    (sa,) = by_kind(docs, "ServiceAccount")
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (c,) = pod["containers"]
+    assert c["image"] == "ghcr.io/disagg-operator/disagg-operator:0.1.0"
+    sc = c["securityContext"]
+    assert sc["runAsUser"] == 65532 and sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    assert c["args"] == [
+        "run",
+        "--bind",
+        "0.0.0.0",
+        "--metrics-port",
+        "8080",
+        "--dashboard-port",
+        "8081",
+        "--liveness-port",
+        "8082",
+    ]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"metrics": 8080, "dashboard": 8081, "liveness": 8082}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    assert not any(e["name"].startswith("DISAGG_PROMETHEUS") for e in c["env"])
+    (svc,) = by_kind(docs, "Service")
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"metrics": 8080, "dashboard": 8081}
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    # Cluster-scoped names carry release and namespace: releases never collide.
+    (cr,) = by_kind(docs, "ClusterRole")
+    (crb,) = by_kind(docs, "ClusterRoleBinding")
+    assert "rel" in cr["metadata"]["name"] and "ops" in cr["metadata"]["name"]
+    assert crb["roleRef"]["name"] == cr["metadata"]["name"]
+    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "ops"}]
+    other = by_kind(render(helm_bin, release="other", namespace="ops2"), "ClusterRole")[0]
+    assert other["metadata"]["name"] != cr["metadata"]["name"]
+
+
+def test_rbac_is_least_privilege(helm_bin: str) -> None:
+    (cr,) = by_kind(render(helm_bin), "ClusterRole")
+    assert rules_of(cr) == EXPECTED_RULES
+    for rule in cr["rules"]:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], rule
+
+
+def test_render_all_on(helm_bin: str) -> None:
+    docs = render(helm_bin, "-f", str(ALL_ON))
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "Role",
+        "Role",
+        "RoleBinding",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ]
+    values = yaml.safe_load(ALL_ON.read_text())
+    watched = values["watchNamespaces"]
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == sorted(watched)
+    for role in by_kind(docs, "Role"):
+        assert rules_of(role) == EXPECTED_RULES
+    for rb in by_kind(docs, "RoleBinding"):
+        assert rb["roleRef"]["kind"] == "Role"
+        assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "disagg-op", "namespace": "ops"}]
+    (dep,) = by_kind(docs, "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == "registry.example.com/disagg/disagg-operator:0.1.0-test"
+    assert c["imagePullPolicy"] == "Always"
+    args = c["args"]
+    for ns in watched:
+        i = args.index(ns)
+        assert args[i - 1] == "--namespace"
+    assert args[args.index("--metrics-port") + 1] == "9090"
+    assert args[args.index("--liveness-port") + 1] == "9092"
+    assert "--verbose" in args
+    env = {e["name"]: e for e in c["env"]}
+    assert env["DISAGG_PROMETHEUS_URL"]["value"] == values["prometheus"]["url"]
+    assert env["DISAGG_PROMETHEUS_BEARER_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "prometheus-token",
+        "key": "token",
+    }
+    assert c["livenessProbe"]["httpGet"]["port"] == "liveness"
+    assert {p["name"]: p["containerPort"] for p in c["ports"]}["liveness"] == 9092
+    (sm,) = by_kind(docs, "ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    (cm,) = by_kind(docs, "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["namespace"] == "monitoring"
+    embedded = json.loads(cm["data"]["disagg-operator.json"])
+    assert embedded == json.loads((CHART / "dashboards" / "disagg-operator.json").read_text())
+
+
+def test_values_schema_is_strict() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["additionalProperties"] is False
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(defaults) <= set(schema["properties"]), set(defaults) - set(schema["properties"])
+    assert set(schema["properties"]) - set(defaults) <= {"global"}
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"replicaCount": "two"}, "at '/replicaCount': got string, want integer"),
+        ({"replicaCount": 2}, "at '/replicaCount': maximum: got 2, want 1"),
+        ({"replicas": 1}, "additional properties 'replicas' not allowed"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy': value must be one of"),
+        ({"ports": {"metrics": 0}}, "at '/ports/metrics': minimum: got 0, want 1"),
+        ({"watchNamespaces": ["Not_A_Namespace"]}, "at '/watchNamespaces/0'"),
+        ({"crds": {"keep": "yes"}}, "at '/crds/keep': got string, want boolean"),
+        ({"prometheus": {"url": "prometheus:9090"}}, "at '/prometheus/url'"),
+        ({"prometheus": {"token": "x"}}, "additional properties 'token' not allowed"),
+        ({"serviceMonitor": {"enabled": "true"}}, "at '/serviceMonitor/enabled': got string, want boolean"),
+    ],
+)
+def test_schema_refuses_bad_values(helm_bin: str, tmp_path: Path, bad: dict, message: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(bad))
+    proc = helm(helm_bin, "template", "rel", str(CHART), "-f", str(f), check=False)
+    assert proc.returncode != 0, f"accepted {bad}"
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert message in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------------------
+# cluster
+
+
+@pytest.fixture(scope="module")
+def crd(cluster) -> None:
+    """The CRD is cluster-scoped and may already exist: apply it, then install with --skip-crds."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+
+
+def release_name() -> str:
+    return f"dop-{uuid.uuid4().hex[:6]}"
+
+
+def install(cluster, helm_bin: str, release: str, namespace: str, *args: str) -> None:
+    helm(
+        helm_bin,
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--skip-crds",
+        "--wait",
+        "--timeout",
+        "120s",
+        *args,
+        env=cluster.env(),
+    )
+
+
+def uninstall(cluster, helm_bin: str, release: str, namespace: str) -> None:
+    helm(
+        helm_bin,
+        "uninstall",
+        release,
+        "--namespace",
+        namespace,
+        "--wait",
+        "--timeout",
+        "120s",
+        env=cluster.env(),
+        check=False,
+    )
+
+
+@pytest.mark.cluster
+def test_install_and_uninstall(cluster, crd, helm_bin: str, namespace: str) -> None:
+    rel = release_name()
+    full = f"{rel}-disagg-operator"
+    cluster_name = f"{full}-{namespace}"[:63].rstrip("-")
+    install(cluster, helm_bin, rel, namespace)
+    try:
+        dep = cluster.get_json("deployment", full, "-n", namespace)
+        assert dep["spec"]["strategy"]["type"] == "Recreate"
+        cluster.get_json("serviceaccount", full, "-n", namespace)
+        svc = cluster.get_json("service", full, "-n", namespace)
+        assert {p["name"] for p in svc["spec"]["ports"]} == {"metrics", "dashboard"}
+        cr = cluster.get_json("clusterrole", cluster_name)
+        assert rel in cr["metadata"]["name"]
+        crb = cluster.get_json("clusterrolebinding", cluster_name)
+        assert crb["subjects"][0] == {"kind": "ServiceAccount", "name": full, "namespace": namespace}
+        assert cluster.kubectl("get", "role", "-n", namespace, "-o", "name").stdout.strip() == ""
+
+        # The operator pod lands on a (fake, KWOK) node and is reported Running.
+        def scheduled() -> dict | None:
+            pods = cluster.get_json("pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={rel}")
+            for p in pods["items"]:
+                if p["spec"].get("nodeName") and p["status"].get("phase") == "Running":
+                    return p
+            return None
+
+        pod = cluster.wait_for(scheduled, timeout=90, what="operator pod scheduled and Running")
+        node = cluster.get_json("node", pod["spec"]["nodeName"])
+        assert node["metadata"].get("annotations", {}).get("kwok.x-k8s.io/node") == "fake" or (
+            node["status"]["nodeInfo"]["kubeletVersion"].startswith("kwok")
+        )
+        sa = cluster.kubectl(
+            "auth", "can-i", "patch", "disaggdeployments.disagg.dev", "-n", "default",
+            f"--as=system:serviceaccount:{namespace}:{full}", check=False,
+        )  # fmt: skip
+        assert sa.stdout.strip() == "yes", "cluster-wide install grants every namespace"
+    finally:
+        uninstall(cluster, helm_bin, rel, namespace)
+    gone = cluster.kubectl("get", "clusterrole", cluster_name, check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr
+    assert cluster.kubectl("get", "clusterrolebinding", cluster_name, check=False).returncode != 0
+    assert cluster.kubectl("get", "deployment", full, "-n", namespace, check=False).returncode != 0
+    assert cluster.kubectl("get", "serviceaccount", full, "-n", namespace, check=False).returncode != 0
+    # The CRD is never removed by an uninstall.
+    cluster.get_json("crd", api.CRD_NAME)
+
+
+def sample_without_autoscaling() -> dict:
+    obj = copy.deepcopy(yaml.safe_load(SAMPLE.read_text()))
+    spec = obj["spec"]
+    spec.setdefault("autoscaling", {})["enabled"] = False
+    spec["autoscaling"].pop("gpuBudget", None)
+    for pool in spec["pools"].values():
+        pool["gpusPerReplica"] = 1  # small footprint on the shared 4 x 8 GPU cluster
+    return obj
+
+
+def resource_rows(can_i_list: str) -> list[list[str]]:
+    """Rows of `kubectl auth can-i --list` that grant resources (not non-resource URLs)."""
+    rows = []
+    for line in can_i_list.splitlines()[1:]:
+        if not line.strip() or line.startswith(" "):
+            continue  # non-resource URL rows start with blanks
+        rows.append(line.split())
+    return rows
+
+
+@pytest.mark.cluster
+def test_operator_runs_with_exactly_the_chart_rbac(
+    cluster, crd, helm_bin: str, namespace: str, tmp_path: Path
+) -> None:
+    rel = release_name()
+    sa = f"{rel}-disagg-operator"
+    install(cluster, helm_bin, rel, namespace, "--set", f"watchNamespaces={{{namespace}}}")
+    try:
+        role = cluster.get_json("role", sa, "-n", namespace)
+        assert rules_of(role) == EXPECTED_RULES
+        assert cluster.kubectl("get", "clusterrole", f"{sa}-{namespace}", check=False).returncode != 0
+        kc = sa_kubeconfig(cluster, namespace, sa, directory=tmp_path)
+
+        who = kubectl_as(cluster, kc, "auth", "whoami", "-o", "json", check=True)
+        assert json.loads(who.stdout)["status"]["userInfo"]["username"] == (
+            f"system:serviceaccount:{namespace}:{sa}"
+        )
+        # Refused: anything outside the chart's Role.
+        assert kubectl_as(cluster, kc, "auth", "can-i", "delete", "nodes").stdout.strip() == "no"
+        assert (
+            kubectl_as(cluster, kc, "auth", "can-i", "list", "secrets", "-n", namespace).stdout.strip()
+            == "no"
+        )
+        assert kubectl_as(cluster, kc, "auth", "can-i", "list", "disaggdeployments", "-n", "default").stdout.strip() == "no"  # fmt: skip
+        secrets = kubectl_as(cluster, kc, "get", "secrets", "-n", "kube-system")
+        assert secrets.returncode != 0 and "Forbidden" in secrets.stderr, secrets.stderr
+        listing = kubectl_as(cluster, kc, "auth", "can-i", "--list", "-n", namespace, check=True).stdout
+        rows = resource_rows(listing)
+        assert rows, listing
+        for row in rows:
+            assert "*" not in row[0] and not any("*" in v for v in row[-1].strip("[]").split()), row
+
+        log_path = tmp_path / "operator.log"
+        proc = start_operator(kc, [namespace], log_path)
+        try:
+            obj = sample_without_autoscaling()
+            name = obj["metadata"]["name"]
+            cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(obj))
+
+            def ready() -> bool:
+                assert proc.poll() is None, f"operator exited:\n{log_path.read_text()}"
+                dd = cluster.get_json(api.PLURAL, name, "-n", namespace)
+                conds = {c["type"]: c["status"] for c in dd.get("status", {}).get("conditions", [])}
+                return conds.get("Ready") == "True"
+
+            cluster.wait_for(ready, timeout=120, interval=1, what="DisaggDeployment Ready")
+            for pool in ("prefill", "decode"):
+                cluster.get_json("deployment", f"{name}-{pool}", "-n", namespace)
+
+            cluster.kubectl(
+                "patch", api.PLURAL, name, "-n", namespace, "--type=merge",
+                "-p", json.dumps({"spec": {"pools": {"prefill": {"replicas": 3}}}}),
+            )  # fmt: skip
+
+            def scaled() -> bool:
+                d = cluster.get_json("deployment", f"{name}-prefill", "-n", namespace)
+                return d["spec"].get("replicas") == 3 and d.get("status", {}).get("readyReplicas") == 3
+
+            cluster.wait_for(scaled, timeout=120, interval=1, what="prefill Deployment at 3 ready replicas")
+            cluster.wait_for(
+                lambda: (
+                    ready()
+                    and cluster.get_json(api.PLURAL, name, "-n", namespace)["status"]["pools"]["prefill"].get(
+                        "readyReplicas"
+                    )
+                    == 3
+                ),
+                timeout=60,
+                interval=1,
+                what="status reports prefill 3 ready",
+            )
+            time.sleep(2)  # let any late request fail visibly in the log
+            assert proc.poll() is None, f"operator exited:\n{log_path.read_text()}"
+        finally:
+            stop_operator(proc)
+        text = log_path.read_text()
+        assert "Handler 'on_disaggdeployment' succeeded" in text, text[-4000:]
+        assert not forbidden_lines(text), "\n".join(forbidden_lines(text))
+    finally:
+        cluster.kubectl("delete", api.PLURAL, "--all", "-n", namespace, "--wait=false", check=False)
+        uninstall(cluster, helm_bin, rel, namespace)
