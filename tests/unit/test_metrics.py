@@ -1,0 +1,120 @@
+"""Metric parsing: missing, NaN, Inf, negative, duplicate or stale values are never read as zero."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from disagg import metrics as m
+
+NOW = 1_000_000.0
+
+
+def sample(value, **labels):
+    return {"metric": labels, "value": [NOW, str(value)]}
+
+
+def test_presets_name_the_engine_metrics_from_the_field_notes():
+    assert m.preset("vllm").running == "vllm:num_requests_running"
+    assert m.preset("sglang").waiting == "sglang:num_queue_reqs"
+    with pytest.raises(ValueError, match="unknown engine 'tgi'"):
+        m.preset("tgi")
+
+
+def test_queries_select_pools_by_pod_name_and_use_the_window():
+    qs = {q.name: q for q in m.build_queries("vllm", "ns1", "llama", ["prefill", "decode"], 60, 0.9)}
+    arrival = qs["arrival_rps"].promql
+    assert 'namespace="ns1"' in arrival and 'pod=~"llama-prefill-' in arrival and "[60s]" in arrival
+    assert "histogram_quantile(0.9" in qs["ttft_p"].promql and "llama-decode-" in qs["ttft_p"].promql
+    assert "running_by_pod.decode" in qs and "pending_kv_by_pod.prefill" in qs
+
+
+def test_custom_queries_override_presets():
+    qs = {
+        q.name: q
+        for q in m.build_queries(
+            "vllm", "n", "d", ["prefill", "decode"], 60, 0.9, {"arrival_rps": "sum(my_rate)"}
+        )
+    }
+    assert qs["arrival_rps"].promql == "sum(my_rate)"
+    assert qs["arrival_rps"].required
+
+
+@pytest.mark.parametrize(
+    ("result", "kind"),
+    [
+        ([], "missing"),
+        (None, "missing"),
+        ([sample("NaN")], "nan"),
+        ([sample("+Inf")], "inf"),
+        ([sample(-1)], "negative"),
+        ([sample(1, pod="a"), sample(2, pod="b")], "multiple"),
+    ],
+)
+def test_bad_scalars_are_missing_not_zero(result, kind):
+    with pytest.raises(m.MetricError) as err:
+        m.parse_scalar(result, "arrival_rps")
+    assert err.value.kind == kind
+
+
+def test_zero_is_a_valid_value_when_reported():
+    assert m.parse_scalar([sample(0)], "x") == 0.0
+
+
+def test_bucket_mean_and_spread():
+    # 100 observations uniform in (0, 1000]: buckets every 100.
+    result = [sample(10 * i, le=str(100 * i)) for i in range(1, 11)] + [sample(100, le="+Inf")]
+    mean, std = m.parse_buckets(result, "prompt")
+    assert mean == pytest.approx(500, rel=0.01)
+    assert std == pytest.approx(1000 / math.sqrt(12), rel=0.02)
+
+
+def routable_snapshot(pods_running, sample_times, required_pods):
+    qs = m.build_queries("vllm", "n", "d", ["prefill", "decode"], 60, 0.9)
+    results = {q.name: [] for q in qs}
+    results["arrival_rps"] = [sample(4.0)]
+    results["running_by_pod.prefill"] = [sample(v, pod=p) for p, v in pods_running.items()]
+    results["waiting_by_pod.prefill"] = [sample(0, pod=p) for p in pods_running]
+    results["sample_time_by_pod.prefill"] = [sample(t, pod=p) for p, t in sample_times.items()]
+    return m.build_snapshot(qs, results, NOW, 1.0, {"prefill": required_pods})
+
+
+def test_fresh_complete_snapshot_is_ok():
+    snap = routable_snapshot({"p1": 2}, {"p1": NOW - 1}, ["p1"])
+    assert snap.ok, snap.reason()
+    assert snap.values["arrival_rps"] == 4.0
+    assert snap.in_flight("prefill") == {"p1": 2.0}
+    assert m.pod_in_flight_fresh(snap, "prefill", "p1", 1.0) == 2.0
+
+
+def test_stale_pod_makes_the_snapshot_not_ok_and_its_in_flight_unknown():
+    snap = routable_snapshot({"p1": 0}, {"p1": NOW - 30}, ["p1"])
+    assert not snap.ok
+    assert any(p.kind == "stale" for p in snap.problems)
+    assert m.pod_in_flight_fresh(snap, "prefill", "p1", 1.0) is None
+
+
+def test_routable_pod_without_metrics_is_incomplete():
+    snap = routable_snapshot({"p1": 0}, {"p1": NOW}, ["p1", "p2"])
+    assert not snap.ok
+    assert any("p2" in str(p) and p.kind == "missing" for p in snap.problems)
+
+
+def test_query_failure_is_missing():
+    qs = m.build_queries("vllm", "n", "d", ["prefill", "decode"], 60, 0.9)
+    results = {q.name: ConnectionError("refused") for q in qs}
+    snap = m.build_snapshot(qs, results, NOW, 1.0, {})
+    assert not snap.ok
+    assert "arrival_rps" in snap.reason() and "refused" in snap.reason()
+
+
+def test_percent_where_fraction_expected_is_invalid():
+    snap = routable_snapshot({"p1": 0}, {"p1": NOW}, ["p1"])
+    assert snap.ok
+    qs = m.build_queries("vllm", "n", "d", ["prefill", "decode"], 60, 0.9)
+    results = {q.name: [] for q in qs}
+    results["arrival_rps"] = [sample(1)]
+    results["kv_usage_max"] = [sample(87.5)]
+    snap = m.build_snapshot(qs, results, NOW, 1.0, {})
+    assert not snap.ok and "percentage" in snap.reason()
