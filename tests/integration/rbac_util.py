@@ -3,8 +3,9 @@
 `sa_kubeconfig(cluster, ns, sa)` writes a kubeconfig that authenticates as
 system:serviceaccount:<ns>:<sa> with a bound token from `kubectl create token`
 and the cluster's server and CA. A bearer token works with every client
-(kubectl, kubernetes_asyncio, Kopf); the kubeconfig `as:` impersonation field
-is honoured by kubectl but not by every Python loader, so it is not used.
+(kubectl, kubernetes_asyncio, Kopf). The kubeconfig `as:` impersonation field
+is not used: kubectl honours it, but the kubeconfig loaders of
+kubernetes_asyncio (36) and Kopf (1.45) ignore it.
 
 Reuse: the autoscaler tests run `disagg run --kubeconfig <path>` with it to show
 scale-up and drain work with exactly the chart's permissions.
