@@ -120,10 +120,15 @@
       svg.appendChild(s("text", { x: m.l - 5, y: y(v) + 3, "text-anchor": "end" }, label));
     }
     svg.appendChild(s("line", { class: "axis", x1: m.l, x2: W - m.r, y1: H - m.b, y2: H - m.b }));
-    for (let i = 0; i <= 4; i++) {
-      const t = t0 + ((t1 - t0) * i) / 4;
-      const anchor = i === 0 ? "start" : i === 4 ? "end" : "middle";
-      svg.appendChild(s("text", { x: x(t), y: H - 6, "text-anchor": anchor }, fmtTime(t, opts.timeAxis)));
+    const nx = W <= 400 ? 2 : 4;
+    let prevLabel = null;
+    for (let i = 0; i <= nx; i++) {
+      const t = t0 + ((t1 - t0) * i) / nx;
+      const label = fmtTime(t, opts.timeAxis);
+      if (label === prevLabel) continue;
+      prevLabel = label;
+      const anchor = i === 0 ? "start" : i === nx ? "end" : "middle";
+      svg.appendChild(s("text", { x: x(t), y: H - 6, "text-anchor": anchor }, label));
     }
     for (const l of hlines) {
       svg.appendChild(
@@ -194,7 +199,7 @@
           "data-condition": c.type,
           "data-status": c.status,
           title: `${c.reason || ""}${c.message ? ": " + c.message : ""}`,
-        }, `${c.type}${c.status === "True" ? "" : c.status === "False" ? " ✗" : " ?"}`),
+        }, `${c.type}: ${c.status}`),
       ),
     );
   }
