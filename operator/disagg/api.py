@@ -447,6 +447,12 @@ class Autoscaling(_Model):
     prometheus: PrometheusConfig | None = Field(
         None, description="Prometheus to read; defaults to the operator's --prometheus-url."
     )
+    scrape_interval_seconds: int = Field(
+        15,
+        ge=1,
+        le=300,
+        description="Prometheus' scrape interval for the engine pods: a sample older than two of them is stale.",
+    )
     metric_window_seconds: int = Field(
         60, ge=10, le=3600, description="Rate/quantile window of the queries, in seconds."
     )
