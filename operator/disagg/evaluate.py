@@ -1,0 +1,818 @@
+"""Closed-loop evaluation of autoscaling policies on virtual time.
+
+Pure (numpy, the simulator, the planner and the policy). The simulator
+(`disagg.sim.engine.Cluster`) replays a workload; every ``interval_s`` a
+policy sets the pool sizes from metrics computed inside the simulation the
+way Prometheus would serve them: rates and token statistics over a
+``window_s`` window, read one scrape interval late; TTFT as a histogram
+quantile. New workers serve after ``startup_s``; removed workers drain (no
+new work; deleted once nothing is in flight and no KV send is pending), so a
+draining policy loses no request. GPU-hours integrate every worker that holds
+GPUs (starting, serving, draining) x gpus per replica.
+
+Policies (`POLICIES`):
+
+* ``disagg``: this project - planner.plan on the observed demand (rate
+  forecast one start-up ahead plus its Poisson counting uncertainty) and
+  policy.decide (HPA-like stabilization, drains, budget rebalance).
+* ``static``: a fixed plan for the trace's peak 60 s arrival rate.
+* ``hpa``: per pool, ``ceil(ready x utilisation / 0.7)`` with a 10 %
+  tolerance and a 300 s scale-down stabilization (prefill: busy fraction;
+  decode: batch-slot occupancy).
+* ``throughput``: Dynamo-style, per pool ``ceil(rate / per-replica
+  throughput)`` (prefill 1000/prefill_ms(mean prompt), decode
+  slots/(mean output x step)), squeezed proportionally under a budget.
+* ``oracle``: every interval the planner's fewest GPUs for that interval's
+  true load, applied at the interval's start with no start-up delay: the
+  GPU-hour lower bound.
+
+The baselines scale down the way their systems do: by default they delete
+workers without draining (``baseline_drain=False``); their in-flight requests
+are lost and count as SLO misses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from heapq import heappop, heappush
+from typing import Any
+
+import numpy as np
+
+from disagg.model import StageModels
+from disagg.planner import SLO, Demand, PoolBounds, plan
+from disagg.policy import PolicyConfig, PolicyState, decide, forecast_rate, observe_rate
+from disagg.sim.core import DONE, INF, Job
+from disagg.sim.engine import Cluster, SimConfig
+from disagg.workload import Workload, piecewise_poisson
+
+__all__ = [
+    "POLICIES",
+    "POLICY_HELP",
+    "EvalSettings",
+    "diurnal",
+    "evaluate",
+    "rate_scaled",
+    "run_policy",
+]
+
+POOLS = ("prefill", "decode")
+POLICY_HELP = {
+    "disagg": "this project: joint queueing planner on the observed demand (forecast one start-up ahead) "
+    "+ policy.decide (300 s stabilization, drains, budget rebalance)",
+    "static": "fixed pools planned for the trace's peak 60 s arrival rate",
+    "hpa": "per-pool HPA: ceil(ready x utilisation / 0.7), 10%% tolerance, 300 s scale-down stabilization",
+    "throughput": "Dynamo-style: per pool ceil(rate / per-replica throughput) from the stage models, "
+    "proportional squeeze under a budget",
+    "oracle": "planner's fewest GPUs for each interval's true load, applied instantly (GPU-hour lower bound)",
+}
+POLICIES = tuple(POLICY_HELP)
+TTFT_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, INF)
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    models: StageModels = field(default_factory=StageModels)
+    slo: SLO = field(default_factory=SLO)
+    interval_s: float = 30.0
+    startup_s: float = 60.0
+    window_s: float = 60.0
+    scrape_s: float = 15.0
+    drain_poll_s: float = 5.0
+    stabilization_s: float = 300.0
+    gpus_per_replica: dict[str, int] = field(default_factory=lambda: {"prefill": 1, "decode": 1})
+    min_replicas: int = 1
+    max_replicas: int = 10_000
+    gpu_budget: int | None = None
+    baseline_drain: bool = False
+    hpa_target: float = 0.7
+    hpa_tolerance: float = 0.1
+    headroom_z: float = 1.645  # disagg: plan for rate + z x Poisson std of the windowed rate
+    timeline_points: int = 300
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("interval_s", "window_s", "scrape_s", "drain_poll_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if not self.startup_s >= 0:
+            raise ValueError(f"startup_s must be >= 0, got {self.startup_s!r}")
+        if self.gpu_budget is not None and self.gpu_budget < 1:
+            raise ValueError(f"gpu_budget must be >= 1, got {self.gpu_budget!r}")
+        if not 0 < self.hpa_target <= 1:
+            raise ValueError("hpa_target must be in (0, 1]")
+
+    def bounds(self) -> dict[str, PoolBounds]:
+        return {
+            p: PoolBounds(self.min_replicas, self.max_replicas, self.gpus_per_replica.get(p, 1))
+            for p in POOLS
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.models
+        return {
+            "interval_s": self.interval_s,
+            "startup_s": self.startup_s,
+            "window_s": self.window_s,
+            "scrape_s": self.scrape_s,
+            "stabilization_s": self.stabilization_s,
+            "gpus_per_replica": dict(self.gpus_per_replica),
+            "gpu_budget": self.gpu_budget,
+            "baseline_drain": self.baseline_drain,
+            "slo": {"ttft_s": self.slo.ttft_s, "itl_s": self.slo.itl_s, "percentile": self.slo.percentile},
+            "models": {
+                "prefill_fixed_ms": m.prefill.fixed_ms,
+                "prefill_ms_per_token": m.prefill.ms_per_token,
+                "kv_bytes_per_token": m.transfer.kv_bytes_per_token,
+                "link_setup_ms": m.transfer.setup_ms,
+                "link_gibps": m.transfer.bandwidth_gibps,
+                "decode_step_ms": m.decode.step_fixed_ms,
+                "decode_ms_per_seq": m.decode.step_ms_per_seq,
+                "decode_slots": m.decode.slots,
+            },
+        }
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+def rate_scaled(w: Workload, k: int, seed: int = 0) -> Workload:
+    """`k` copies of `w` superposed, each but the first circularly shifted by a seeded random offset."""
+    if k < 1 or int(k) != k:
+        raise ValueError(f"rate scale must be an integer >= 1, got {k!r}")
+    if k == 1 or len(w) == 0:
+        return w
+    rng = np.random.default_rng(seed)
+    t0 = w.arrival_s - w.arrival_s[0]
+    span = float(t0[-1]) + (w.duration_s / max(1, len(w) - 1))
+    arr = [t0]
+    for _ in range(k - 1):
+        off = float(rng.uniform(0.0, span))
+        arr.append((t0 + off) % span)
+    a = np.concatenate(arr)
+    return Workload(
+        a,
+        np.tile(w.prompt_tokens, k),
+        np.tile(w.output_tokens, k),
+        np.tile(w.media_items, k),
+        None,
+        name=f"{w.name} x{k}",
+    )
+
+
+def diurnal(w: Workload, k: int = 1, seed: int = 0, duration_s: float = 7200.0) -> Workload:
+    """Synthetic two-hour 'day': (prompt, output) pairs sampled from `w`; rate swings 5x, with bursts.
+
+    rate(t) = r_min x (1 + 4 sin^2(pi t / T)) averages `k` x the trace's mean rate;
+    six bursts of 2-4 minutes add 50-100 % on top.
+    """
+    if len(w) == 0:
+        raise ValueError("diurnal: empty source workload")
+    rng = np.random.default_rng(seed)
+    mean = w.mean_rate * k
+    r_min = mean / 3.0
+    seg = 10.0
+    n_seg = math.ceil(duration_s / seg)
+    mid = (np.arange(n_seg) + 0.5) * seg
+    rate = r_min * (1.0 + 4.0 * np.sin(np.pi * mid / duration_s) ** 2)
+    for _ in range(6):
+        start = rng.uniform(0.05, 0.9) * duration_s
+        length = rng.uniform(120.0, 240.0)
+        rate[(mid >= start) & (mid < start + length)] *= 1.0 + rng.uniform(0.5, 1.0)
+    arrivals = piecewise_poisson([(seg, float(r)) for r in rate], rng)
+    idx = rng.integers(0, len(w), size=arrivals.shape[0])
+    return Workload(
+        arrivals, w.prompt_tokens[idx], w.output_tokens[idx], None, None, name=f"diurnal({w.name}) x{k}"
+    )
+
+
+# --------------------------------------------------------------------------- observations
+
+
+@dataclass
+class Obs:
+    """What a policy sees at a decision (Prometheus-like, one scrape late)."""
+
+    now: float
+    rate: float
+    count: int
+    prompt_mean: float
+    prompt_std: float
+    output_mean: float
+    output_std: float
+    util: dict[str, float]
+    ready: dict[str, int]
+    requested: dict[str, int]
+    pending: dict[str, int]
+    ttft_p: float | None
+    metrics_ok: bool = True
+
+    def demand(self, rate: float | None = None) -> Demand:
+        return Demand(
+            arrival_rps=self.rate if rate is None else rate,
+            prompt_tokens_mean=self.prompt_mean,
+            prompt_tokens_std=self.prompt_std,
+            output_tokens_mean=max(1.0, self.output_mean),
+            output_tokens_std=self.output_std,
+        )
+
+
+class _Prefix:
+    """Windowed count/mean/std of arrivals by prefix sums (what rate()/histogram sums give)."""
+
+    def __init__(self, w: Workload) -> None:
+        self.t = w.arrival_s
+        p = w.prompt_tokens.astype(np.float64)
+        o = w.output_tokens.astype(np.float64)
+        z = np.zeros(1)
+        self.p1 = np.concatenate([z, np.cumsum(p)])
+        self.p2 = np.concatenate([z, np.cumsum(p * p)])
+        self.o1 = np.concatenate([z, np.cumsum(o)])
+        self.o2 = np.concatenate([z, np.cumsum(o * o)])
+        self.default = (
+            float(p.mean()) if len(p) else 1.0,
+            float(p.std()) if len(p) else 0.0,
+            float(o.mean()) if len(o) else 1.0,
+            float(o.std()) if len(o) else 0.0,
+        )
+
+    def stats(self, a: float, b: float) -> tuple[int, float, float, float, float]:
+        i, j = np.searchsorted(self.t, [a, b], side="left")
+        n = int(j - i)
+        if n <= 0:
+            return 0, *self.default
+        pm = (self.p1[j] - self.p1[i]) / n
+        om = (self.o1[j] - self.o1[i]) / n
+        ps = math.sqrt(max(0.0, (self.p2[j] - self.p2[i]) / n - pm * pm))
+        os_ = math.sqrt(max(0.0, (self.o2[j] - self.o2[i]) / n - om * om))
+        return n, pm, ps, om, os_
+
+
+def _hist_quantile(values: list[float], q: float) -> float | None:
+    """Prometheus histogram_quantile over TTFT_BUCKETS (linear inside a bucket)."""
+    if not values:
+        return None
+    counts = np.histogram(np.minimum(values, 1e9), bins=[0.0, *TTFT_BUCKETS[:-1], 1e10])[0]
+    cum = np.cumsum(counts)
+    rank = q * cum[-1]
+    k = int(np.searchsorted(cum, rank, side="left"))
+    if k >= len(TTFT_BUCKETS) - 1:
+        return TTFT_BUCKETS[-2]
+    lo = 0.0 if k == 0 else TTFT_BUCKETS[k - 1]
+    hi = TTFT_BUCKETS[k]
+    below = 0 if k == 0 else cum[k - 1]
+    inb = counts[k]
+    return lo + (hi - lo) * ((rank - below) / inb if inb else 1.0)
+
+
+# --------------------------------------------------------------------------- policies
+
+
+class Policy:
+    name = "?"
+    drains = True
+    instant = False  # no start-up delay (oracle)
+
+    def __init__(self, s: EvalSettings, w: Workload, pre: _Prefix) -> None:
+        self.s = s
+        self.w = w
+        self.pre = pre
+
+    def _plan(self, d: Demand, budget: int | None = None) -> dict[str, int]:
+        p = plan(d, self.s.models, self.s.slo, self.s.bounds(), budget=budget)
+        return {k: int(p.replicas[k]) for k in POOLS}
+
+    def initial(self) -> dict[str, int]:
+        n, pm, ps, om, os_ = self.pre.stats(0.0, self.s.window_s)
+        d = Demand(n / self.s.window_s, pm, ps, max(1.0, om), os_)
+        return self._plan(d, self.s.gpu_budget)
+
+    def decide(self, o: Obs) -> tuple[dict[str, int], str]:
+        raise NotImplementedError
+
+
+class DisaggPolicy(Policy):
+    name = "disagg"
+
+    def __init__(self, s: EvalSettings, w: Workload, pre: _Prefix) -> None:
+        super().__init__(s, w, pre)
+        self.cfg = PolicyConfig(
+            scale_down_stabilization_s=s.stabilization_s,
+            min_replicas=dict.fromkeys(POOLS, s.min_replicas),
+            max_replicas=dict.fromkeys(POOLS, s.max_replicas),
+            gpus_per_replica={p: s.gpus_per_replica.get(p, 1) for p in POOLS},
+            gpu_budget=s.gpu_budget,
+            forecast_horizon_s=s.startup_s,
+        )
+        self.state = PolicyState()
+
+    def decide(self, o: Obs) -> tuple[dict[str, int], str]:
+        self.state = observe_rate(self.state, o.now, o.rate, self.cfg)
+        f = forecast_rate(self.state, o.now, self.cfg) or 0.0
+        # counting uncertainty of a rate measured over the window (Poisson: var = rate / window)
+        f_hi = f + self.s.headroom_z * math.sqrt(max(f, 0.0) / self.s.window_s)
+        planned = self._plan(o.demand(f_hi), self.s.gpu_budget)
+        floor = None
+        if self.s.gpu_budget is not None:
+            floor = self._plan(o.demand(o.rate), self.s.gpu_budget)
+        d = decide(
+            o.now,
+            o.requested,
+            planned,
+            self.state,
+            self.cfg,
+            metrics_ok=o.metrics_ok,
+            pending=o.pending,
+            floor=floor,
+        )
+        self.state = d.state
+        return (d.steps[0] if d.steps else d.targets), d.reason
+
+
+class StaticPolicy(Policy):
+    name = "static"
+
+    def initial(self) -> dict[str, int]:
+        t = self.w.arrival_s
+        if len(t) == 0:
+            return dict.fromkeys(POOLS, self.s.min_replicas)
+        win = self.s.window_s
+        j = np.searchsorted(t, t + win, side="left")
+        peak = float((j - np.arange(len(t))).max()) / win
+        p = self.w.prompt_tokens.astype(float)
+        out = self.w.output_tokens.astype(float)
+        d = Demand(peak, float(p.mean()), float(p.std()), float(out.mean()), float(out.std()))
+        return self._plan(d, self.s.gpu_budget)
+
+    def decide(self, o: Obs) -> tuple[dict[str, int], str]:
+        return dict(o.requested), "Hold"
+
+
+class HpaPolicy(Policy):
+    name = "hpa"
+
+    def __init__(self, s: EvalSettings, w: Workload, pre: _Prefix) -> None:
+        super().__init__(s, w, pre)
+        self.drains = s.baseline_drain
+        self.hist: list[tuple[float, dict[str, int]]] = []
+
+    def decide(self, o: Obs) -> tuple[dict[str, int], str]:
+        s = self.s
+        desired = {}
+        for p in POOLS:
+            cur = o.requested[p]
+            u = o.util.get(p, 0.0)
+            ratio = u / s.hpa_target
+            if abs(ratio - 1.0) <= s.hpa_tolerance or o.ready[p] == 0:
+                want = cur
+            else:
+                want = math.ceil(o.ready[p] * ratio - 1e-9)
+            want = min(want, max(2 * cur, cur + 4))  # default scale-up policy: 100 % or 4 pods
+            desired[p] = min(s.max_replicas, max(s.min_replicas, want))
+        self.hist = [(t, d) for t, d in self.hist if t > o.now - s.stabilization_s] + [(o.now, desired)]
+        out = {}
+        for p in POOLS:
+            if desired[p] < o.requested[p]:
+                out[p] = min(o.requested[p], max(d[p] for _, d in self.hist))
+            else:
+                out[p] = desired[p]
+        return out, "hpa"
+
+
+class ThroughputPolicy(Policy):
+    name = "throughput"
+
+    def __init__(self, s: EvalSettings, w: Workload, pre: _Prefix) -> None:
+        super().__init__(s, w, pre)
+        self.drains = s.baseline_drain
+
+    def sizes(self, rate: float, prompt_mean: float, output_mean: float) -> dict[str, int]:
+        m, s = self.s.models, self.s
+        pf_rps = 1000.0 / float(m.prefill.service_ms(max(prompt_mean, 0.0)))
+        batch = m.decode.max_batch_for_itl(s.slo.itl_s * 1000.0) or 1
+        step_s = float(m.decode.step_ms(batch)) / 1000.0
+        dec_rps = batch / (max(output_mean, 1.0) * step_s)
+        out = {
+            "prefill": max(s.min_replicas, math.ceil(rate / pf_rps - 1e-9)),
+            "decode": max(s.min_replicas, math.ceil(rate / dec_rps - 1e-9)),
+        }
+        out = {p: min(s.max_replicas, n) for p, n in out.items()}
+        g = s.gpus_per_replica
+        total = sum(out[p] * g.get(p, 1) for p in POOLS)
+        if s.gpu_budget is not None and total > s.gpu_budget:
+            f = s.gpu_budget / total
+            out = {p: max(s.min_replicas, int(out[p] * f)) for p in POOLS}
+        return out
+
+    def initial(self) -> dict[str, int]:
+        n, pm, _ps, om, _os = self.pre.stats(0.0, self.s.window_s)
+        return self.sizes(n / self.s.window_s, pm, om)
+
+    def decide(self, o: Obs) -> tuple[dict[str, int], str]:
+        return self.sizes(o.rate, o.prompt_mean, o.output_mean), "throughput"
+
+
+class OraclePolicy(Policy):
+    name = "oracle"
+    instant = True
+
+    def truth(self, t: float) -> dict[str, int]:
+        i = self.s.interval_s
+        n, pm, ps, om, os_ = self.pre.stats(t, t + i)
+        return self._plan(Demand(n / i, pm, ps, max(1.0, om), os_), self.s.gpu_budget)
+
+    def initial(self) -> dict[str, int]:
+        return self.truth(0.0)
+
+    def decide(self, o: Obs) -> tuple[dict[str, int], str]:
+        return self.truth(o.now), "oracle"
+
+
+_CLASSES = {
+    "disagg": DisaggPolicy,
+    "static": StaticPolicy,
+    "hpa": HpaPolicy,
+    "throughput": ThroughputPolicy,
+    "oracle": OraclePolicy,
+}
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+class _EvalCluster(Cluster):
+    """The simulator's cluster, remembering when each request finished (for its mean ITL)."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        self.done_at: dict[int, float] = {}
+        super().__init__(*a, **kw)
+
+    def serve_done(self, worker: Any, job: Job, now: float) -> None:
+        super().serve_done(worker, job, now)
+        self.done_at[job.id] = now
+
+
+class _Loop:
+    """Cluster + pool membership (starting / serving / draining) + GPU-hour integral."""
+
+    def __init__(self, s: EvalSettings, pol: Policy, init: dict[str, int]) -> None:
+        self.s = s
+        self.pol = pol
+        cfg = SimConfig(
+            prefill=max(1, init["prefill"]),
+            decode=max(1, init["decode"]),
+            ttft_ms=s.slo.ttft_s * 1000.0,
+            itl_ms=s.slo.itl_s * 1000.0,
+            seed=s.seed,
+        )
+        self.cl = _EvalCluster(s.models, cfg, now=0.0)
+        self.startup = 0.0 if pol.instant else s.startup_s
+        self.ctrl: list[tuple[float, int, str, Any]] = []
+        self.seq = 0
+        self.starting: dict[str, list[int]] = {p: [] for p in POOLS}  # tokens of starting workers
+        self.waiting: dict[str, int] = dict.fromkeys(POOLS, 0)  # requested, no GPU free (budget)
+        self.draining: list[Any] = []
+        self.alloc = {p: len(self.cl.pools[p]) for p in POOLS}  # workers holding GPUs
+        self.gpu_s = 0.0
+        self.t_last = 0.0
+        self.actions = 0
+        self.drained = 0
+        self.lost_removed = 0
+        self.busy_prev: dict[Any, float] = {}
+        self.t_prev_util = 0.0
+
+    # ---- bookkeeping
+    def _integrate(self, now: float) -> None:
+        g = self.s.gpus_per_replica
+        self.gpu_s += sum(self.alloc[p] * g.get(p, 1) for p in POOLS) * (now - self.t_last)
+        self.t_last = now
+
+    def push(self, t: float, kind: str, data: Any = None) -> None:
+        self.seq += 1
+        heappush(self.ctrl, (t, self.seq, kind, data))
+
+    def serving(self, p: str) -> list[Any]:
+        return [w for w in self.cl.pools[p] if not w.draining]
+
+    def requested(self) -> dict[str, int]:
+        return {p: len(self.serving(p)) + len(self.starting[p]) + self.waiting[p] for p in POOLS}
+
+    def used_gpus(self) -> int:
+        g = self.s.gpus_per_replica
+        return sum(self.alloc[p] * g.get(p, 1) for p in POOLS)
+
+    def _start(self, p: str, now: float) -> None:
+        self._integrate(now)
+        self.alloc[p] += 1
+        self.seq += 1
+        tok = self.seq
+        self.starting[p].append(tok)
+        if self.startup <= 0:
+            self._ready(p, tok, now)
+        else:
+            self.push(now + self.startup, "ready", (p, tok))
+
+    def _ready(self, p: str, tok: int, now: float) -> None:
+        if tok in self.starting[p]:
+            self.starting[p].remove(tok)
+            self.cl.add_worker(p, now)
+
+    def _admit_waiting(self, now: float) -> None:
+        b = self.s.gpu_budget
+        for p in POOLS:
+            while self.waiting[p] > 0 and (
+                b is None or self.used_gpus() + self.s.gpus_per_replica.get(p, 1) <= b
+            ):
+                self.waiting[p] -= 1
+                self._start(p, now)
+
+    # ---- applying targets
+    def apply(self, targets: dict[str, int], now: float) -> None:
+        changed = False
+        for p in POOLS:
+            diff = int(targets[p]) - self.requested()[p]
+            if diff > 0:
+                changed = True
+                for w in [w for w in self.cl.pools[p] if w.draining][:diff]:
+                    self.cl.set_draining(w, False, now)  # cancel a drain: instantly back
+                    self.draining.remove(w)
+                    diff -= 1
+                self.waiting[p] += diff
+            elif diff < 0:
+                changed = True
+                k = -diff
+                while k and self.waiting[p]:
+                    self.waiting[p] -= 1
+                    k -= 1
+                while k and self.starting[p]:
+                    self._integrate(now)
+                    self.starting[p].pop()  # newest first; its "ready" event is ignored
+                    self.alloc[p] -= 1
+                    k -= 1
+                if k:
+                    victims = sorted(self.serving(p), key=lambda w: (self.cl.in_flight(w), w.name))[:k]
+                    for w in victims:
+                        if self.pol.drains:
+                            self.cl.set_draining(w, True, now)
+                            self.draining.append(w)
+                        else:
+                            self._remove(w, now)
+        if changed:
+            self.actions += 1
+        self._admit_waiting(now)
+        if self.draining:
+            self._poll_drains(now)
+
+    def _remove(self, w: Any, now: float) -> None:
+        self._integrate(now)
+        lost = self.cl.remove_worker(w, now)
+        self.lost_removed += len(lost)
+        self.alloc[w.role] -= 1
+
+    def _poll_drains(self, now: float) -> None:
+        still = []
+        for w in self.draining:
+            if self.cl.in_flight(w) == 0 and self.cl.pending_kv_sends(w) == 0:
+                self._remove(w, now)
+                self.drained += 1
+            else:
+                still.append(w)
+        self.draining = still
+        if self.draining:
+            self.push(now + self.s.drain_poll_s, "drain")
+        self._admit_waiting(now)
+
+    # ---- utilisation since the last decision (HPA signal)
+    def utilisation(self, now: float) -> dict[str, float]:
+        out = {}
+        dt = max(1e-9, now - self.t_prev_util)
+        for p in POOLS:
+            ws = self.cl.pools[p]
+            if not ws:
+                out[p] = 0.0
+                continue
+            tot = 0.0
+            for w in ws:
+                if p == "decode":
+                    w._account(now)
+                    v = w.slot_area / w.slots
+                else:
+                    v = w.busy_s + ((now - w.t_start) if w.cur is not None else 0.0)
+                prev = self.busy_prev.get(w)
+                if prev is None:
+                    prev = v
+                    age = now - self.cl.life[w][0]
+                    if age < dt:  # joined in this interval: count from its start
+                        prev = v - min(v, age)
+                tot += v - prev
+                self.busy_prev[w] = v
+            out[p] = min(1.0, tot / (dt * len(ws)))
+        self.t_prev_util = now
+        return out
+
+
+@dataclass
+class PolicyResult:
+    name: str
+    metrics: dict[str, Any]
+    timeline: list[dict[str, Any]]
+
+
+def _pct(a: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(a, q)) if a.size else None
+
+
+def run_policy(
+    name: str,
+    w: Workload,
+    s: EvalSettings,
+    progress: Callable[[str], None] | None = None,
+) -> PolicyResult:
+    """Replay `w` under policy `name` on virtual time; returns metrics and a timeline."""
+    if name not in _CLASSES:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+    if len(w) and int(w.media_items.max()) > 0:
+        raise ValueError("evaluate: workloads with media items (an encoder pool) are not supported yet")
+    pre = _Prefix(w)
+    pol = _CLASSES[name](s, w, pre)
+    init = pol.initial()
+    lp = _Loop(s, pol, init)
+    cl = lp.cl
+    arrival = w.arrival_s.tolist()
+    prompt = w.prompt_tokens.tolist()
+    output = w.output_tokens.tolist()
+    n = len(arrival)
+    jobs: list[Job] = []
+    ttft_target = s.slo.ttft_s
+    lp.push(s.interval_s, "tick")
+    timeline: list[dict[str, Any]] = []
+    done_i = 0
+    ttft_window: list[tuple[float, float]] = []  # (done time, ttft) of recent completions
+    t_end_arrivals = arrival[-1] if n else 0.0
+    report_every = max(1, n // 10)
+    i = 0
+    heap = cl.heap
+    while True:
+        t_ctrl = lp.ctrl[0][0] if lp.ctrl else INF
+        t_arr = arrival[i] if i < n else INF
+        if t_arr == INF and (t_ctrl == INF or (cl.next_event_time() == INF and not lp.draining)):
+            break
+        if t_arr <= t_ctrl:
+            if heap and heap[0][0] <= t_arr:
+                cl.advance(t_arr)
+            job = Job(i, t_arr, prompt[i], output[i], 0, None, t_arr + ttft_target)
+            cl.submit(job, t_arr)
+            jobs.append(job)
+            i += 1
+            if progress is not None and i % report_every == 0:
+                progress(f"{name}: {i}/{n} requests, t={t_arr:.0f}s")
+            continue
+        t, _, kind, data = heappop(lp.ctrl)
+        cl.advance(t)
+        if kind == "ready":
+            lp._ready(data[0], data[1], t)
+        elif kind == "drain":
+            if lp.draining and not any(c[2] == "drain" for c in lp.ctrl):
+                lp._poll_drains(t)
+        elif kind == "tick":
+            # completions since the last tick, for the TTFT histogram
+            while done_i < len(cl.r_done):
+                ttft_window.append((cl.r_done[done_i], cl.r_ttft[done_i]))
+                done_i += 1
+            ts = t - s.scrape_s  # one scrape interval late
+            lo = ts - s.window_s
+            ttft_window = [x for x in ttft_window if x[0] >= lo]
+            cnt, pm, ps, om, os_ = pre.stats(lo, ts)
+            obs = Obs(
+                now=t,
+                rate=cnt / s.window_s,
+                count=cnt,
+                prompt_mean=pm,
+                prompt_std=ps,
+                output_mean=om,
+                output_std=os_,
+                util=lp.utilisation(t),
+                ready={p: len(lp.serving(p)) for p in POOLS},
+                requested=lp.requested(),
+                pending=dict(lp.waiting),
+                ttft_p=_hist_quantile([x[1] for x in ttft_window if x[0] < ts], s.slo.percentile),
+            )
+            targets, _reason = pol.decide(obs)
+            lp.apply(targets, t)
+            true_n = pre.stats(t - s.interval_s, t)[0]
+            timeline.append(
+                {
+                    "t": round(t, 3),
+                    "arrival_rps": round(true_n / s.interval_s, 4),
+                    "replicas": lp.requested(),
+                    "gpus": lp.used_gpus(),
+                }
+            )
+            if i < n or cl.next_event_time() != INF:
+                lp.push(t + s.interval_s, "tick")
+    end = max(cl.now, t_end_arrivals)
+    lp._integrate(end)
+    cl.close(end)
+    metrics = _metrics(jobs, w, s, lp, end)
+    return PolicyResult(name, metrics, _downsample(timeline, s.timeline_points))
+
+
+def _downsample(tl: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    if len(tl) <= k:
+        return tl
+    idx = np.unique(np.linspace(0, len(tl) - 1, k).round().astype(int))
+    return [tl[j] for j in idx]
+
+
+def infeasible_mask(w: Workload, s: EvalSettings) -> np.ndarray:
+    """Requests whose bare prefill + serial transfer + one decode step exceeds the TTFT target."""
+    m = s.models
+    p = w.prompt_tokens.astype(np.float64)
+    bare = (
+        np.asarray(m.prefill.service_ms(p)) + np.asarray(m.transfer.serial_ms(p)) + float(m.decode.step_ms(1))
+    )
+    return bare > s.slo.ttft_s * 1000.0 + 1e-9
+
+
+def _metrics(jobs: list[Job], w: Workload, s: EvalSettings, lp: _Loop, end: float) -> dict[str, Any]:
+    n = len(jobs)
+    ttft = np.full(n, np.inf)
+    itl = np.full(n, np.inf)
+    done_at = lp.cl.done_at
+    for k, j in enumerate(jobs):
+        if j.state == DONE:
+            ttft[k] = j.t_first - j.arrival
+            itl[k] = (done_at[j.id] - j.t_first) / (j.output - 1) if j.output > 1 else 0.0
+    done = np.isfinite(ttft)
+    infeasible = infeasible_mask(w, s)[:n]
+    good = done & (ttft <= s.slo.ttft_s + 1e-12) & (itl <= s.slo.itl_s + 1e-12)
+    feas = ~infeasible
+    nf = int(feas.sum())
+    td, il = ttft[done], itl[done]
+    lost = int(lp.cl.lost)
+    return {
+        "requests": n,
+        "completed": int(done.sum()),
+        "infeasible_requests": int(infeasible.sum()),
+        "slo_attainment": float(good[feas].sum() / nf) if nf else None,
+        "slo_attainment_all": float(good.sum() / n) if n else None,
+        "ttft_p50_s": _pct(td, 50),
+        "ttft_p90_s": _pct(td, 90),
+        "ttft_p99_s": _pct(td, 99),
+        "itl_p50_s": _pct(il, 50),
+        "itl_p90_s": _pct(il, 90),
+        "itl_p99_s": _pct(il, 99),
+        "gpu_hours": lp.gpu_s / 3600.0,
+        "gpu_hours_vs_oracle": None,
+        "scaling_actions": lp.actions,
+        "drains": lp.drained,
+        "lost_requests": lost,
+        "failed_requests": int(lp.cl.failed),
+        "duration_s": end,
+        "drains_workers": lp.pol.drains,
+    }
+
+
+def evaluate(
+    w: Workload,
+    policies: list[str] | tuple[str, ...] = POLICIES,
+    s: EvalSettings | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run every policy on `w`; JSON-ready result with gpu_hours_vs_oracle filled in."""
+    s = s or EvalSettings()
+    for p in policies:
+        if p not in _CLASSES:
+            raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+    names = list(dict.fromkeys(policies))
+    run_names = names if "oracle" in names else [*names, "oracle"]
+    res = {}
+    for p in run_names:
+        if progress is not None:
+            progress(f"running {p} ...")
+        res[p] = run_policy(p, w, s, progress)
+    oracle_h = res["oracle"].metrics["gpu_hours"]
+    out = {}
+    for p in names:
+        m = dict(res[p].metrics)
+        m["gpu_hours_vs_oracle"] = m["gpu_hours"] / oracle_h if oracle_h > 0 else None
+        m["timeline"] = res[p].timeline
+        out[p] = m
+    return {
+        "trace": w.name,
+        "workload": {
+            "requests": len(w),
+            "duration_s": w.duration_s,
+            "mean_rate": w.mean_rate,
+            "prompt_tokens_mean": float(w.prompt_tokens.mean()) if len(w) else None,
+            "output_tokens_mean": float(w.output_tokens.mean()) if len(w) else None,
+        },
+        "settings": s.to_dict(),
+        "policies": out,
+    }
+
+
+def with_startup(s: EvalSettings, startup_s: float) -> EvalSettings:
+    return replace(s, startup_s=startup_s)
