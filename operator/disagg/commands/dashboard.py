@@ -45,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import logging
     import sys
+    from pathlib import Path
 
     from disagg.cli import UsageError
     from disagg.dashboard import server
@@ -57,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--from shows a saved result; it does not combine with --kubeconfig/--namespace")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: must be 0..65535")
+    if args.kubeconfig and not Path(args.kubeconfig).is_file():
+        raise UsageError(f"--kubeconfig {args.kubeconfig}: no such file")
     if args.interval <= 0:
         raise UsageError(f"--interval {args.interval}: must be positive")
 
@@ -79,5 +82,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"disagg dashboard ({what}): {url}", flush=True)
         print("press Ctrl-C to stop", file=sys.stderr, flush=True)
 
-    server.run(source, host=args.host, port=args.port, on_ready=ready)  # type: ignore[arg-type]
+    try:
+        server.run(source, host=args.host, port=args.port, on_ready=ready)  # type: ignore[arg-type]
+    except OSError as exc:  # port taken, address not available, unreadable kubeconfig
+        raise UsageError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    except Exception as exc:
+        if type(exc).__name__ == "ConfigException":  # kubernetes_asyncio: no usable kubeconfig
+            raise UsageError(f"kubeconfig: {exc}") from None
+        raise
     return 0
