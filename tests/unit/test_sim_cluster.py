@@ -160,3 +160,39 @@ def test_cli_unknown_trace_format_exits_2(tmp_path, capsys):
     f.write_text("hello\n")
     assert main(["simulate", "--workload", "trace", "--trace", str(f), "--quiet"]) == 2
     assert "known formats" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_configurations_conserve_requests(seed):
+    import random
+
+    from disagg.sim import simulate
+    from disagg.workload import mix
+
+    rnd = random.Random(seed)
+    w = mix(
+        rnd.uniform(1.0, 8.0),
+        60.0,
+        long_fraction=rnd.random(),
+        output_tokens=(1, 300),
+        media_fraction=rnd.choice([0.0, 0.3]),
+        seed=seed,
+    )
+    cfg = SimConfig(
+        placement=rnd.choice(["disaggregated", "colocated", "conditional"]),
+        prefill=rnd.randint(1, 3),
+        decode=rnd.randint(1, 3),
+        encoder=1,
+        chunked=rnd.random() < 0.5,
+        failure_prob=rnd.choice([0.0, 0.1, 0.5]),
+        link_scope=rnd.choice(["worker", "shared"]),
+        ttft_ms=rnd.choice([None, 300.0, 2000.0]),
+        seed=seed,
+    )
+    r = simulate(w, M, cfg)
+    assert r.completed + r.failed == len(w)
+    assert r.failures["leaked_reservations"] == 0
+    assert r.failures["reservations_released"] == r.failures["reprefills"] + r.failures["failed_requests"]
+    for name, s in r.stages.items():
+        if s["L"] > 1e-3:
+            assert s["L"] == pytest.approx(s["lambda"] * s["W_ms"] / 1000.0, rel=1e-6), name

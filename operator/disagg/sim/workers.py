@@ -296,8 +296,10 @@ class Link(Component):
             if not unit.dead:
                 self._join(unit, seq)
         pb = self.pbytes
-        eps = 1e-12 * (1.0 + abs(self.v))
-        while pb and (pb[0][2].dead or pb[0][0] <= self.v + eps):
+        # Done when less than a nanosecond of real time remains: far above the float
+        # resolution of `now` (so the next event always moves time forward).
+        horizon = self.v + 1e-9 / max(self.n, 1)
+        while pb and (pb[0][2].dead or pb[0][0] <= horizon):
             _, _, unit = heappop(pb)
             if unit.dead:
                 continue
