@@ -265,3 +265,33 @@ def test_loader_rejects_non_json(tmp_path: Path) -> None:
         load_result(f)
     with pytest.raises(ValueError):
         history_from_result(3)
+
+
+def test_loader_evaluate_shape() -> None:
+    """`disagg evaluate --output json`: one card per policy, with the run's metrics as summary."""
+    timeline = [
+        {
+            "t": 30.0 * i,
+            "arrival_rps": 2.0 + i,
+            "replicas": {"prefill": 1, "decode": 1 + i},
+            "gpus": 4 + 2 * i,
+        }
+        for i in range(5)
+    ]
+    doc = {
+        "trace": "azure.csv",
+        "workload": {"requests": 1000, "duration_s": 150.0},
+        "settings": {"slo": {"ttft_s": 0.8, "itl_s": 0.1, "percentile": 0.95}, "gpu_budget": 32},
+        "policies": {
+            "disagg": {"gpu_hours": 1.5, "slo_attainment": 0.99, "timeline": timeline},
+            "static": {"gpu_hours": 3.0, "slo_attainment": 0.97, "timeline": timeline[:2]},
+        },
+    }
+    out = history_from_result(doc, label="eval").to_json()
+    assert [d["name"] for d in out["deployments"]] == ["disagg", "static"]
+    dis = out["deployments"][0]
+    assert dis["ratio"] == "1:5"
+    assert dis["slo"] == {"ttft_s": 0.8, "itl_s": 0.1}
+    assert dis["gpu_budget"] == 32 and dis["gpus"] == 12
+    assert dis["history"][-1]["arrival_rps"] == 6.0
+    assert dis["summary"] == {"gpu_hours": 1.5, "slo_attainment": 0.99}

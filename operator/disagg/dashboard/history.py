@@ -506,7 +506,24 @@ def _run_name(path: str, container: Mapping[str, Any], index: int) -> str:
         v = container.get(k)
         if isinstance(v, str) and v:
             return v
-    return path or f"run-{index}"
+    last = path.rsplit("/", 1)[-1]  # {"policies": {"disagg": {...}}} -> "disagg"
+    return last or f"run-{index}"
+
+
+def _defaults(data: Any) -> dict[str, Any]:
+    """Document-wide SLO and GPU budget (top level or under "settings"), for series items lacking them."""
+    out: dict[str, Any] = {}
+    if not isinstance(data, Mapping):
+        return out
+    for src in (data.get("settings"), data):
+        if not isinstance(src, Mapping):
+            continue
+        if "slo" not in out and isinstance(src.get("slo"), Mapping):
+            out["slo"] = src["slo"]
+        budget = _first(src, "gpu_budget", "gpuBudget")
+        if "gpu_budget" not in out and _num(budget) is not None:
+            out["gpu_budget"] = budget
+    return out
 
 
 def history_from_result(data: Any, label: str = "result", max_points: int = 2000) -> History:
@@ -520,7 +537,9 @@ def history_from_result(data: Any, label: str = "result", max_points: int = 2000
     Decisions: a list under decisions|events|scaling_events next to the
     series. The run's scalar fields (nested two levels) become the card's summary table. With no
     series at all, one card shows the document's summary numbers only.
-    Card names: the container's name|policy|label|scenario|id, else its JSON path; namespace = `label`.
+    Card names: the container's name|policy|label|scenario|id, else the last key of its JSON path
+    (`disagg evaluate`: {"policies": {"disagg": {..., "timeline": [...]}}} -> "disagg"); namespace =
+    `label`. A document-wide `slo` and `gpu_budget` (top level or under "settings") fill items lacking them.
     """
     h = History(max_points=max_points, source=f"file: {label}", time_axis="relative")
     if not isinstance(data, Mapping | list):
@@ -535,6 +554,7 @@ def history_from_result(data: Any, label: str = "result", max_points: int = 2000
         if isinstance(top.get("replicas") or top.get("pools"), Mapping):
             h.record(label, name, {"t": 0, **top})
         return h
+    defaults = _defaults(data)
     seen: dict[str, int] = {}
     for i, (path, container, series) in enumerate(runs):
         name = _run_name(path, container, i)
@@ -547,7 +567,7 @@ def history_from_result(data: Any, label: str = "result", max_points: int = 2000
         h.set_summary(label, name, _scalars(summary_src))
         for item in _thin(series, max_points):
             if isinstance(item, Mapping):
-                h.record(label, name, item)
+                h.record(label, name, {**defaults, **item})
         for k in DECISION_KEYS:
             decs = container.get(k)
             if isinstance(decs, list):
