@@ -250,6 +250,7 @@ def test_loader_nested_runs_and_pools_of_dicts() -> None:
 def test_loader_summary_only_and_thinning() -> None:
     doc = history_from_result({"ttft_p95_s": 0.5, "gpus": 16, "notes": ["x"]}, label="ev").to_json()
     (dep,) = doc["deployments"]
+    assert dep["name"] == "result"
     assert dep["history"] == []
     assert dep["summary"] == {"ttft_p95_s": 0.5, "gpus": 16}
     long = {"timeline": [{"t": i, "replicas": {"prefill": 1}} for i in range(10_001)]}
@@ -295,3 +296,36 @@ def test_loader_evaluate_shape() -> None:
     assert dis["gpu_budget"] == 32 and dis["gpus"] == 12
     assert dis["history"][-1]["arrival_rps"] == 6.0
     assert dis["summary"] == {"gpu_hours": 1.5, "slo_attainment": 0.99}
+
+
+def test_loader_simulate_shape() -> None:
+    """`disagg simulate --output json`: no series; one card per placement with pools, stages, summary."""
+    result = {
+        "placement": "disaggregated",
+        "horizon_s": 600.0,
+        "slo_attainment": 0.98,
+        "ttft_ms": {"mean": 210.0, "p50": 180.0, "p90": 400.0, "p99": 700.0},
+        "stages": {
+            "prefill": {"L": 1.2, "lambda": 4.0, "W_ms": 300.0, "entered": 2400},
+            "decode": {"L": 40.0, "lambda": 4.0, "W_ms": 10000.0},
+        },
+        "pools": {
+            "prefill": {"workers": 2, "idle_fraction": 0.4},
+            "decode": {"workers": 6, "idle_fraction": 0.2, "slot_occupancy": 0.5},
+            "link": {"links": 2, "idle_fraction": 0.9},
+        },
+    }
+    doc = {"workload": {"requests": 2400}, "results": [result, {**result, "placement": "colocated"}]}
+    out = history_from_result(doc, label="sim").to_json()
+    assert [d["name"] for d in out["deployments"]] == ["colocated", "disaggregated"]
+    dep = out["deployments"][1]
+    assert dep["pools"] == {
+        "prefill": {"replicas": 2, "desired": None, "ready": None, "draining": []},
+        "decode": {"replicas": 6, "desired": None, "ready": None, "draining": []},
+    }
+    assert dep["ratio"] == "1:3"
+    (snap,) = dep["history"]
+    assert snap["t"] == 600.0
+    assert snap["stages"]["prefill"] == {"lambda": 4.0, "W": 0.3, "L": 1.2, "utilization": None}
+    assert dep["summary"]["ttft_ms.p90"] == 400.0
+    assert dep["summary"]["placement"] == "disaggregated"

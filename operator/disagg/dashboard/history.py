@@ -73,7 +73,7 @@ def _counts(v: Any) -> dict[str, int]:
         return out
     for k, x in v.items():
         if isinstance(x, Mapping):
-            x = _first(x, "replicas", "n", "count")
+            x = _first(x, "replicas", "workers", "n", "count")
         n = _int(x)
         if n is not None:
             out[str(k)] = n
@@ -117,6 +117,8 @@ def _stages(v: Any) -> dict[str, dict[str, float | None]]:
             continue
         lam = _num(_first(s, "lambda", "lam", "arrival_rps", "rate", "throughput"))
         w = _num(_first(s, "W", "w", "sojourn_s", "W_s", "latency_s"))
+        if w is None and _num(s.get("W_ms")) is not None:
+            w = _num(s["W_ms"]) / 1000.0  # type: ignore[operator]
         length = _num(_first(s, "L", "l", "in_system", "concurrency"))
         if length is None and lam is not None and w is not None:
             length = lam * w
@@ -438,7 +440,8 @@ def snapshot_from_object(
 
 # -- saved results ------------------------------------------------------------
 SERIES_KEYS = ("timeline", "series", "history", "snapshots", "samples", "steps", "trace", "points")
-NAME_KEYS = ("name", "policy", "label", "scenario", "id")
+NAME_KEYS = ("name", "policy", "placement", "label", "scenario", "id")
+RESULT_LIST_KEYS = ("results", "runs", "reports")
 DECISION_KEYS = ("decisions", "events", "scaling_events")
 
 
@@ -536,7 +539,7 @@ def history_from_result(data: Any, label: str = "result", max_points: int = 2000
     `normalize_snapshot`; a series longer than `max_points` is thinned evenly (first and last kept).
     Decisions: a list under decisions|events|scaling_events next to the
     series. The run's scalar fields (nested two levels) become the card's summary table. With no
-    series at all, one card shows the document's summary numbers only.
+    series at all, see `_static_results` (one card per result, summary plus one snapshot).
     Card names: the container's name|policy|label|scenario|id, else the last key of its JSON path
     (`disagg evaluate`: {"policies": {"disagg": {..., "timeline": [...]}}} -> "disagg"); namespace =
     `label`. A document-wide `slo` and `gpu_budget` (top level or under "settings") fill items lacking them.
@@ -546,15 +549,10 @@ def history_from_result(data: Any, label: str = "result", max_points: int = 2000
         raise ValueError(f"{label}: expected a JSON object or array, got {type(data).__name__}")
     runs: list[tuple[str, Mapping[str, Any], list]] = []
     _find_runs(data, "", 3, runs)
-    if not runs:
-        summary = _scalars(data) if isinstance(data, Mapping) else {}
-        name = _run_name("", data, 0) if isinstance(data, Mapping) else "result"
-        h.set_summary(label, name, summary)
-        top = data if isinstance(data, Mapping) else {}
-        if isinstance(top.get("replicas") or top.get("pools"), Mapping):
-            h.record(label, name, {"t": 0, **top})
-        return h
     defaults = _defaults(data)
+    if not runs:
+        _static_results(h, data, label, defaults)
+        return h
     seen: dict[str, int] = {}
     for i, (path, container, series) in enumerate(runs):
         name = _run_name(path, container, i)
@@ -577,6 +575,38 @@ def history_from_result(data: Any, label: str = "result", max_points: int = 2000
                         h.record_decision(label, name, nd["time"], nd["reason"], nd["outputs"], nd["message"])
                 break
     return h
+
+
+def _static_results(h: History, data: Any, label: str, defaults: Mapping[str, Any]) -> None:
+    """No time series: one card per result (a list under results|runs|reports, else the document).
+
+    Each card gets the result's scalars as its summary and, when it has pool counts
+    (replicas|pools, counts or {replicas|workers: n}), one snapshot at t = horizon_s (else 0) with
+    its pools and stages (`disagg simulate --output json`).
+    """
+    results: list[Any] = []
+    if isinstance(data, Mapping):
+        for k in RESULT_LIST_KEYS:
+            v = data.get(k)
+            if isinstance(v, list) and v and all(isinstance(x, Mapping) for x in v):
+                results = v
+                break
+        else:
+            results = [data]
+    else:
+        results = [x for x in data if isinstance(x, Mapping)]
+    seen: dict[str, int] = {}
+    for i, r in enumerate(results):
+        name = _run_name("", r, i) if len(results) > 1 or any(k in r for k in NAME_KEYS) else "result"
+        if name in seen:
+            seen[name] += 1
+            name = f"{name}-{seen[name]}"
+        else:
+            seen[name] = 0
+        h.set_summary(label, name, _scalars(r))
+        if _counts(_first(r, "replicas", "pools")):
+            t = _num(_first(r, "t", "time", "horizon_s")) or 0.0
+            h.record(label, name, {**defaults, **r, "t": t})
 
 
 def load_result(path: str | Path) -> History:
