@@ -1,0 +1,633 @@
+"""The emulated fleet: the simulator's stage logic, one emulated engine per pod, per-pod metric state.
+
+Clock-free like `disagg.sim`: every method takes ``now`` (seconds, any origin,
+non-decreasing). `disagg.emulator.driver` feeds it the wall clock; tests feed it
+a fake one. Each DisaggDeployment gets a `DeploymentEmulator`, a subclass of
+the simulator's `Cluster` (the same workers, KV links, routing, reservations and
+failure policy); each routable pod is one of its workers. The subclass only
+observes: it records what a real engine on that pod would export (TTFT at the
+first token, every inter-token gap, queue waits, prompt tokens at admission,
+KV transfers) into a `PodStats` per pod.
+
+Pure: the standard library, numpy (through the simulator) and disagg modules only.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections import deque
+from dataclasses import dataclass, field
+from heapq import heappop
+
+from disagg.model import StageModels
+from disagg.sim.core import INF, WAITING, Job, StageStats
+from disagg.sim.engine import Cluster, SimConfig
+from disagg.sim.workers import (
+    COLOCATED,
+    DECODE,
+    ENCODER,
+    HYBRID,
+    PREFILL,
+    STEPPING,
+    FcfsWorker,
+    ServeWorker,
+)
+from disagg.workload import Request
+
+POOLS = (ENCODER, PREFILL, DECODE, COLOCATED)
+
+# Bucket upper bounds (seconds / tokens). Chosen to resolve the worked example:
+# 6,000-token prompt, ~230 ms prefill, ~95 ms transfer, 45 ms decode step, ~370 ms TTFT.
+TTFT_BUCKETS = (
+    0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0,
+    1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.02, 0.03, 0.04, 0.045, 0.05, 0.06, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3,
+    0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+)  # fmt: skip
+E2E_BUCKETS = (
+    0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
+)  # fmt: skip
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+XFER_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
+TOKEN_BUCKETS = tuple(16 * 2**k for k in range(14))  # 16 .. 131072
+
+
+class Hist:
+    """A cumulative-on-export histogram that takes n equal observations at once."""
+
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # last: above the top bound
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, v: float, n: int = 1) -> None:
+        self.counts[bisect_left(self.bounds, v)] += n
+        self.sum += v * n
+        self.count += n
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out = []
+        acc = 0
+        for b, c in zip(self.bounds, self.counts, strict=False):
+            acc += c
+            out.append((_fmt(b), acc))
+        out.append(("+Inf", self.count))
+        return out
+
+
+def _fmt(b: float) -> str:
+    return str(float(b))
+
+
+class PodStats:
+    """What one emulated engine exports (its histograms and counters)."""
+
+    __slots__ = (
+        "e2e",
+        "gen_tokens",
+        "gen_total",
+        "itl",
+        "lost",
+        "prompt_tokens",
+        "prompt_total",
+        "queue",
+        "success",
+        "ttft",
+        "xfer_bytes",
+        "xfer_failed",
+        "xfer_time",
+    )
+
+    def __init__(self) -> None:
+        self.ttft = Hist(TTFT_BUCKETS)
+        self.itl = Hist(ITL_BUCKETS)
+        self.e2e = Hist(E2E_BUCKETS)
+        self.queue = Hist(QUEUE_BUCKETS)
+        self.prompt_tokens = Hist(TOKEN_BUCKETS)
+        self.gen_tokens = Hist(TOKEN_BUCKETS)
+        self.xfer_time = Hist(XFER_BUCKETS)
+        self.prompt_total = 0
+        self.gen_total = 0
+        self.success = 0
+        self.xfer_bytes = 0.0
+        self.xfer_failed = 0
+        self.lost = 0
+
+
+class _TapStage:
+    """Stands in for a worker's shared `StageStats`: forwards, and records queue waits on the pod."""
+
+    __slots__ = ("hist", "inner")
+
+    def __init__(self, inner: StageStats, hist: Hist) -> None:
+        self.inner = inner
+        self.hist = hist
+
+    def enter(self, now: float, queued: bool = True) -> None:
+        self.inner.enter(now, queued)
+
+    def start(self, now: float, wait: float) -> None:
+        self.inner.start(now, wait)
+        self.hist.observe(wait)
+
+    def unqueue(self, now: float) -> None:
+        self.inner.unqueue(now)
+
+    def leave(self, now: float, sojourn: float) -> None:
+        self.inner.leave(now, sojourn)
+
+    def close(self, now: float) -> None:
+        self.inner.close(now)
+
+
+class EmulatedPod:
+    """One pod's emulated engine: the simulator worker plus the pod's identity and metric state."""
+
+    __slots__ = (
+        "added",
+        "deployment",
+        "draining",
+        "last_tok",
+        "model_name",
+        "name",
+        "namespace",
+        "owner",
+        "pool",
+        "seg_k",
+        "seg_t",
+        "stats",
+        "uid",
+        "worker",
+    )
+
+    def __init__(self, owner: DeploymentEmulator, pool: str, name: str, uid: str, worker, now: float) -> None:
+        self.owner = owner
+        self.namespace = owner.namespace
+        self.deployment = owner.name
+        self.model_name = owner.model_name
+        self.pool = pool
+        self.name = name
+        self.uid = uid
+        self.worker = worker
+        self.added = now
+        self.draining = False
+        self.stats = PodStats()
+        self.seg_t = -INF  # t_base of the decode segment whose tokens are being accounted
+        self.seg_k = 0  # steps of that segment already accounted
+        self.last_tok = -INF  # time of the last token emitted to sequences that already had one
+
+    @property
+    def labels(self) -> tuple[str, str, str, str, str]:
+        return (self.namespace, self.deployment, self.pool, self.name, self.model_name)
+
+    # -- gauges (read at scrape time)
+    def running(self) -> int:
+        w = self.worker
+        if isinstance(w, FcfsWorker):
+            n = len(w.sends)
+            if w.cur is not None and w.cur not in w.sends:
+                n += 1
+            return n
+        return len(w.batch) + (w.pf_job is not None)
+
+    def waiting(self) -> int:
+        w = self.worker
+        if isinstance(w, FcfsWorker):
+            return len(w.queue)
+        return len(w.waiting) + len(w.pq)
+
+    def in_flight(self) -> int:
+        return self.owner.in_flight(self.worker)
+
+    def pending_kv_sends(self) -> int:
+        return self.owner.pending_kv_sends(self.worker)
+
+    def kv_usage(self) -> float:
+        """Share of the KV capacity held, in sequences per slot (0..1)."""
+        w = self.worker
+        slots = self.owner.slots
+        if isinstance(w, FcfsWorker):
+            held = self.running()
+        else:
+            held = len(w.batch) + len(w.waiting) + w.incoming + (w.pf_job is not None)
+        return min(1.0, held / slots) if slots else 0.0
+
+    # -- token accounting of a decode/colocated worker
+    def flush_tokens(self, now: float, final: bool = False) -> None:
+        """Account every decode step completed up to `now` (``final``: the worker's event at `now`).
+
+        Sequences in the batch emit one token per step; a sequence's first token
+        is its TTFT, each later one an inter-token gap. Steps inside a segment
+        (between two events of the worker) all have the same length, so gaps are
+        recorded in bulk; the first gap of a segment spans whatever came before
+        (a stall for a local prefill, a longer or shorter step).
+        """
+        w = self.worker
+        mode = w.mode
+        if mode != STEPPING and mode != HYBRID:
+            return
+        d = w.d
+        if d <= 0:
+            return
+        tb = w.t_base
+        if self.seg_t != tb:
+            self.seg_t = tb
+            self.seg_k = 0
+        if mode == HYBRID:
+            k = 1 if final or now >= tb + d - 1e-9 else 0
+        else:
+            if final:
+                k = round((now - tb) / d)
+            else:
+                k = int((now - tb) / d + 1e-9)
+                if w.next_time < INF:
+                    k = min(k, round((w.next_time - tb) / d))
+        new = k - self.seg_k
+        if new <= 0:
+            return
+        st = self.stats
+        batch = w.batch
+        n_all = len(batch)
+        if self.seg_k == 0:
+            t1 = tb + d
+            n_new = 0
+            for _, _, j in batch:
+                if abs(j.t_first - t1) < 1e-9:
+                    n_new += 1
+                    ttft = j.t_first - j.arrival
+                    st.ttft.observe(ttft)
+                    self.owner.on_first_token(j, ttft)
+            n_old = n_all - n_new
+            if n_old:
+                st.itl.observe(t1 - self.last_tok, n_old)
+            if new > 1:
+                st.itl.observe(d, n_all * (new - 1))
+        else:
+            st.itl.observe(d, n_all * new)
+        st.gen_total += n_all * new
+        self.last_tok = tb + k * d
+        self.seg_k = k
+
+
+class DeploymentEmulator(Cluster):
+    """The simulator's `Cluster` for one DisaggDeployment, with one worker per routable pod."""
+
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        models: StageModels,
+        *,
+        placement: str = "disaggregated",
+        split_threshold: int = 2048,
+        chunked: bool = False,
+        failure_prob: float = 0.0,
+        model_name: str = "emulated",
+        engine: str = "vllm",
+        max_queue: int = 1000,
+        seed: int = 0,
+        now: float = 0.0,
+    ) -> None:
+        cfg = SimConfig(
+            placement=placement,
+            prefill=1,
+            decode=1,
+            colocated=1,
+            split_threshold=split_threshold,
+            chunked=chunked,
+            failure_prob=failure_prob,
+            ttft_ms=None,
+            itl_ms=None,
+            seed=seed,
+        )
+        super().__init__(models, cfg, now)
+        for w in list(self.workers):  # pods bring the workers; start empty
+            self.remove_worker(w, now)
+        self.namespace = namespace
+        self.name = name
+        self.model_name = model_name
+        self.engine = engine
+        self.max_queue = max_queue
+        self.pod_of: dict = {}  # worker -> EmulatedPod
+        self.rejected = 0
+        self.ttfts: list[float] = []
+        self.first_tokens = 0
+
+    # -- pods
+    def add_pod(self, pool: str, name: str, uid: str, now: float) -> EmulatedPod:
+        self.advance(now)
+        w = self.add_worker(pool, now)
+        w.name = name
+        pod = EmulatedPod(self, pool, name, uid, w, now)
+        if isinstance(w, FcfsWorker):
+            w.stage = _TapStage(w.stage, pod.stats.queue)
+        else:
+            w.kv_stage = _TapStage(w.kv_stage, pod.stats.queue)
+            w.pf_stage = _TapStage(w.pf_stage, pod.stats.queue)
+        self.pod_of[w] = pod
+        self._retry_unplaced(now)  # work queued at the front door before the worker existed
+        return pod
+
+    def set_pod_draining(self, pod: EmulatedPod, draining: bool, now: float) -> None:
+        self.advance(now)
+        pod.draining = draining
+        self.set_draining(pod.worker, draining, now)
+
+    def remove_pod(self, pod: EmulatedPod, now: float) -> list[Job]:
+        """The pod is gone: what it held is lost (counted on the pod)."""
+        self.advance(now)
+        if isinstance(pod.worker, ServeWorker):
+            pod.flush_tokens(now)
+        lost = self.remove_worker(pod.worker, now)
+        pod.stats.lost += len(lost)
+        self.pod_of.pop(pod.worker, None)
+        return lost
+
+    def pods(self) -> list[EmulatedPod]:
+        return list(self.pod_of.values())
+
+    def live(self, pool: str | None = None) -> bool:
+        return any(not p.draining and (pool is None or p.pool == pool) for p in self.pod_of.values())
+
+    # -- front door
+    def front_door(self) -> int:
+        return sum(1 for what, j in self.unplaced if what != "send" and j.state == WAITING)
+
+    def offer(self, req: Request, now: float) -> Job | None:
+        """A request arrives; None if the front-door queue is full (rejected)."""
+        self.advance(now)
+        if self.unplaced and self.front_door() >= self.max_queue:
+            self.rejected += 1
+            return None
+        return self.submit(req, now)
+
+    # -- driver
+    def advance(self, now: float) -> list[Job]:
+        """`Cluster.advance`, with the decode workers' tokens accounted just before each of their events."""
+        heap = self.heap
+        out = self._out = []
+        touch = self._touch
+        pods = self.pod_of
+        while heap and heap[0][0] <= now:
+            t, _, ver, c = heappop(heap)
+            if ver != c.ver:
+                continue
+            c.sched = INF
+            self.now = t
+            if c.__class__ is ServeWorker:
+                p = pods.get(c)
+                if p is not None:
+                    p.flush_tokens(t, final=True)
+            c.advance(t)
+            touch(c)
+        if now > self.now:
+            self.now = now
+        return out
+
+    def flush(self, now: float) -> None:
+        """Account decode tokens emitted up to `now` (before a scrape)."""
+        self.advance(now)
+        for p in self.pod_of.values():
+            if isinstance(p.worker, ServeWorker):
+                p.flush_tokens(now)
+
+    # -- host callbacks (observe, then defer to the simulator)
+    def _to_prefill(self, job: Job, now: float) -> None:
+        n = len(self.unplaced)
+        super()._to_prefill(job, now)
+        if len(self.unplaced) == n:  # admitted to a worker now
+            pod = self.pod_of.get(job.pw)
+            if pod is not None:
+                st = pod.stats
+                st.prompt_tokens.observe(job.prompt)
+                st.prompt_total += job.prompt
+
+    def tx_done(self, link, unit, now: float) -> None:
+        job = unit.job
+        if unit.attempt == job.attempt and job.state == WAITING and job.dst is not None:
+            pod = self.pod_of.get(job.dst)
+            if pod is not None:
+                st = pod.stats
+                st.xfer_time.observe(now - unit.t0)
+                if unit.fails:
+                    st.xfer_failed += 1
+                else:
+                    st.xfer_bytes += unit.nbytes
+        super().tx_done(link, unit, now)
+
+    def serve_done(self, worker, job: Job, now: float) -> None:
+        super().serve_done(worker, job, now)
+        pod = self.pod_of.get(worker)
+        if pod is not None:
+            st = pod.stats
+            st.e2e.observe(now - job.arrival)
+            st.gen_tokens.observe(job.output)
+            st.success += 1
+
+    def on_first_token(self, job: Job, ttft: float) -> None:
+        self.first_tokens += 1
+
+
+@dataclass
+class GonePod:
+    """A deleted pod: only its lost-requests counter is still exported (for `retention_s`)."""
+
+    labels: tuple[str, str, str, str, str]
+    lost: int
+    engine: str
+    t_gone: float
+
+
+@dataclass
+class Fleet:
+    """Every emulated deployment; routes requests to deployments and keeps the run's totals."""
+
+    max_queue: int = 1000
+    gone_retention_s: float = 600.0
+    deployments: dict = field(default_factory=dict)  # (namespace, name) -> DeploymentEmulator
+    pods: dict = field(default_factory=dict)  # (namespace, pod name, uid) -> EmulatedPod
+    gone: list = field(default_factory=list)
+    pending: deque = field(default_factory=deque)  # requests before any deployment is known
+    pods_seen: dict = field(default_factory=lambda: {p: 0 for p in POOLS})
+    generated: int = 0
+    rejected: int = 0
+    lost: int = 0
+    lost_by_pod: dict = field(default_factory=dict)
+    _rr: int = 0
+
+    def deployment(self, namespace: str, name: str) -> DeploymentEmulator | None:
+        return self.deployments.get((namespace, name))
+
+    def add_deployment(self, dep: DeploymentEmulator, now: float) -> DeploymentEmulator:
+        self.deployments[(dep.namespace, dep.name)] = dep
+        while self.pending:
+            req = self.pending.popleft()
+            self._offer(dep, req, now)
+        return dep
+
+    def add_pod(self, dep: DeploymentEmulator, pool: str, name: str, uid: str, now: float) -> EmulatedPod:
+        pod = dep.add_pod(pool, name, uid, now)
+        self.pods[(dep.namespace, name, uid)] = pod
+        self.pods_seen[pool] = self.pods_seen.get(pool, 0) + 1
+        return pod
+
+    def remove_pod(self, pod: EmulatedPod, now: float) -> int:
+        lost = pod.owner.remove_pod(pod, now)
+        self.pods.pop((pod.namespace, pod.name, pod.uid), None)
+        self.lost += len(lost)
+        key = f"{pod.namespace}/{pod.name}"
+        self.lost_by_pod[key] = self.lost_by_pod.get(key, 0) + len(lost)
+        self.gone.append(GonePod(pod.labels, pod.stats.lost, pod.owner.engine, now))
+        return len(lost)
+
+    def expire_gone(self, now: float) -> None:
+        if self.gone:
+            self.gone = [g for g in self.gone if now - g.t_gone < self.gone_retention_s]
+
+    # -- requests
+    def offer(self, req: Request, now: float) -> Job | None:
+        """Route one arriving request to a deployment (round robin over those with routable pods)."""
+        self.generated += 1
+        deps = list(self.deployments.values())
+        if not deps:
+            if len(self.pending) >= self.max_queue:
+                self.rejected += 1
+                return None
+            self.pending.append(req)
+            return None
+        live = [d for d in deps if d.live()] or deps
+        dep = live[self._rr % len(live)]
+        self._rr += 1
+        return self._offer(dep, req, now)
+
+    def _offer(self, dep: DeploymentEmulator, req: Request, now: float) -> Job | None:
+        job = dep.offer(req, now)
+        if job is None:
+            self.rejected += 1
+        return job
+
+    # -- driver
+    def next_event_time(self) -> float:
+        t = INF
+        for d in self.deployments.values():
+            x = d.next_event_time()
+            if x < t:
+                t = x
+        return t
+
+    def advance(self, now: float) -> None:
+        for d in self.deployments.values():
+            d.advance(now)
+
+    def flush(self, now: float) -> None:
+        for d in self.deployments.values():
+            d.flush(now)
+        self.expire_gone(now)
+
+    def live_pods(self) -> list[EmulatedPod]:
+        return list(self.pods.values())
+
+    # -- summary
+    def summary(self) -> dict:
+        import numpy as np
+
+        completed = failed = submitted = unfinished = queued = 0
+        ttft: list = []
+        itl: list = []
+        for d in self.deployments.values():
+            completed += d.completed
+            failed += d.failed
+            submitted += d.submitted
+            ttft.extend(d.r_ttft)
+            itl.extend(d.r_itl)
+            queued += d.front_door()
+        unfinished = submitted - completed - failed - self.lost
+        queued += len(self.pending)
+
+        def pct(xs: list) -> dict:
+            if not xs:
+                return {"p50": None, "p90": None, "p99": None}
+            a = np.asarray(xs, dtype=float)
+            return {f"p{q}": float(np.percentile(a, q)) for q in (50, 90, 99)}
+
+        return {
+            "requests": {
+                "generated": self.generated,
+                "completed": completed,
+                "lost": self.lost,
+                "rejected": self.rejected,
+                "failed": failed,
+                "unfinished": max(0, unfinished) + len(self.pending),
+                "front_door_queued": queued,
+            },
+            "ttft_s": pct(ttft),
+            "itl_s": pct(itl),
+            "pods_seen": dict(self.pods_seen),
+            "lost_by_pod": dict(self.lost_by_pod),
+        }
+
+
+def format_summary(s: dict) -> str:
+    r = s["requests"]
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None or not math.isfinite(x) else f"{x * 1000:.0f}ms"
+
+    t, i = s["ttft_s"], s["itl_s"]
+    pods = " ".join(f"{k}={v}" for k, v in s["pods_seen"].items() if v)
+    return (
+        f"emulator summary: generated={r['generated']} completed={r['completed']} lost={r['lost']} "
+        f"rejected={r['rejected']} failed={r['failed']} unfinished={r['unfinished']} "
+        f"ttft p50/p90/p99={ms(t['p50'])}/{ms(t['p90'])}/{ms(t['p99'])} "
+        f"itl p50/p90/p99={ms(i['p50'])}/{ms(i['p90'])}/{ms(i['p99'])} pods seen: {pods or 'none'}"
+    )
+
+
+def from_spec(
+    namespace: str,
+    name: str,
+    spec: dict,
+    *,
+    engine: str | None = None,
+    chunked: bool = False,
+    failure_prob: float = 0.0,
+    max_queue: int = 1000,
+    seed: int = 0,
+    now: float = 0.0,
+) -> DeploymentEmulator:
+    """A `DeploymentEmulator` for a DisaggDeployment spec (camelCase dict, as stored by the API server).
+
+    Service models come from ``spec.pools.<pool>.serviceModel`` and ``spec.kvTransfer``;
+    ``placement.splitThresholdTokens: auto`` uses the planner's threshold for the spec's SLO.
+    """
+    from disagg import api
+
+    s = api.parse_spec(spec)
+    models = api.stage_bundle(s)
+    threshold = s.placement.split_threshold_tokens
+    if threshold == "auto":
+        from disagg import planner
+
+        threshold = planner.split_threshold_tokens(
+            models, planner.SLO(s.slo.ttft_seconds, s.slo.itl_seconds, s.slo.percentile)
+        )
+    return DeploymentEmulator(
+        namespace,
+        name,
+        models,
+        placement=s.placement.mode,
+        split_threshold=max(0, min(int(threshold), 10_000_000)),
+        chunked=chunked,
+        failure_prob=failure_prob,
+        model_name=s.model,
+        engine=engine or s.engine,
+        max_queue=max_queue,
+        seed=seed,
+        now=now,
+    )
