@@ -90,6 +90,7 @@ class EvalSettings:
     hpa_target: float = 0.7
     hpa_tolerance: float = 0.1
     headroom_z: float = 1.645  # disagg: plan for rate + z x Poisson std of the windowed rate
+    backlog_drain_s: float = 60.0  # disagg: size to clear the observed queue within this time
     timeline_points: int = 300
     seed: int = 0
 
@@ -207,6 +208,8 @@ class Obs:
     requested: dict[str, int]
     pending: dict[str, int]
     ttft_p: float | None
+    queued: int = 0  # requests waiting for a prefill worker or a decode slot (num_requests_waiting)
+    rate_short: float | None = None  # arrival rate over the last scrape interval only
     metrics_ok: bool = True
 
     def demand(self, rate: float | None = None) -> Demand:
@@ -309,10 +312,18 @@ class DisaggPolicy(Policy):
         self.state = PolicyState()
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
-        self.state = observe_rate(self.state, o.now, o.rate, self.cfg)
+        rate = o.rate
+        if o.rate_short is not None:
+            # fast attack: trust the last scrape interval's rate when its lower confidence
+            # bound is above the window's rate (a significant step up, not noise)
+            lcb = o.rate_short - self.s.headroom_z * math.sqrt(o.rate_short / self.s.scrape_s)
+            rate = max(rate, lcb)
+        self.state = observe_rate(self.state, o.now, rate, self.cfg)
         f = forecast_rate(self.state, o.now, self.cfg) or 0.0
         # counting uncertainty of a rate measured over the window (Poisson: var = rate / window)
         f_hi = f + self.s.headroom_z * math.sqrt(max(f, 0.0) / self.s.window_s)
+        # a backlog (requests already queued) needs capacity beyond the arrival rate to clear
+        f_hi += o.queued / self.s.backlog_drain_s
         planned = self._plan(o.demand(f_hi), self.s.gpu_budget)
         floor = None
         if self.s.gpu_budget is not None:
@@ -482,6 +493,16 @@ class _Loop:
         self.lost_removed = 0
         self.busy_prev: dict[Any, float] = {}
         self.t_prev_util = 0.0
+        self.queue_samples: list[tuple[float, int]] = []
+
+    def queued(self) -> int:
+        cl = self.cl
+        n = len(cl.unplaced)
+        for w in cl.pools["prefill"]:
+            n += len(w.queue)
+        for w in cl.pools["decode"]:
+            n += len(w.waiting)
+        return n
 
     # ---- bookkeeping
     def _integrate(self, now: float) -> None:
@@ -646,6 +667,7 @@ def run_policy(
     n = len(arrival)
     jobs: list[Job] = []
     ttft_target = s.slo.ttft_s
+    lp.push(s.scrape_s, "scrape")
     lp.push(s.interval_s, "tick")
     timeline: list[dict[str, Any]] = []
     done_i = 0
@@ -676,6 +698,10 @@ def run_policy(
         elif kind == "drain":
             if lp.draining and not any(c[2] == "drain" for c in lp.ctrl):
                 lp._poll_drains(t)
+        elif kind == "scrape":
+            lp.queue_samples = [*lp.queue_samples[-3:], (t, lp.queued())]
+            if i < n or cl.next_event_time() != INF:
+                lp.push(t + s.scrape_s, "scrape")
         elif kind == "tick":
             # completions since the last tick, for the TTFT histogram
             while done_i < len(cl.r_done):
@@ -698,6 +724,8 @@ def run_policy(
                 requested=lp.requested(),
                 pending=dict(lp.waiting),
                 ttft_p=_hist_quantile([x[1] for x in ttft_window if x[0] < ts], s.slo.percentile),
+                rate_short=pre.stats(ts - s.scrape_s, ts)[0] / s.scrape_s,
+                queued=next((q for tq, q in reversed(lp.queue_samples) if tq <= ts + 1e-9), 0),
             )
             targets, _reason = pol.decide(obs)
             lp.apply(targets, t)
