@@ -578,15 +578,17 @@ class Cluster:
         link.start(unit, now, next(self._seq))
         self._touch(link)
 
-    def _abort_units(self, job: Job, now: float) -> None:
+    def _abort_units(self, job: Job, now: float, failed_unit: bool = False) -> None:
+        """Cancel the attempt's in-flight sends and clear its pending-chunk bookkeeping."""
         if job.units:
             for u in job.units:
                 link = self._link_of(job)
                 if link is not None:
                     link.cancel(u, now)
                     self._touch(link)
-        if job.units_left:
-            self.chunks_cleared += 1
+        cleared = job.units_left - (1 if failed_unit else 0)
+        if cleared > 0:
+            self.chunks_cleared += cleared
         job.units = None
         job.units_left = 0
 
@@ -597,7 +599,7 @@ class Cluster:
         """Failure path: clean up the attempt, then retry / re-prefill / fail by remaining TTFT budget."""
         self.tx_failures += 1
         self.cleanups += 1
-        self._abort_units(job, now)
+        self._abort_units(job, now, failed_unit=True)
         job.attempt += 1
         running = job.t_pf_end > now  # chunked: the prefill is still producing KV
         ready = job.t_pf_end if running else now
