@@ -313,7 +313,7 @@ def build_snapshot(
         res = results.get(q.name)
         try:
             if isinstance(res, Exception):
-                raise MetricError(q.name, "missing", f"query failed: {res}")
+                raise MetricError(q.name, "missing", f"query failed: {type(res).__name__}: {res}"[:300])
             if q.kind == "scalar":
                 snap.values[q.name] = parse_scalar(res, q.name)
             elif q.kind == "buckets":

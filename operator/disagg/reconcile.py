@@ -26,6 +26,9 @@ CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget")
 
 _locks: dict[tuple[str, str], asyncio.Lock] = {}
 
+# The autoscaler's latest targets per DisaggDeployment (shown as status.pools.*.desiredReplicas).
+DESIRED: dict[tuple[str, str], dict[str, int]] = {}
+
 
 def lock_for(namespace: str, name: str) -> asyncio.Lock:
     """One lock per DisaggDeployment: reconciliation, status and autoscaling never interleave."""
@@ -179,7 +182,10 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], replicas: Mapping[str, 
         if status.needs_admission(pod):
             await admit(kube, pod)
 
-    pools = status.pool_status(spec, deployments, children["Pod"], want)
+    desired = dict(want)
+    if spec.autoscaling.enabled:
+        desired.update({k: v for k, v in DESIRED.get((ns, name), {}).items() if k in desired})
+    pools = status.pool_status(spec, deployments, children["Pod"], desired)
     conds = status.merge_conditions(
         (body.get("status") or {}).get("conditions"),
         [

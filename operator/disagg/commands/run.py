@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,6 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="127.0.0.1",
         help="address the HTTP endpoints listen on (default 127.0.0.1; 0.0.0.0 in a pod)",
     )
+    p.add_argument(
+        "--prometheus-url",
+        default=os.environ.get("DISAGG_PROMETHEUS_URL"),
+        help="Prometheus for DisaggDeployments that name none (default: $DISAGG_PROMETHEUS_URL)",
+    )
     p.add_argument("--no-autoscaler", action="store_true", help="reconcile only; never change pool sizes")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=run)
@@ -51,7 +57,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import logging
-    import os
 
     import kopf
 
@@ -68,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         "dashboard_port": args.dashboard_port,
         "bind": args.bind,
         "autoscaler": not args.no_autoscaler,
+        "prometheus_url": args.prometheus_url,
+        "namespaces": list(args.namespace),
     }
     try:
         import importlib

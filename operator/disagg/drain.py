@@ -1,0 +1,152 @@
+"""Safe drain: victim choice and the per-pod drain state machine (pure).
+
+A drain has three observable states, all persisted on the pod itself so that
+an operator restart resumes it:
+
+1. draining: annotation `disagg.dev/drain` = {"since", "deadline", "onTimeout"},
+   readiness gate `disagg.dev/routable` False (the pod leaves the Service's
+   endpoints; routers stop sending work), and
+   `controller.kubernetes.io/pod-deletion-cost` at the minimum, so the
+   ReplicaSet picks exactly this pod when its Deployment shrinks;
+2. removable: its in-flight requests and (prefill) pending KV sends read zero
+   from a fresh sample; a missing or stale sample is never read as zero;
+3. removing: the Deployment's replicas were lowered by one for it (annotation
+   gets "removing": <time>); the ReplicaSet deletes it. If the ReplicaSet
+   removed another pod instead, the victim is re-admitted.
+
+Timeout: `proceed` removes the pod anyway (an Event says how much work it had),
+`readmit` makes it routable again and cancels that part of the scale-down.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from disagg.status import ANNOTATION_DRAIN, is_draining, pod_condition
+
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+MIN_DELETION_COST = "-2147483648"
+
+
+@dataclass(frozen=True)
+class DrainRecord:
+    since: float
+    deadline: float
+    on_timeout: str  # proceed | readmit
+    removing: float | None = None
+
+    def to_annotation(self) -> str:
+        d: dict[str, Any] = {
+            "since": round(self.since, 3),
+            "deadline": round(self.deadline, 3),
+            "onTimeout": self.on_timeout,
+        }
+        if self.removing is not None:
+            d["removing"] = round(self.removing, 3)
+        return json.dumps(d, sort_keys=True)
+
+    @classmethod
+    def from_pod(cls, pod: Mapping[str, Any]) -> DrainRecord | None:
+        raw = (pod.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_DRAIN)
+        if not raw:
+            return None
+        try:
+            d = json.loads(raw)
+            return cls(
+                float(d["since"]),
+                float(d["deadline"]),
+                str(d.get("onTimeout", "readmit")),
+                float(d["removing"]) if d.get("removing") is not None else None,
+            )
+        except (ValueError, KeyError, TypeError):
+            # A damaged record: treat as an expired drain that re-admits (never stuck unroutable).
+            return cls(0.0, 0.0, "readmit")
+
+
+def is_active(pod: Mapping[str, Any]) -> bool:
+    """Present, not being deleted, and not failed."""
+    return not pod["metadata"].get("deletionTimestamp") and pod.get("status", {}).get("phase") not in (
+        "Failed",
+        "Succeeded",
+    )
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    return pod.get("status", {}).get("phase") == "Running" and pod_condition(pod, "Ready") == "True"
+
+
+def choose_victims(
+    pods: Sequence[Mapping[str, Any]], in_flight: Mapping[str, float | None], n: int
+) -> list[str]:
+    """The `n` pods a scale-down should drain.
+
+    Already-draining pods are not candidates. Pods that hold no work for sure come
+    first (pending or not yet routable), then running pods by least in-flight work; a pod
+    whose in-flight count is unknown ranks last. Ties go to the youngest pod.
+    """
+    if n <= 0:
+        return []
+    cands = [p for p in pods if is_active(p) and not is_draining(p)]
+
+    def key(p: Mapping[str, Any]) -> tuple:
+        name = p["metadata"]["name"]
+        running = p.get("status", {}).get("phase") == "Running"
+        routable = pod_condition(p, "disagg.dev/routable") == "True"
+        work = in_flight.get(name)
+        created = p["metadata"].get("creationTimestamp") or ""
+        idle_for_sure = not running or not routable
+        return (0 if idle_for_sure else 1, work is None, work or 0.0, _neg(created), name)
+
+    return [p["metadata"]["name"] for p in sorted(cands, key=key)[:n]]
+
+
+def _neg(ts: str) -> tuple:
+    # Younger first: invert the ISO timestamp ordering.
+    return tuple(-ord(c) for c in ts)
+
+
+@dataclass(frozen=True)
+class DrainAction:
+    pod: str
+    action: str  # wait | remove | readmit | timeout_proceed | verify
+    detail: str = ""
+
+
+def next_action(
+    pod: Mapping[str, Any],
+    record: DrainRecord,
+    in_flight: float | None,
+    now: float,
+) -> DrainAction:
+    """What to do with one draining pod now."""
+    name = pod["metadata"]["name"]
+    if record.removing is not None:
+        return DrainAction(name, "verify", "waiting for the ReplicaSet to remove it")
+    if in_flight is not None and in_flight <= 0:
+        return DrainAction(name, "remove", "no work in flight")
+    if now >= record.deadline:
+        work = "unknown (no fresh metrics)" if in_flight is None else f"{in_flight:g} in flight"
+        if record.on_timeout == "proceed":
+            return DrainAction(name, "timeout_proceed", f"drain timed out with {work}; removing anyway")
+        return DrainAction(name, "readmit", f"drain timed out with {work}; re-admitted")
+    work = "unknown (no fresh metrics)" if in_flight is None else f"{in_flight:g} in flight"
+    return DrainAction(name, "wait", work)
+
+
+def removal_blocker(pool_pods: Sequence[Mapping[str, Any]], victims: set[str]) -> str | None:
+    """Why lowering the Deployment's replicas now could remove the wrong pod, if it could.
+
+    The ReplicaSet deletes unscheduled, then pending, then not-ready pods before it reads
+    the deletion cost: every non-victim pod must be running and ready (no rollout or
+    start-up in progress).
+    """
+    for p in pool_pods:
+        name = p["metadata"]["name"]
+        if name in victims or not is_active(p):
+            continue
+        if not is_ready(p):
+            return f"pod {name} is not ready yet"
+    return None

@@ -1,0 +1,47 @@
+"""Background services of `disagg run`: the operator's metrics endpoint, the dashboard and the
+autoscaling loop. Started from the Kopf startup handler, stopped by its cleanup handler."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from prometheus_client import start_http_server
+
+from disagg import loop, opmetrics
+
+log = logging.getLogger("disagg.runtime")
+
+
+async def start(state: Any) -> None:
+    opts = state.options
+    bind = opts.get("bind", "127.0.0.1")
+    namespaces = tuple(opts.get("namespaces") or ())
+    if opts.get("metrics_port"):
+        start_http_server(opts["metrics_port"], addr=bind, registry=opmetrics.REGISTRY)
+        log.info("operator metrics on http://%s:%s/metrics", bind, opts["metrics_port"])
+    if opts.get("dashboard_port"):
+        from disagg.dashboard.server import ClusterSource, bound_url, serve
+
+        source = ClusterSource(
+            state.kube, namespace=namespaces[0] if len(namespaces) == 1 else None, interval=2.0
+        )
+        runner = await serve(source, host=bind, port=opts["dashboard_port"])
+        log.info("dashboard on %s", bound_url(runner))
+
+        async def keep() -> None:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                await source.close()
+                await runner.cleanup()
+
+        state.tasks.append(asyncio.create_task(keep(), name="disagg-dashboard"))
+    if opts.get("autoscaler", True):
+        lo = loop.LoopOptions(
+            tick_s=float(opts.get("tick_s", 1.0)),
+            prometheus_url=opts.get("prometheus_url"),
+            namespaces=namespaces,
+        )
+        state.tasks.append(asyncio.create_task(loop.run_forever(state.kube, lo), name="disagg-autoscaler"))
