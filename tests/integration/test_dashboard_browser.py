@@ -100,7 +100,10 @@ class CDP:
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:
-            last = await self.eval(expression)
+            try:
+                last = await self.eval(expression)
+            except AssertionError as exc:  # e.g. no document.body yet right after navigating
+                last = str(exc)
             if last == expected:
                 return
             await asyncio.sleep(0.5)
@@ -217,7 +220,7 @@ def test_dashboard_shows_live_pools_and_follows_scaling(cluster, namespace, oper
                     mobile=False,
                 )
                 await cdp.send("Page.navigate", url=base + "?refresh=1")
-                await cdp.wait_for("document.body.dataset.updates > 0", True, 30, "first render")
+                await cdp.wait_for("Number(document.body.dataset.updates) > 0", True, 30, "first render")
                 await cdp.wait_for(pool_text(key, "prefill"), "1", 30, "prefill shows 1 replica")
                 await cdp.wait_for(pool_text(key, "decode"), "2", 30, "decode shows 2 replicas")
                 assert await cdp.eval(ratio_text(key)) == "1:2"
