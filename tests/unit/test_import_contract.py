@@ -30,9 +30,13 @@ PURE = [
     "disagg.sim",
     "disagg.workload",
     "disagg.crdgen",
+    "disagg.status",
+    "disagg.evaluate",
+    "disagg.dashboard.history",
 ]
 # Modules that must exist for the contract to mean something.
-REQUIRED = {"disagg.api", "disagg.model", "disagg.queueing", "disagg.builders"}
+REQUIRED = {"disagg.api", "disagg.model", "disagg.queueing", "disagg.planner", "disagg.policy", "disagg.builders",
+            "disagg.metrics", "disagg.drain", "disagg.sim", "disagg.workload", "disagg.status"}
 FORBIDDEN = (
     "kopf",
     "kubernetes",
