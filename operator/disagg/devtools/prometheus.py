@@ -154,3 +154,45 @@ class PrometheusServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a Prometheus in the foreground (for the demo): python -m disagg.devtools.prometheus ..."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m disagg.devtools.prometheus", description=main.__doc__)
+    ap.add_argument("--port", type=int, default=9090)
+    ap.add_argument("--scrape-interval", default="2s")
+    ap.add_argument("--workdir", help="data directory (default: a temporary one)")
+    ap.add_argument(
+        "--target", action="append", default=[], metavar="JOB=HOST:PORT", help="scrape target (repeatable)"
+    )
+    args = ap.parse_args(argv)
+    targets: dict[str, list[str]] = {}
+    for t in args.target:
+        job, _, addr = t.partition("=")
+        if not addr:
+            ap.error(f"--target wants JOB=HOST:PORT, got {t!r}")
+        targets.setdefault(job, []).append(addr)
+    srv = PrometheusServer(
+        targets, scrape_interval=args.scrape_interval, port=args.port, workdir=args.workdir
+    )
+    srv.start()
+    print(f"prometheus on {srv.url} scraping {targets}", flush=True)
+    stop = {"now": False}
+
+    def on_signal(*_: object) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        while not stop["now"] and srv.proc and srv.proc.poll() is None:
+            time.sleep(0.5)
+    finally:
+        srv.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
