@@ -1,0 +1,521 @@
+"""The EMULATOR without a cluster: fidelity to the worked example, drains, lost work, metrics, pod watching."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from disagg.emulator.driver import PodWatcher, WallClockDriver
+from disagg.emulator.fleet import DeploymentEmulator, Fleet
+from disagg.emulator.load import LoadGenerator, TokenDraw, parse_schedule
+from disagg.emulator.metrics import build_registry
+from disagg.model import StageModels
+from disagg.workload import Request
+
+INF = math.inf
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class ListLoad:
+    """A fixed list of requests (arrival times in emulated seconds)."""
+
+    def __init__(self, reqs: list[Request]) -> None:
+        self.reqs = sorted(reqs, key=lambda r: r.arrival_s)
+        self.i = 0
+
+    def next_arrival(self) -> float:
+        return self.reqs[self.i].arrival_s if self.i < len(self.reqs) else INF
+
+    def pop(self) -> Request:
+        self.i += 1
+        return self.reqs[self.i - 1]
+
+
+def fleet_with(prefill: int = 1, decode: int = 2, colocated: int = 0, engine: str = "vllm"):
+    fleet = Fleet()
+    dep = DeploymentEmulator(
+        "ns", "dep", StageModels(), placement="colocated" if colocated else "disaggregated", engine=engine
+    )
+    fleet.add_deployment(dep, 0.0)
+    pods = {}
+    for pool, n in (("prefill", prefill), ("decode", decode), ("colocated", colocated)):
+        for i in range(n):
+            pods[f"{pool}-{i}"] = fleet.add_pod(dep, pool, f"{pool}-{i}", f"uid-{pool}-{i}", 0.0)
+    return fleet, dep, pods
+
+
+def run_fake(driver: WallClockDriver, clock: FakeClock, until: float, dt: float = 0.01) -> None:
+    """Drive with a fake clock in steps of dt (what the asyncio loop does, without sleeping)."""
+    while driver.now() < until:
+        clock.t += dt
+        driver.step(driver.now())
+    driver.fleet.flush(driver.now())  # what a scrape does first
+
+
+def scrape(fleet: Fleet, now: float) -> dict[tuple[str, tuple], float]:
+    reg = build_registry(fleet, lambda: fleet.flush(now))
+    out = {}
+    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    total = 0.0
+    found = False
+    for (n, lv), v in samples.items():
+        if n == name and all(dict(lv).get(k) == x for k, x in labels.items()):
+            total += v
+            found = True
+    assert found, f"no sample {name} {labels}"
+    return total
+
+
+# ---------------------------------------------------------------------------- fidelity
+
+
+def test_worked_example_ttft_serial_on_idle_pools_fake_clock():
+    fleet, _dep, pods = fleet_with()
+    clock = FakeClock()
+    driver = WallClockDriver(fleet, ListLoad([Request(0.1, 6000, 400)]), clock=clock)
+    run_fake(driver, clock, 0.6)
+    st = sum((p.stats.ttft.count for p in pods.values()), 0)
+    assert st == 1
+    ttft = sum(p.stats.ttft.sum for p in pods.values())
+    assert ttft == pytest.approx(0.370, rel=0.10)  # 230 prefill + 95 transfer + 45 step
+    # by stage: prompt tokens on the prefill pod at admission, transfer and TTFT on the decode pod
+    assert pods["prefill-0"].stats.prompt_tokens.count == 1
+    assert pods["prefill-0"].stats.prompt_tokens.sum == 6000
+    dec = [p for n, p in pods.items() if n.startswith("decode") and p.stats.ttft.count]
+    assert len(dec) == 1
+    assert dec[0].stats.xfer_time.sum == pytest.approx(0.095, rel=0.05)
+    assert dec[0].stats.xfer_bytes == 6000 * 327680
+    # 400 tokens x 45 ms: done after ~0.1 + 0.37 + 399 * 0.045 s
+    run_fake(driver, clock, 18.6, dt=0.05)
+    d = dec[0].stats
+    assert d.success == 1
+    assert d.gen_tokens.sum == 400
+    assert d.itl.count == 399
+    assert d.itl.sum == pytest.approx(399 * 0.045, rel=1e-6)
+    assert d.gen_total == 400
+    assert d.e2e.sum == pytest.approx(0.370 + 399 * 0.045, rel=0.01)
+
+
+def test_worked_example_ttft_on_the_real_wall_clock():
+    """Short real run: the first token shows up ~370 ms of wall time after the arrival."""
+    fleet, _dep, pods = fleet_with()
+    driver = WallClockDriver(fleet, ListLoad([Request(0.05, 6000, 400)]), duration_s=1.0)
+    seen: list[float] = []
+
+    async def watch() -> None:
+        while not seen:
+            fleet.flush(driver.now())
+            if any(p.stats.ttft.count for p in pods.values()):
+                seen.append(driver.now())
+            await asyncio.sleep(0.005)
+
+    async def main() -> None:
+        w = asyncio.create_task(watch())
+        await driver.run()
+        await asyncio.wait_for(w, 1.0)
+
+    cpu0 = time.process_time()
+    asyncio.run(main())
+    assert seen and seen[0] - 0.05 == pytest.approx(0.370, rel=0.10)
+    ttft = sum(p.stats.ttft.sum for p in pods.values())
+    assert ttft == pytest.approx(0.370, rel=0.10)
+    assert time.process_time() - cpu0 < 0.9  # it sleeps, it does not spin
+
+
+def test_colocated_idle_ttft_is_prefill_plus_one_step():
+    fleet, _dep, pods = fleet_with(prefill=0, decode=0, colocated=1)
+    clock = FakeClock()
+    driver = WallClockDriver(fleet, ListLoad([Request(0.0, 6000, 10)]), clock=clock)
+    run_fake(driver, clock, 1.0)
+    p = pods["colocated-0"].stats
+    assert p.prompt_tokens.count == 1 and p.ttft.count == 1
+    assert p.ttft.sum == pytest.approx(0.230 + 0.045, rel=0.02)
+    assert p.itl.count == 9 and p.success == 1
+
+
+def test_token_accounting_matches_outputs_under_load():
+    """Every request: one TTFT, output-1 gaps, output tokens; prompt tokens counted at admission."""
+    fleet, dep, pods = fleet_with(prefill=2, decode=3)
+    rng = np.random.default_rng(3)
+    load = LoadGenerator(
+        [(0.0, 20.0)], TokenDraw(1500, 600, rng), TokenDraw(60, 30, rng), duration_s=10.0, rng=rng
+    )
+    reqs = []
+    while load.next_arrival() < INF:
+        reqs.append(load.pop())
+    clock = FakeClock()
+    driver = WallClockDriver(fleet, ListLoad(reqs), clock=clock)
+    run_fake(driver, clock, 40.0, dt=0.02)
+    st = [p.stats for p in pods.values()]
+    assert sum(s.success for s in st) == len(reqs) == dep.completed
+    assert sum(s.ttft.count for s in st) == len(reqs)
+    assert sum(s.itl.count for s in st) == sum(r.output_tokens - 1 for r in reqs)
+    assert sum(s.gen_total for s in st) == sum(r.output_tokens for r in reqs)
+    assert sum(s.prompt_tokens.count for s in st) == len(reqs)
+    assert sum(s.prompt_total for s in st) == sum(r.prompt_tokens for r in reqs)
+    assert all(pods[f"decode-{i}"].stats.prompt_tokens.count == 0 for i in range(3))
+    # the histograms agree with the simulator's own per-request records
+    assert sum(s.ttft.sum for s in st) == pytest.approx(sum(dep.r_ttft), rel=1e-9)
+    assert sum(s.itl.sum for s in st) == pytest.approx(
+        sum(i * (o - 1) for i, o in zip(dep.r_itl, [r.output_tokens for r in reqs], strict=False)), rel=0.2
+    )
+
+
+def test_prompt_tokens_recorded_at_arrival_not_completion():
+    fleet, _dep, _pods = fleet_with(prefill=1, decode=1)
+    clock = FakeClock()
+    reqs = [Request(0.1 * i, 1000, 2000) for i in range(10)]  # long outputs: none completes soon
+    driver = WallClockDriver(fleet, ListLoad(reqs), clock=clock)
+    run_fake(driver, clock, 1.05)
+    s = scrape(fleet, driver.now())
+    assert value(s, "vllm:request_prompt_tokens_count", pod="prefill-0") == 10
+    assert value(s, "vllm:request_prompt_tokens_sum", pod="prefill-0") == 10_000
+    assert value(s, "vllm:request_success_total", pod="decode-0") == 0
+    assert value(s, "vllm:num_requests_running", pod="decode-0") >= 8
+
+
+# ---------------------------------------------------------------------------- drains and lost work
+
+
+def test_draining_pod_gets_no_new_work_and_finishes_in_flight():
+    fleet, dep, pods = fleet_with(prefill=1, decode=2)
+    clock = FakeClock()
+    reqs = [Request(0.0, 1000, 100)] + [Request(1.0 + 0.1 * i, 1000, 100) for i in range(20)]
+    driver = WallClockDriver(fleet, ListLoad(reqs), clock=clock)
+    run_fake(driver, clock, 0.5)
+    busy = [p for n, p in pods.items() if n.startswith("decode") and p.in_flight()]
+    assert len(busy) == 1
+    victim = busy[0]
+    other = pods["decode-1"] if victim is pods["decode-0"] else pods["decode-0"]
+    dep.set_pod_draining(victim, True, driver.now())
+    s = scrape(fleet, driver.now())
+    assert value(s, "disagg_emulator_draining", pod=victim.name) == 1
+    assert value(s, "disagg_emulator_in_flight_requests", pod=victim.name) == 1
+    run_fake(driver, clock, 12.0, dt=0.02)
+    assert victim.stats.success == 1  # its in-flight request finished
+    assert victim.stats.ttft.count == 1  # and nothing new came
+    assert other.stats.success == 20
+    assert victim.in_flight() == 0 and victim.pending_kv_sends() == 0
+    assert fleet.lost == 0
+    # re-admitted: gets work again
+    dep.set_pod_draining(victim, False, driver.now())
+    assert not victim.draining
+
+
+def test_draining_prefill_pod_keeps_pending_kv_sends_until_delivered():
+    fleet, dep, pods = fleet_with(prefill=2, decode=1)
+    clock = FakeClock()
+    driver = WallClockDriver(fleet, ListLoad([Request(0.0, 6000, 50)]), clock=clock)
+    run_fake(driver, clock, 0.25)  # prefill (230 ms) done, KV on the link (95 ms)
+    pf = next(p for n, p in pods.items() if n.startswith("prefill") and p.pending_kv_sends())
+    dep.set_pod_draining(pf, True, driver.now())
+    s = scrape(fleet, driver.now())
+    assert value(s, "disagg_emulator_pending_kv_sends", pod=pf.name) == 1
+    assert value(s, "vllm:num_requests_running", pod=pf.name) == 1
+    run_fake(driver, clock, 0.5)
+    assert pf.pending_kv_sends() == 0 and pf.in_flight() == 0
+    assert fleet.lost == 0
+
+
+def test_removing_a_pod_with_in_flight_requests_counts_them_lost():
+    fleet, dep, pods = fleet_with(prefill=1, decode=2)
+    clock = FakeClock()
+    reqs = [Request(0.05 * i, 1000, 2000) for i in range(6)]
+    driver = WallClockDriver(fleet, ListLoad(reqs), clock=clock)
+    run_fake(driver, clock, 1.0)
+    victim = pods["decode-0"]
+    held = victim.in_flight()
+    assert held >= 2
+    lost = fleet.remove_pod(victim, driver.now())
+    assert lost == held == fleet.lost == dep.lost
+    s = scrape(fleet, driver.now())
+    # only the lost counter of a gone pod is still exported; every other series is gone
+    assert value(s, "disagg_emulator_lost_requests_total", pod="decode-0") == held
+    assert not [k for k in s if dict(k[1]).get("pod") == "decode-0" and "lost" not in k[0]]
+    assert value(s, "disagg_emulator_lost_requests_total", pod="decode-1") == 0
+    summary = fleet.summary()
+    assert summary["requests"]["lost"] == held
+    assert summary["lost_by_pod"] == {"ns/decode-0": held}
+    # the rest still completes
+    run_fake(driver, clock, 95.0, dt=0.1)
+    assert summary["requests"]["generated"] == 6
+    assert dep.completed == 6 - held
+    fleet.expire_gone(driver.now() + 10_000)
+    assert not [k for k in scrape(fleet, driver.now()) if dict(k[1]).get("pod") == "decode-0"]
+
+
+def test_removing_a_prefill_pod_loses_its_queue_and_pending_sends():
+    fleet, dep, pods = fleet_with(prefill=1, decode=1)
+    clock = FakeClock()
+    driver = WallClockDriver(fleet, ListLoad([Request(0.0, 6000, 10) for _ in range(3)]), clock=clock)
+    run_fake(driver, clock, 0.1)
+    assert fleet.remove_pod(pods["prefill-0"], driver.now()) == 3
+    assert pods["decode-0"].stats.lost == 0
+    assert dep.leaked_reservations() == 0
+
+
+def test_front_door_queue_waits_for_a_pod_and_is_bounded():
+    fleet = Fleet(max_queue=5)
+    dep = DeploymentEmulator("ns", "dep", StageModels(), max_queue=5)
+    fleet.add_deployment(dep, 0.0)
+    clock = FakeClock()
+    driver = WallClockDriver(fleet, ListLoad([Request(0.01 * i, 500, 5) for i in range(8)]), clock=clock)
+    run_fake(driver, clock, 0.2)
+    assert dep.front_door() == 5 and fleet.rejected == 3
+    s = scrape(fleet, driver.now())
+    assert value(s, "disagg_emulator_front_door_queue", deployment="dep") == 5
+    assert value(s, "disagg_emulator_rejected_requests_total", deployment="dep") == 3
+    fleet.add_pod(dep, "prefill", "p", "u1", driver.now())
+    run_fake(driver, clock, 0.5)
+    assert dep.front_door() == 0  # prefilled; now waiting for a decode pod to send to
+    fleet.add_pod(dep, "decode", "d", "u2", driver.now())
+    run_fake(driver, clock, 3.0)
+    assert dep.completed == 5
+    assert fleet.summary()["requests"]["rejected"] == 3
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+def test_metric_names_and_labels_vllm_and_sglang():
+    for engine, names in (
+        (
+            "vllm",
+            [
+                "vllm:num_requests_running",
+                "vllm:num_requests_waiting",
+                "vllm:kv_cache_usage_perc",
+                "vllm:time_to_first_token_seconds_bucket",
+                "vllm:inter_token_latency_seconds_bucket",
+                "vllm:e2e_request_latency_seconds_count",
+                "vllm:request_queue_time_seconds_sum",
+                "vllm:request_prompt_tokens_count",
+                "vllm:request_generation_tokens_sum",
+                "vllm:prompt_tokens_total",
+                "vllm:generation_tokens_total",
+                "vllm:request_success_total",
+                "vllm:nixl_xfer_time_seconds_bucket",
+                "vllm:nixl_bytes_transferred_total",
+                "vllm:nixl_num_failed_transfers_total",
+            ],
+        ),
+        (
+            "sglang",
+            [
+                "sglang:num_running_reqs",
+                "sglang:num_queue_reqs",
+                "sglang:token_usage",
+                "sglang:time_to_first_token_seconds_bucket",
+                "sglang:inter_token_latency_seconds_count",
+                "sglang:e2e_request_latency_seconds_sum",
+                "sglang:queue_time_seconds_count",
+                "sglang:num_prefill_inflight_queue_reqs",
+                "sglang:num_decode_transfer_queue_reqs",
+                "sglang:kv_transfer_latency_ms_sum",
+                "sglang:num_transfer_failed_reqs_total",
+            ],
+        ),
+    ):
+        fleet, _dep, _pods = fleet_with(engine=engine)
+        clock = FakeClock()
+        driver = WallClockDriver(fleet, ListLoad([Request(0.0, 6000, 20)]), clock=clock)
+        run_fake(driver, clock, 2.0)
+        s = scrape(fleet, driver.now())
+        got = {k[0] for k in s}
+        for n in [*names, "disagg_emulator_in_flight_requests", "disagg_emulator_pending_kv_sends"]:
+            assert n in got, (engine, n)
+        for (_n, lv), _v in s.items():
+            d = dict(lv)
+            if "pod" in d:
+                assert {"namespace", "deployment", "pool", "pod", "model_name"} <= set(d)
+        # TTFT buckets resolve the worked example's ~370 ms
+        assert value(s, f"{engine}:time_to_first_token_seconds_bucket", le="0.35") == 0
+        assert value(s, f"{engine}:time_to_first_token_seconds_bucket", le="0.4") == 1
+
+
+def test_standalone_cli_serves_metrics_and_writes_a_summary(tmp_path):
+    out = tmp_path / "summary.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "disagg.cli",
+            "emulate",
+            "--standalone",
+            "--prefill",
+            "1",
+            "--decode",
+            "1",
+            "--rate",
+            "10",
+            "--arrivals",
+            "uniform",
+            "--output-tokens",
+            "5",
+            "--duration",
+            "3",
+            "--metrics-port",
+            "0",
+            "--summary-json",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    port = None
+    deadline = time.monotonic() + 20
+    while port is None and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        m = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", line)
+        if m:
+            port = int(m.group(1))
+    assert port, "no metrics line"
+    time.sleep(1.5)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'vllm:request_prompt_tokens_count{deployment="standalone"' in body
+    stdout, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert "emulator summary: generated=30 completed=" in stdout
+    summary = json.loads(out.read_text())
+    assert summary["requests"]["generated"] == 30
+    assert summary["pods_seen"]["prefill"] == 1 and summary["pods_seen"]["decode"] == 1
+
+
+# ---------------------------------------------------------------------------- pod watching
+
+
+def pod(name: str, pool: str, *, routable: str | None = "True", drain: bool = False, phase: str = "Running"):
+    conds = [{"type": "Ready", "status": "True"}]
+    if routable is not None:
+        conds.append({"type": "disagg.dev/routable", "status": routable})
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "labels": {"disagg.dev/deployment": "dd", "disagg.dev/pool": pool},
+            "annotations": {"disagg.dev/drain": "scale-down"} if drain else {},
+        },
+        "status": {"phase": phase, "conditions": conds},
+    }
+
+
+SPEC = {
+    "engine": "vllm",
+    "model": "m",
+    "pools": {
+        "prefill": {"maxReplicas": 4, "template": {"spec": {"containers": [{"name": "e", "image": "x"}]}}},
+        "decode": {
+            "maxReplicas": 4,
+            "serviceModel": {"stepFixedMs": 40, "slots": 8},
+            "template": {"spec": {"containers": [{"name": "e", "image": "x"}]}},
+        },
+    },
+}
+
+
+def test_pod_watcher_gate_drain_and_deletion():
+    fleet = Fleet()
+    clock = FakeClock()
+    driver = WallClockDriver(fleet, ListLoad([]), clock=clock)
+    w = PodWatcher(None, fleet, driver.now)
+    specs = {("ns", "dd"): {"metadata": {"name": "dd", "namespace": "ns", "generation": 1}, "spec": SPEC}}
+    w.apply(specs, [pod("p0", "prefill"), pod("d0", "decode"), pod("d1", "decode", routable=None)], 0.0)
+    assert sorted(p.name for p in fleet.live_pods()) == ["d0", "p0"]  # d1 not admitted yet
+    dep = fleet.deployment("ns", "dd")
+    assert dep.step_s[1] == pytest.approx(0.040) and dep.slots == 8 and dep.model_name == "m"
+    # load some long requests
+    driver.load = ListLoad([Request(0.1 * i, 1000, 3000) for i in range(1, 5)])
+    run_fake(driver, clock, 1.0)
+    d0 = fleet.pods[("ns", "d0", "uid-d0")]
+    assert d0.in_flight() == 4
+    # drain annotation -> draining; a newly routable pod gets the new work
+    w.apply(specs, [pod("p0", "prefill"), pod("d0", "decode", drain=True), pod("d1", "decode")], driver.now())
+    assert d0.draining
+    driver.load = ListLoad([Request(driver.now() + 0.1, 1000, 10)])
+    run_fake(driver, clock, 2.0)
+    d1 = fleet.pods[("ns", "d1", "uid-d1")]
+    assert d1.stats.success == 1 and d0.in_flight() == 4
+    # routable False also drains
+    w.apply(
+        specs,
+        [pod("p0", "prefill", routable="False"), pod("d0", "decode", drain=True), pod("d1", "decode")],
+        2.0,
+    )
+    assert fleet.pods[("ns", "p0", "uid-p0")].draining
+    # d0 deleted while holding 4 requests: lost
+    w.apply(specs, [pod("p0", "prefill"), pod("d1", "decode")], driver.now())
+    assert fleet.lost == 4 and ("ns", "d0", "uid-d0") not in fleet.pods
+    assert not fleet.pods[("ns", "p0", "uid-p0")].draining  # re-admitted
+    assert fleet.summary()["lost_by_pod"] == {"ns/d0": 4}
+
+
+def test_failed_listing_removes_nothing():
+    class Broken:
+        async def list(self, *a, **k):
+            raise RuntimeError("apiserver down")
+
+    fleet, _dep, _pods = fleet_with()
+    w = PodWatcher(Broken(), fleet, lambda: 0.0)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        t = asyncio.create_task(w.run(0.01, stop))
+        await asyncio.sleep(0.05)
+        stop.set()
+        await t
+
+    asyncio.run(main())
+    assert w.errors >= 2 and len(fleet.live_pods()) == 3 and fleet.lost == 0
+
+
+# ---------------------------------------------------------------------------- load
+
+
+def test_schedule_and_uniform_arrivals():
+    assert parse_schedule("0:2,60:8,180:2") == [(0.0, 2.0), (60.0, 8.0), (180.0, 2.0)]
+    assert parse_schedule("10:1") == [(0.0, 0.0), (10.0, 1.0)]
+    with pytest.raises(ValueError):
+        parse_schedule("5:1,2:3")
+    rng = np.random.default_rng(0)
+    g = LoadGenerator(
+        parse_schedule("0:4,10:0,20:2"),
+        TokenDraw(1000, 0, rng),
+        TokenDraw(100, 0, rng),
+        arrivals="uniform",
+        duration_s=30,
+        rng=rng,
+    )
+    ts = []
+    while g.next_arrival() < INF:
+        r = g.pop()
+        assert r.prompt_tokens == 1000 and r.output_tokens == 100
+        ts.append(r.arrival_s)
+    assert len(ts) == 40 + 20
+    assert all(t < 10 or t >= 20 for t in ts)
+    assert np.allclose(np.diff(ts[:40]), 0.25)
