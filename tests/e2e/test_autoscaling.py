@@ -8,8 +8,7 @@ import threading
 import time
 
 import pytest
-
-from .conftest import deployment_spec, planned
+from e2e_stack import deployment_spec, planned
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
 
@@ -18,8 +17,20 @@ INTERVAL, WINDOW = 5, 10
 
 
 def load_args(schedule: str, duration: int) -> list[str]:
-    return ["--schedule", schedule, "--arrivals", "uniform", "--input-tokens", str(PROMPT),
-            "--output-tokens", str(OUTPUT), "--duration", str(duration), "--seed", "7"]
+    return [
+        "--schedule",
+        schedule,
+        "--arrivals",
+        "uniform",
+        "--input-tokens",
+        str(PROMPT),
+        "--output-tokens",
+        str(OUTPUT),
+        "--duration",
+        str(duration),
+        "--seed",
+        "7",
+    ]
 
 
 def reached(stack, want: dict[str, int]) -> bool:
@@ -41,8 +52,12 @@ def test_load_step_grows_then_shrinks_through_drains_without_loss(stack):
     # the rate window has filled (the window starts when the step happens at t=25 s).
     time.sleep(25)
     t_step = time.monotonic()
-    stack.cluster.wait_for(lambda: reached(stack, want_high), timeout=WINDOW + 3 * INTERVAL + 10,
-                           interval=1, what=f"pools at {want_high}\n{stack.debug()}")
+    stack.cluster.wait_for(
+        lambda: reached(stack, want_high),
+        timeout=WINDOW + 3 * INTERVAL + 10,
+        interval=1,
+        what=f"pools at {want_high}\n{stack.debug()}",
+    )
     grown_after = time.monotonic() - t_step
     status = stack.dd()["status"]
     assert status["lastDecision"]["outputs"]["planned"]["decode"] >= want_high["decode"]
@@ -50,12 +65,14 @@ def test_load_step_grows_then_shrinks_through_drains_without_loss(stack):
 
     # (b) back to 2 rps: shrink through drains, and nothing is lost.
     stack.cluster.wait_for(
-        lambda: stack.replicas().get("decode", 99) <= want_low["decode"] + 1, timeout=150, interval=2,
+        lambda: stack.replicas().get("decode", 99) <= want_low["decode"] + 1,
+        timeout=150,
+        interval=2,
         what=f"decode pool shrunk towards {want_low}\n{stack.debug()}",
     )
     summary = stack.wait_emulator(timeout=120)
-    assert summary["lost"] == 0, summary
-    assert summary["completed"] > 0
+    assert summary["requests"]["lost"] == 0, summary
+    assert summary["requests"]["completed"] > 0
     reasons = [e["reason"] for e in stack.events()]
     assert "DrainStarted" in reasons and "DrainCompleted" in reasons, reasons
     # Every pod left is routable: no drain was abandoned half-way.
@@ -72,8 +89,11 @@ def test_prometheus_outage_holds_sizes_and_recovers(stack):
     stack.start_emulator(*load_args("0:6", 120))
     want = planned(obj, 6.0, PROMPT, OUTPUT)
     stack.cluster.wait_for(lambda: reached(stack, want), timeout=60, interval=1, what=f"grown to {want}")
-    stack.cluster.wait_for(lambda: (stack.condition("MetricsAvailable") or {}).get("status") == "True",
-                           timeout=30, what="MetricsAvailable=True")
+    stack.cluster.wait_for(
+        lambda: (stack.condition("MetricsAvailable") or {}).get("status") == "True",
+        timeout=30,
+        what="MetricsAvailable=True",
+    )
     before = stack.replicas()
 
     stack.prom.stop()
@@ -86,8 +106,11 @@ def test_prometheus_outage_holds_sizes_and_recovers(stack):
     assert stack.dd()["status"]["lastDecision"]["reason"] == "HoldStaleMetrics"
 
     stack.prom.start()
-    stack.cluster.wait_for(lambda: (stack.condition("MetricsAvailable") or {}).get("status") == "True",
-                           timeout=40, what="MetricsAvailable=True again")
+    stack.cluster.wait_for(
+        lambda: (stack.condition("MetricsAvailable") or {}).get("status") == "True",
+        timeout=40,
+        what="MetricsAvailable=True again",
+    )
     assert min(stack.replicas().values()) >= 1
 
 
@@ -110,16 +133,19 @@ def test_operator_killed_mid_drain_resumes_it_without_loss(stack):
     op.start()
     # The restarted operator finishes what the dead one started: the victims go away.
     stack.cluster.wait_for(
-        lambda: not victims & {p["metadata"]["name"] for p in stack.pods()}, timeout=120, interval=1,
+        lambda: not victims & {p["metadata"]["name"] for p in stack.pods()},
+        timeout=120,
+        interval=1,
         what=f"drained pods {victims} removed\n{stack.debug()}",
     )
     summary = stack.wait_emulator(timeout=120)
-    assert summary["lost"] == 0, summary
+    assert summary["requests"]["lost"] == 0, summary
     for pod in stack.pods():
         if not pod["metadata"].get("deletionTimestamp"):
             conds = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
             assert conds.get("disagg.dev/routable") == "True" or "disagg.dev/drain" in (
-                pod["metadata"].get("annotations") or {})
+                pod["metadata"].get("annotations") or {}
+            )
 
 
 def test_gpu_budget_below_the_plan_is_never_exceeded(stack):
@@ -146,8 +172,11 @@ def test_gpu_budget_below_the_plan_is_never_exceeded(stack):
     watcher.start()
     try:
         stack.start_emulator(*load_args("0:8", 70))
-        stack.cluster.wait_for(lambda: (stack.condition("BudgetLimited") or {}).get("status") == "True",
-                               timeout=60, what=f"BudgetLimited=True\n{stack.debug()}")
+        stack.cluster.wait_for(
+            lambda: (stack.condition("BudgetLimited") or {}).get("status") == "True",
+            timeout=60,
+            what=f"BudgetLimited=True\n{stack.debug()}",
+        )
         time.sleep(3 * INTERVAL)
     finally:
         stop.set()

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# The demo: a local cluster with simulated GPU nodes, the Helm chart installed, the operator
+# (run locally with the chart's ServiceAccount token, since its image cannot run on KWOK's
+# simulated nodes), a real Prometheus, an emulated GPU fleet under a load that rises and
+# falls, and the dashboard.
+#
+#   hack/demo.sh up      start everything (returns; services keep running in the background)
+#   hack/demo.sh watch   follow the pool sizes (Ctrl-C to stop watching)
+#   hack/demo.sh down    stop the services and delete the cluster
+#
+# Ports (loopback): dashboard 8081, operator metrics 8080, Prometheus 9090, emulator 9400.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(dirname "${HERE}")"
+STATE="${DISAGG_STATE_DIR:-${HOME}/.cache/disagg-operator/state}/demo"
+NS="${DEMO_NAMESPACE:-disagg-demo}"
+RELEASE=disagg
+DASH_PORT="${DEMO_DASHBOARD_PORT:-8081}"
+METRICS_PORT="${DEMO_METRICS_PORT:-8080}"
+PROM_PORT="${DEMO_PROMETHEUS_PORT:-9090}"
+EMU_PORT="${DEMO_EMULATOR_PORT:-9400}"
+# Load: rate (requests/s) changes at these seconds, then the schedule repeats.
+SCHEDULE="${DEMO_SCHEDULE:-0:1,60:4,150:8,270:3,390:1,480:6,600:2}"
+DURATION="${DEMO_DURATION:-0}"
+
+BIN="$("${HERE}/tools.sh" --print)"
+export PATH="${BIN}:${PATH}"
+log() { echo "[demo] $*" >&2; }
+
+start_bg() { # start_bg <name> <command...>: a background service with a pid file and a log
+  local name="$1"; shift
+  stop_bg "${name}"
+  nohup "$@" > "${STATE}/${name}.log" 2>&1 &
+  echo $! > "${STATE}/${name}.pid"
+  log "${name} started (pid $!, log ${STATE}/${name}.log)"
+}
+
+stop_bg() {
+  local pidf="${STATE}/$1.pid"
+  if [[ -f "${pidf}" ]]; then
+    kill "$(cat "${pidf}")" 2>/dev/null || true
+    rm -f "${pidf}"
+  fi
+}
+
+up() {
+  mkdir -p "${STATE}"
+  KUBECONFIG="$("${HERE}/cluster.sh" up)"
+  export KUBECONFIG
+  kc() { kubectl --kubeconfig "${KUBECONFIG}" "$@"; }
+
+  log "installing the Helm chart (CRDs, RBAC, operator Deployment) into ${NS}"
+  kc create namespace "${NS}" --dry-run=client -o yaml | kc apply -f - >/dev/null
+  helm --kubeconfig "${KUBECONFIG}" upgrade --install "${RELEASE}" "${ROOT}/charts/disagg-operator" \
+    --namespace "${NS}" --set "watchNamespaces={${NS}}" \
+    --set "prometheus.url=http://127.0.0.1:${PROM_PORT}" --wait=false >/dev/null
+  kc wait --for=condition=Established crd/disaggdeployments.disagg.dev --timeout=60s >/dev/null
+
+  # The chart's operator pod lands on a simulated node, where nothing executes. Run the same
+  # operator here with that pod's identity (its ServiceAccount token), so RBAC is the chart's.
+  local sa
+  sa="$(kc -n "${NS}" get deploy -l app.kubernetes.io/instance="${RELEASE}" \
+        -o jsonpath='{.items[0].spec.template.spec.serviceAccountName}')"
+  local token server ca
+  token="$(kc -n "${NS}" create token "${sa}" --duration=24h)"
+  server="$(kc config view --minify --raw -o jsonpath='{.clusters[0].cluster.server}')"
+  ca="$(kc config view --minify --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')"
+  cat > "${STATE}/operator.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: demo, cluster: {server: "${server}", certificate-authority-data: "${ca}"}}]
+users: [{name: ${sa}, user: {token: "${token}"}}]
+contexts: [{name: demo, context: {cluster: demo, user: ${sa}, namespace: ${NS}}}]
+current-context: demo
+EOF
+
+  start_bg prometheus python3 -m disagg.devtools.prometheus --port "${PROM_PORT}" --scrape-interval 2s \
+    --workdir "${STATE}/prometheus" --target "emulator=127.0.0.1:${EMU_PORT}" \
+    --target "operator=127.0.0.1:${METRICS_PORT}"
+
+  log "applying the sample DisaggDeployment"
+  python3 - "${ROOT}" "${PROM_PORT}" <<'PY' | kc -n "${NS}" apply --server-side -f - >/dev/null
+import json, sys
+root, port = sys.argv[1], sys.argv[2]
+spec = {
+  "apiVersion": "disagg.dev/v1alpha1", "kind": "DisaggDeployment", "metadata": {"name": "llama-demo"},
+  "spec": {
+    "engine": "vllm", "model": "llama-3.1-70b (emulated)", "placement": {"mode": "disaggregated"},
+    "pools": {p: {"replicas": 1, "minReplicas": 1, "maxReplicas": m, "gpusPerReplica": 1,
+                  "drain": {"timeoutSeconds": 120, "onTimeout": "readmit"},
+                  "template": {"spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
+                                                        "ports": [{"containerPort": 8000}]}]}}}
+              for p, m in (("prefill", 8), ("decode", 20))},
+    "slo": {"ttftSeconds": 0.6, "itlSeconds": 0.15, "percentile": 0.9},
+    "autoscaling": {"enabled": True, "intervalSeconds": 10, "scrapeIntervalSeconds": 2, "metricWindowSeconds": 30,
+                    "scaleDownStabilizationSeconds": 60, "gpuBudget": 30,
+                    "prometheus": {"url": f"http://127.0.0.1:{port}"}},
+  },
+}
+print(json.dumps(spec))
+PY
+
+  start_bg operator disagg run --kubeconfig "${STATE}/operator.kubeconfig" --namespace "${NS}" \
+    --metrics-port "${METRICS_PORT}" --dashboard-port "${DASH_PORT}" --liveness-port 8082
+
+  start_bg emulator disagg emulate --kubeconfig "${KUBECONFIG}" --namespace "${NS}" \
+    --metrics-port "${EMU_PORT}" --schedule "${SCHEDULE}" --input-tokens 3000 --input-tokens-std 1500 \
+    --output-tokens 300 --output-tokens-std 150 --duration "${DURATION}"
+
+  for _ in $(seq 1 60); do
+    curl -fsS "http://127.0.0.1:${DASH_PORT}/healthz" >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  cat <<EOF
+
+  disagg-operator demo is running.
+
+    Dashboard:    http://127.0.0.1:${DASH_PORT}/
+    Prometheus:   http://127.0.0.1:${PROM_PORT}/
+    Metrics:      http://127.0.0.1:${METRICS_PORT}/metrics   (operator)   http://127.0.0.1:${EMU_PORT}/metrics   (emulator)
+
+    The emulated load follows "${SCHEDULE}" (seconds:requests/s).
+    Watch the pools follow it:   hack/demo.sh watch
+    or:   KUBECONFIG=${KUBECONFIG} kubectl get disaggdeployments -n ${NS} -w
+    Stop everything:              make demo-down
+
+EOF
+}
+
+watch_pools() {
+  KUBECONFIG="$("${HERE}/cluster.sh" kubeconfig)"
+  while true; do
+    kubectl --kubeconfig "${KUBECONFIG}" -n "${NS}" get disaggdeployments --no-headers 2>/dev/null | \
+      sed "s/^/$(date +%T) /"
+    sleep 5
+  done
+}
+
+down() {
+  for s in emulator operator prometheus; do stop_bg "${s}"; done
+  "${HERE}/cluster.sh" down
+  log "demo stopped"
+}
+
+case "${1:-up}" in
+  up) up ;;
+  watch) watch_pools ;;
+  down) down ;;
+  *) echo "usage: $0 up|watch|down" >&2; exit 2 ;;
+esac
