@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from disagg import api, builders, drain, metrics, opmetrics, planner, policy, reconcile, status
+from disagg.calibration import Calibrator
 from disagg.kube import Kube, NotFound
 from disagg.promclient import client_for
 
@@ -40,6 +41,7 @@ class Tracker:
     last_plan: planner.Plan | None = None
     targets: dict[str, int] = field(default_factory=dict)
     metrics_ok: bool | None = None
+    calibrator: Calibrator = field(default_factory=Calibrator)
 
 
 @dataclass
@@ -112,7 +114,7 @@ def placement_of(spec: api.DisaggDeploymentSpec) -> str:
     return spec.placement.mode
 
 
-def plan_for(spec: api.DisaggDeploymentSpec, demand: planner.Demand) -> planner.Plan:
+def plan_for(spec: api.DisaggDeploymentSpec, demand: planner.Demand, models: Any = None) -> planner.Plan:
     pools = api.pools(spec)
     bounds = {
         k: planner.PoolBounds(p.min_replicas, p.max_replicas, p.gpus_per_replica) for k, p in pools.items()
@@ -335,14 +337,24 @@ async def decide_and_apply(
     plan = None
     planned = dict(current)
     floor: dict[str, int] = {}
+    base_models = api.stage_bundle(spec)
+    if snap.ok:
+        decode_pods = [p for p in pool_pods(pods, metrics.back_pool(pools)) if routable(p)]
+        batch = snap.values.get(f"running.{metrics.back_pool(pools)}", 0.0) / max(len(decode_pods), 1)
+        tr.calibrator.observe(snap.values, batch)
+    models = tr.calibrator.models(base_models)
     if snap.ok and observed is not None:
         tr.policy_state = policy.observe_rate(tr.policy_state, now, observed, cfg)
         forecast = policy.forecast_rate(tr.policy_state, now, cfg)
         rate = max(observed, forecast or 0.0)
         try:
-            plan = plan_for(spec, demand_from(snap, rate))
+            plan = plan_for(spec, demand_from(snap, rate), models)
             planned = plan.replicas
-            floor = plan_for(spec, demand_from(snap, observed)).replicas if rate > observed else dict(planned)
+            floor = (
+                plan_for(spec, demand_from(snap, observed), models).replicas
+                if rate > observed
+                else dict(planned)
+            )
         except ValueError as exc:
             log.warning("%s/%s: planner refused the input: %s", ns, name, exc)
     decision = policy.decide(
@@ -424,7 +436,13 @@ async def decide_and_apply(
             "notes": [n for n in [*decision.notes, reason_note] if n],
         },
     }
-    return {"decision": decision, "plan": plan, "record": record, "current": current}
+    return {
+        "decision": decision,
+        "plan": plan,
+        "record": record,
+        "current": current,
+        "calibration": tr.calibrator.status(base_models),
+    }
 
 
 def _close(a: float | None, b: float | None, rel: float = 0.1) -> bool:
@@ -471,6 +489,7 @@ async def write_decision_status(
     new_status: dict[str, Any] = {"conditions": status.merge_conditions(old.get("conditions"), conds)}
     if not same or not status.conditions_equal(old.get("conditions"), new_status["conditions"]):
         new_status["lastDecision"] = result["record"]
+        new_status["calibration"] = result["calibration"]
         if plan is not None:
             new_status["ratio"] = api.format_ratio({k: v for k, v in decision.targets.items()})
     await reconcile.write_status(kube, body, new_status)

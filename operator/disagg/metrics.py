@@ -31,6 +31,7 @@ class Preset:
     pending_kv: str | None  # gauge per prefill pod: KV sends not yet acknowledged
     kv_transfer: str | None  # histogram, seconds
     kv_usage: str | None  # gauge, fraction 0..1
+    prefill_time: str | None = None  # histogram, seconds of prefill per request (for calibration)
 
 
 VLLM = Preset(
@@ -46,12 +47,13 @@ VLLM = Preset(
     pending_kv="disagg_emulator_pending_kv_sends",
     kv_transfer="vllm:nixl_xfer_time_seconds",
     kv_usage="vllm:kv_cache_usage_perc",
+    prefill_time="vllm:request_prefill_time_seconds",
 )
 
 SGLANG = Preset(
     engine="sglang",
-    prompt_tokens="sglang:request_prompt_tokens",
-    output_tokens="sglang:request_generation_tokens",
+    prompt_tokens="sglang:prompt_tokens_histogram",
+    output_tokens="sglang:generation_tokens_histogram",
     ttft="sglang:time_to_first_token_seconds",
     itl="sglang:inter_token_latency_seconds",
     running="sglang:num_running_reqs",
@@ -177,6 +179,16 @@ def build_queries(
                 "by_pod",
                 required=False,
                 pool="prefill",
+            )
+        )
+    if p.prefill_time:
+        q.append(
+            Query(
+                "prefill_time_mean",
+                f"sum(rate({p.prefill_time}_sum{{{fs}}}[{w}])) / sum(rate({p.prefill_time}_count{{{fs}}}[{w}]))",
+                "scalar",
+                required=False,
+                pool=front,
             )
         )
     if p.kv_usage:

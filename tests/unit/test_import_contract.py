@@ -31,6 +31,7 @@ PURE = [
     "disagg.workload",
     "disagg.crdgen",
     "disagg.status",
+    "disagg.calibration",
     "disagg.evaluate",
     "disagg.dashboard.history",
 ]
