@@ -43,7 +43,7 @@ import numpy as np
 
 from disagg.model import StageModels
 from disagg.planner import SLO, Demand, PoolBounds, plan
-from disagg.policy import PolicyConfig, PolicyState, decide, forecast_rate, observe_rate
+from disagg.policy import PolicyConfig, PolicyState, decide, sizing_rate
 from disagg.sim.core import DONE, INF, Job
 from disagg.sim.engine import Cluster, SimConfig
 from disagg.workload import Workload, piecewise_poisson
@@ -312,18 +312,19 @@ class DisaggPolicy(Policy):
         self.state = PolicyState()
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
-        rate = o.rate
-        if o.rate_short is not None:
-            # fast attack: trust the last scrape interval's rate when its lower confidence
-            # bound is above the window's rate (a significant step up, not noise)
-            lcb = o.rate_short - self.s.headroom_z * math.sqrt(o.rate_short / self.s.scrape_s)
-            rate = max(rate, lcb)
-        self.state = observe_rate(self.state, o.now, rate, self.cfg)
-        f = forecast_rate(self.state, o.now, self.cfg) or 0.0
-        # counting uncertainty of a rate measured over the window (Poisson: var = rate / window)
-        f_hi = f + self.s.headroom_z * math.sqrt(max(f, 0.0) / self.s.window_s)
-        # a backlog (requests already queued) needs capacity beyond the arrival rate to clear
-        f_hi += o.queued / self.s.backlog_drain_s
+        # The same rate the operator's loop plans for (disagg.policy.sizing_rate).
+        f_hi, self.state = sizing_rate(
+            self.state,
+            o.now,
+            self.cfg,
+            o.rate,
+            window_s=self.s.window_s,
+            rate_short=o.rate_short,
+            short_window_s=self.s.scrape_s,
+            queued=o.queued,
+            z=self.s.headroom_z,
+            backlog_drain_s=self.s.backlog_drain_s,
+        )
         planned = self._plan(o.demand(f_hi), self.s.gpu_budget)
         floor = None
         if self.s.gpu_budget is not None:

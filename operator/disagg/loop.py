@@ -53,6 +53,9 @@ class LoopOptions:
 
 TRACKERS: dict[tuple[str, str], Tracker] = {}
 
+# The short rate window (fast attack on a real step up) spans this many scrapes.
+SHORT_WINDOW_SCRAPES = 3
+
 
 def tracker(ns: str, name: str) -> Tracker:
     return TRACKERS.setdefault((ns, name), Tracker())
@@ -343,10 +346,20 @@ async def decide_and_apply(
         batch = snap.values.get(f"running.{metrics.back_pool(pools)}", 0.0) / max(len(decode_pods), 1)
         tr.calibrator.observe(snap.values, batch)
     models = tr.calibrator.models(base_models)
+    plan_rate: float | None = None
     if snap.ok and observed is not None:
-        tr.policy_state = policy.observe_rate(tr.policy_state, now, observed, cfg)
-        forecast = policy.forecast_rate(tr.policy_state, now, cfg)
-        rate = max(observed, forecast or 0.0)
+        a = spec.autoscaling
+        queued = sum(v for k, v in snap.values.items() if k.startswith("queue."))
+        rate, tr.policy_state = policy.sizing_rate(
+            tr.policy_state,
+            now,
+            cfg,
+            observed,
+            window_s=float(a.metric_window_seconds),
+            rate_short=snap.values.get("arrival_rps_short"),
+            short_window_s=float(SHORT_WINDOW_SCRAPES * a.scrape_interval_seconds),
+            queued=queued,
+        )
         try:
             plan = plan_for(spec, demand_from(snap, rate), models)
             planned = plan.replicas
@@ -403,7 +416,7 @@ async def decide_and_apply(
             "metricsOk": snap.ok,
             "metricsProblem": None if snap.ok else snap.reason(),
             "arrivalRps": _r(observed),
-            "forecastRps": _r(policy.forecast_rate(tr.policy_state, now, cfg)),
+            "plannedRps": _r(plan_rate),
             "promptTokensMean": _r(snap.values.get("prompt_tokens_mean")),
             "outputTokensMean": _r(snap.values.get("output_tokens_mean")),
             "observedTtftSeconds": _r(snap.values.get("ttft_p")),

@@ -107,8 +107,13 @@ def build_queries(
     window_s: int,
     percentile: float,
     custom: Mapping[str, str] | None = None,
+    short_window_s: int | None = None,
 ) -> list[Query]:
-    """Every query one autoscaling step needs. `custom` overrides a query by name."""
+    """Every query one autoscaling step needs. `custom` overrides a query by name.
+
+    `short_window_s` adds `arrival_rps_short`, the rate over a few scrapes only, so a real
+    step up is seen before the main window catches up.
+    """
     p = preset(engine)
     w = f"{int(window_s)}s"
     front, back = front_pool(pools), back_pool(pools)
@@ -158,6 +163,16 @@ def build_queries(
             pool=back,
         ),
     ]
+    if short_window_s:
+        q.append(
+            Query(
+                "arrival_rps_short",
+                f"sum(rate({p.prompt_tokens}_count{{{fs}}}[{int(short_window_s)}s]))",
+                "scalar",
+                required=False,
+                pool=front,
+            )
+        )
     for pool in pools:
         sel = pool_selector(namespace, deployment, pool)
         q += [

@@ -39,6 +39,7 @@ __all__ = [
     "forecast_rate",
     "observe_rate",
     "rebalance_steps",
+    "sizing_rate",
     "total_gpus",
 ]
 
@@ -226,6 +227,41 @@ def forecast_rate(state: PolicyState, now: float, config: PolicyConfig) -> float
     fitted_now = mr + slope * (last_t - mt)
     proj = fitted_now + slope * (now - last_t + config.forecast_horizon_s)
     return min(max(last, proj), last * config.forecast_max_growth if last > 0 else proj)
+
+
+def sizing_rate(
+    state: PolicyState,
+    now: float,
+    config: PolicyConfig,
+    rate: float,
+    *,
+    window_s: float,
+    rate_short: float | None = None,
+    short_window_s: float | None = None,
+    queued: float = 0.0,
+    z: float = 1.645,
+    backlog_drain_s: float = 60.0,
+) -> tuple[float, PolicyState]:
+    """The arrival rate to plan for, shared by the operator's loop and `disagg evaluate`.
+
+    * fast attack: a short-window rate whose lower confidence bound is above the
+      window's rate is a real step up, not noise, and is taken at once;
+    * the rate one lead time ahead (`forecast_rate`), never below the observation;
+    * plus ``z`` standard deviations of the Poisson counting noise of a rate measured
+      over ``window_s`` (var = rate / window);
+    * plus the capacity to clear the ``queued`` requests within ``backlog_drain_s``.
+    Returns the rate and the state with this observation recorded.
+    """
+    r = rate
+    if rate_short is not None and short_window_s and math.isfinite(rate_short) and rate_short >= 0:
+        lcb = rate_short - z * math.sqrt(rate_short / short_window_s)
+        r = max(r, lcb)
+    state = observe_rate(state, now, r, config)
+    f = forecast_rate(state, now, config) or 0.0
+    f_hi = f + z * math.sqrt(max(f, 0.0) / window_s)
+    if queued and math.isfinite(queued) and queued > 0:
+        f_hi += queued / backlog_drain_s
+    return f_hi, state
 
 
 # --------------------------------------------------------------------------- budget helpers
