@@ -37,6 +37,7 @@ class DrainRecord:
     deadline: float
     on_timeout: str  # proceed | readmit
     removing: float | None = None
+    idle: bool = False  # never routable when the drain started (pending or not yet admitted): no work
 
     def to_annotation(self) -> str:
         d: dict[str, Any] = {
@@ -46,6 +47,8 @@ class DrainRecord:
         }
         if self.removing is not None:
             d["removing"] = round(self.removing, 3)
+        if self.idle:
+            d["idle"] = True
         return json.dumps(d, sort_keys=True)
 
     @classmethod
@@ -60,6 +63,7 @@ class DrainRecord:
                 float(d["deadline"]),
                 str(d.get("onTimeout", "readmit")),
                 float(d["removing"]) if d.get("removing") is not None else None,
+                bool(d.get("idle")),
             )
         except (ValueError, KeyError, TypeError):
             # A damaged record: treat as an expired drain that re-admits (never stuck unroutable).
@@ -125,6 +129,8 @@ def next_action(
     name = pod["metadata"]["name"]
     if record.removing is not None:
         return DrainAction(name, "verify", "waiting for the ReplicaSet to remove it")
+    if record.idle or pod.get("status", {}).get("phase") == "Pending":
+        return DrainAction(name, "remove", "never received work")
     if in_flight is not None and in_flight <= 0:
         return DrainAction(name, "remove", "no work in flight")
     if now >= record.deadline:

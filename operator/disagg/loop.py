@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -199,7 +199,8 @@ async def start_drains(
     rec = drain.DrainRecord(now, now + pool_spec.drain.timeout_seconds, pool_spec.drain.on_timeout)
     by_name = {p["metadata"]["name"]: p for p in pods}
     for v in victims:
-        await set_drain(kube, by_name[v], rec)
+        pod = by_name[v]
+        await set_drain(kube, pod, rec if routable(pod) else replace(rec, idle=True))
         await kube.event(
             body,
             "DrainStarted",
