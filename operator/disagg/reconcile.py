@@ -193,6 +193,7 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], replicas: Mapping[str, 
                 spec, deployments, pools, generation, status.unschedulable_pods(children["Pod"])
             ),
             status.condition("InvalidSpec", False, "Valid", "the spec is valid", generation),
+            status.draining_condition(pools, generation),
         ],
     )
     new_status = {

@@ -205,3 +205,15 @@ def unschedulable_pods(pods: Iterable[Mapping[str, Any]]) -> dict[str, int]:
 
 def ratio(pools: Mapping[str, Mapping[str, Any]]) -> str:
     return api.format_ratio({k: v["desiredReplicas"] for k, v in pools.items()})
+
+
+def draining_condition(pools: Mapping[str, Mapping[str, Any]], generation: int | None) -> dict[str, Any]:
+    """Draining=True while any pod is being drained, naming them."""
+    pods = [f"{pool}/{name}" for pool, st in pools.items() for name in st.get("drainingPods") or []]
+    return condition(
+        "Draining",
+        bool(pods),
+        "DrainInProgress" if pods else "NoDrain",
+        ("draining " + ", ".join(pods))[:1000] if pods else "no pod is being drained",
+        generation,
+    )
