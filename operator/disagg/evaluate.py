@@ -91,6 +91,9 @@ class EvalSettings:
     hpa_tolerance: float = 0.1
     headroom_z: float = 1.645  # disagg: plan for rate + z x Poisson std of the windowed rate
     backlog_drain_s: float = 60.0  # disagg: size to clear the observed queue within this time
+    backlog_lead_s: float | None = None  # disagg: project queue growth this far (None: start-up time)
+    ttft_feedback: bool = True  # disagg: observed p90 TTFT well below target drops the headroom
+    ttft_comfort: float = 0.5  # ... "well below" = at most this fraction of the target
     timeline_points: int = 300
     seed: int = 0
 
@@ -324,6 +327,10 @@ class DisaggPolicy(Policy):
             queued=o.queued,
             z=self.s.headroom_z,
             backlog_drain_s=self.s.backlog_drain_s,
+            backlog_lead_s=self.s.backlog_lead_s,
+            ttft_observed=o.ttft_p if self.s.ttft_feedback else None,
+            ttft_target=self.s.slo.ttft_s,
+            ttft_comfort=self.s.ttft_comfort,
         )
         planned = self._plan(o.demand(f_hi), self.s.gpu_budget)
         floor = None
@@ -712,9 +719,12 @@ def run_policy(
             lo = ts - s.window_s
             ttft_window = [x for x in ttft_window if x[0] >= lo]
             cnt, pm, ps, om, os_ = pre.stats(lo, ts)
+            # the replay starts at t=0: early windows are divided by the part they cover
+            # (the load is taken to have been running before), not read as a ramp from zero
+            covered = min(s.window_s, max(ts, s.scrape_s))
             obs = Obs(
                 now=t,
-                rate=cnt / s.window_s,
+                rate=cnt / covered,
                 count=cnt,
                 prompt_mean=pm,
                 prompt_std=ps,

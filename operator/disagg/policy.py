@@ -151,6 +151,10 @@ class PolicyState:
     first_seen: float | None = None  # time of the first recommendation on record
     last_action: float | None = None
     last_targets: dict[str, int] = field(default_factory=dict)
+    # times of recommendations sized for a queued backlog (see sizing_rate): they
+    # hold capacity only while current, never through the stabilization window
+    backlog_times: tuple[float, ...] = ()
+    queue_sample: tuple[float, float] | None = None  # last (time, queued) seen by sizing_rate
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -159,6 +163,8 @@ class PolicyState:
             "firstSeen": self.first_seen,
             "lastAction": self.last_action,
             "lastTargets": dict(self.last_targets),
+            "backlogTimes": list(self.backlog_times),
+            "queueSample": None if self.queue_sample is None else list(self.queue_sample),
         }
 
     @classmethod
@@ -174,14 +180,17 @@ class PolicyState:
             rates = tuple((float(t), float(r)) for t, r in d.get("rateSamples", []))
             fs = d.get("firstSeen")
             la = d.get("lastAction")
+            qs = d.get("queueSample")
             return cls(
                 recommendations=recs,
                 rate_samples=rates,
                 first_seen=None if fs is None else float(fs),
                 last_action=None if la is None else float(la),
                 last_targets={str(k): int(v) for k, v in (d.get("lastTargets") or {}).items()},
+                backlog_times=tuple(float(t) for t in d.get("backlogTimes") or ()),
+                queue_sample=None if qs is None else (float(qs[0]), float(qs[1])),
             )
-        except (KeyError, TypeError, ValueError, AttributeError):
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError):
             return cls()
 
 
@@ -241,6 +250,10 @@ def sizing_rate(
     queued: float = 0.0,
     z: float = 1.645,
     backlog_drain_s: float = 60.0,
+    backlog_lead_s: float | None = None,
+    ttft_observed: float | None = None,
+    ttft_target: float | None = None,
+    ttft_comfort: float = 0.5,
 ) -> tuple[float, PolicyState]:
     """The arrival rate to plan for, shared by the operator's loop and `disagg evaluate`.
 
@@ -249,7 +262,15 @@ def sizing_rate(
     * the rate one lead time ahead (`forecast_rate`), never below the observation;
     * plus ``z`` standard deviations of the Poisson counting noise of a rate measured
       over ``window_s`` (var = rate / window);
-    * plus the capacity to clear the ``queued`` requests within ``backlog_drain_s``.
+    * plus the capacity to clear, within ``backlog_drain_s``, the backlog expected
+      when capacity added now serves: the ``queued`` requests plus their growth
+      since the previous call projected over ``backlog_lead_s`` (default: the
+      forecast horizon, i.e. the start-up time).
+
+    A backlog term larger than the counting-noise term marks this recommendation
+    as backlog-driven (``state.backlog_times``): `decide` then lets it hold
+    capacity only while it is current, not through the stabilization window, so
+    the extra workers go as soon as the queue is gone.
     Returns the rate and the state with this observation recorded.
     """
     r = rate
@@ -258,10 +279,31 @@ def sizing_rate(
         r = max(r, lcb)
     state = observe_rate(state, now, r, config)
     f = forecast_rate(state, now, config) or 0.0
-    f_hi = f + z * math.sqrt(max(f, 0.0) / window_s)
-    if queued and math.isfinite(queued) and queued > 0:
-        f_hi += queued / backlog_drain_s
-    return f_hi, state
+    noise = z * math.sqrt(max(f, 0.0) / window_s)
+    backlog = 0.0
+    q = float(queued) if queued is not None and math.isfinite(queued) and queued > 0 else 0.0
+    if q > 0 and backlog_drain_s > 0:
+        lead = config.forecast_horizon_s if backlog_lead_s is None else backlog_lead_s
+        prev = state.queue_sample
+        growth = 0.0
+        if prev is not None and now > prev[0]:
+            growth = max(0.0, (q - prev[1]) / (now - prev[0]))
+        backlog = (q + growth * max(0.0, lead)) / backlog_drain_s
+    if (
+        backlog <= 0
+        and ttft_observed is not None
+        and ttft_target
+        and math.isfinite(ttft_observed)
+        and 0 <= ttft_observed <= ttft_comfort * ttft_target
+    ):
+        # the pools meet the target with room to spare: plan for the observation,
+        # no extrapolated growth and no counting-noise headroom
+        f, noise = r, 0.0
+    marks = tuple(t for t in state.backlog_times if t < now)
+    if backlog > noise:
+        marks = (*marks, float(now))
+    state = replace(state, queue_sample=(float(now), q), backlog_times=marks[-64:])
+    return f + noise + backlog, state
 
 
 # --------------------------------------------------------------------------- budget helpers
@@ -393,9 +435,15 @@ class Decision:
         }
 
 
-def _window_max(recs: tuple[tuple[float, dict[str, int]], ...], pool: str, since: float, default: int) -> int:
-    vals = [r[pool] for t, r in recs if t >= since and pool in r]
-    return max(vals) if vals else default
+def _window_max(
+    recs: tuple[tuple[float, dict[str, int]], ...],
+    pool: str,
+    since: float,
+    default: int,
+    skip: frozenset[float] = frozenset(),
+) -> int:
+    vals = [r[pool] for t, r in recs if t >= since and pool in r and t not in skip]
+    return max(default, *vals) if vals else default
 
 
 def decide(
@@ -443,7 +491,12 @@ def decide(
     keep_s = max(config.scale_down_stabilization_s, config.sustain_s)
     recs = (*tuple((t, r) for t, r in state.recommendations if t >= now - keep_s and t < now), (now, rec))
     first = state.first_seen if state.first_seen is not None else now
-    st = replace(state, recommendations=recs, first_seen=first)
+    # backlog-driven recommendations (sizing_rate) hold capacity while the backlog
+    # lasts, then no longer: once a recommendation is not backlog-driven, the
+    # stabilization window skips them
+    skip = frozenset() if now in state.backlog_times else frozenset(t for t in state.backlog_times if t < now)
+    marks = tuple(t for t in state.backlog_times if t >= now - keep_s)
+    st = replace(state, recommendations=recs, first_seen=first, backlog_times=marks)
     win = config.scale_down_stabilization_s
     covered = now - first >= win - 1e-9
 
@@ -463,14 +516,14 @@ def decide(
             if c < config.lo(p):  # below min already (min raised): go up, never further down
                 targets[p] = config.lo(p)
                 continue
-            cand = min(c, _window_max(recs, p, now - win, want))
+            cand = min(c, _window_max(recs, p, now - win, want, skip))
             drop = c - cand
             if drop > 0 and not covered:
                 cand, drop = c, 0
                 held_stab.append(p)
             elif drop > 0 and drop < config.hysteresis * c:
                 sustained = now - first >= config.sustain_s - 1e-9
-                cand_long = min(c, _window_max(recs, p, now - config.sustain_s, want))
+                cand_long = min(c, _window_max(recs, p, now - config.sustain_s, want, skip))
                 if sustained and cand_long < c:
                     cand = max(cand, cand_long)
                 else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -17,6 +18,7 @@ from disagg.policy import (
     forecast_rate,
     observe_rate,
     rebalance_steps,
+    sizing_rate,
     total_gpus,
 )
 
@@ -189,6 +191,64 @@ def test_state_round_trip_json():
     assert PolicyState.from_dict({"recommendations": [{"bad": 1}]}) == PolicyState()
     assert PolicyState.from_dict(None) == PolicyState()
     assert isinstance(d, Decision) and json.dumps(d.to_dict())
+
+
+def test_backlog_projection_and_marks():
+    cfg = PolicyConfig(forecast_horizon_s=60, forecast_samples=4)
+    kw = {"window_s": 60.0, "backlog_drain_s": 60.0}
+    r0, st_ = sizing_rate(PolicyState(), 0.0, cfg, 10.0, queued=0, **kw)
+    assert r0 == pytest.approx(10.0 + 1.645 * (10.0 / 60) ** 0.5) and st_.backlog_times == ()
+    # 600 queued, +20/s since the last call: plan to clear 600 + 20 x 60 within 60 s
+    st_ = PolicyState(queue_sample=(0.0, 0.0))
+    r1, st1 = sizing_rate(st_, 30.0, cfg, 10.0, queued=600, **kw)
+    assert r1 == pytest.approx(r0 + (600 + 20 * 60) / 60)
+    assert st1.backlog_times == (30.0,) and st1.queue_sample == (30.0, 600.0)
+    # a shrinking queue is not projected; a small queue is not "backlog-driven"
+    r2, st2 = sizing_rate(st1, 60.0, cfg, 10.0, queued=300, **kw)
+    assert r2 == pytest.approx(r0 + 300 / 60) and st2.backlog_times[-1] == 60.0
+    _, st3 = sizing_rate(st2, 90.0, cfg, 10.0, queued=2, **kw)
+    assert st3.backlog_times[-1] == 60.0
+    # no projection without a lead time
+    r4, _ = sizing_rate(
+        PolicyState(queue_sample=(0.0, 0.0)), 30.0, cfg, 10.0, queued=600, backlog_lead_s=0, **kw
+    )
+    assert r4 == pytest.approx(r0 + 10.0)
+
+
+def test_ttft_feedback_drops_headroom_only_when_comfortable():
+    cfg = PolicyConfig(forecast_horizon_s=60)
+    kw = {"window_s": 60.0, "ttft_target": 0.6}
+    r, _ = sizing_rate(PolicyState(), 0.0, cfg, 10.0, ttft_observed=0.2, **kw)
+    assert r == 10.0
+    r, _ = sizing_rate(PolicyState(), 0.0, cfg, 10.0, ttft_observed=0.5, **kw)
+    assert r > 10.0
+    r, _ = sizing_rate(PolicyState(), 0.0, cfg, 10.0, ttft_observed=0.2, queued=900, **kw)
+    assert r > 10.0 + 900 / 60 - 1e-9  # a backlog is never ignored
+    r, _ = sizing_rate(PolicyState(), 0.0, cfg, 10.0, ttft_observed=float("nan"), **kw)
+    assert r > 10.0
+
+
+def test_backlog_recommendation_does_not_hold_the_window():
+    cfg = PolicyConfig(scale_down_stabilization_s=300)
+    st_ = PolicyState()
+    cur = {"decode": 4}
+    # steady load, then a backlog episode sized 12, then the queue is gone (need 6)
+    for t in range(0, 330, 30):
+        st_ = replace(st_, backlog_times=())
+        d = decide(float(t), cur, {"decode": 4}, st_, cfg, metrics_ok=True)
+        st_, cur = d.state, d.targets
+    for t, want in [(330, 12), (360, 10)]:
+        st_ = replace(st_, backlog_times=(*st_.backlog_times, float(t)))
+        d = decide(float(t), cur, {"decode": want}, st_, cfg, metrics_ok=True)
+        st_, cur = d.state, d.targets
+    assert cur == {"decode": 12}  # held while the backlog lasts
+    d = decide(390.0, cur, {"decode": 6}, st_, cfg, metrics_ok=True)
+    assert d.targets == {"decode": 6}  # then only demand-driven recommendations hold
+    st_, cur = d.state, d.targets
+    d = decide(420.0, cur, {"decode": 4}, st_, cfg, metrics_ok=True)
+    assert d.targets == {"decode": 6}  # ...and those hold for the whole window
+    blob = json.dumps(d.state.to_dict())
+    assert PolicyState.from_dict(json.loads(blob)) == d.state
 
 
 def test_forecast_rising_falling_flat():
