@@ -142,17 +142,19 @@ def next_action(
     return DrainAction(name, "wait", work)
 
 
-def removal_blocker(pool_pods: Sequence[Mapping[str, Any]], victims: set[str]) -> str | None:
-    """Why lowering the Deployment's replicas now could remove the wrong pod, if it could.
+def pending_companions(pool_pods: Sequence[Mapping[str, Any]], victims: set[str]) -> list[str]:
+    """Non-victim pods the ReplicaSet would delete before any victim when replicas drop.
 
-    The ReplicaSet deletes unscheduled, then pending, then not-ready pods before it reads
-    the deletion cost: every non-victim pod must be running and ready (no rollout or
-    start-up in progress).
+    It deletes unscheduled and pending pods first, then not-ready ones by deletion cost:
+    a running victim (not ready, minimum cost) goes before every running non-victim, but
+    never before a pending pod. A pending pod holds no work, so a removal lowers the
+    replicas by these too, and the ReplicaSet then takes them and the victims together.
     """
+    out = []
     for p in pool_pods:
         name = p["metadata"]["name"]
         if name in victims or not is_active(p):
             continue
-        if not is_ready(p):
-            return f"pod {name} is not ready yet"
-    return None
+        if p.get("status", {}).get("phase") != "Running":
+            out.append(name)
+    return out

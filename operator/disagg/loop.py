@@ -262,10 +262,7 @@ async def drain_step(
                 ready_to_remove.append(pod)
         if not ready_to_remove:
             continue
-        blocker = drain.removal_blocker(pp, victims)
-        if blocker:
-            log.info("%s/%s: %s drain waits: %s", ns, name, pool, blocker)
-            continue
+        companions = drain.pending_companions(pp, victims)
         dep = deployments.get(pool)
         if dep is None:
             continue
@@ -287,7 +284,14 @@ async def drain_step(
                 f"{pool} pod {pod['metadata']['name']} drained after {now - rec.since:.1f}s; removing it",
             )
         current = int(dep["spec"].get("replicas", 0))
-        new = max(current - len(ready_to_remove), api.pools(spec)[pool].min_replicas)
+        new = max(current - len(ready_to_remove) - len(companions), api.pools(spec)[pool].min_replicas)
+        if companions:
+            await kube.event(
+                body,
+                "PendingPodsRemoved",
+                f"{pool}: {len(companions)} pending pod(s) removed with the drained ones "
+                f"({', '.join(companions)}): the ReplicaSet deletes pending pods first",
+            )
         if new < current:
             removed[pool] = current - new
             fresh = await kube.get(api.KIND, ns, name)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from disagg.drain import DrainRecord, choose_victims, next_action, removal_blocker
+from disagg.drain import DrainRecord, choose_victims, next_action, pending_companions
 from disagg.status import ANNOTATION_DRAIN
 
 
@@ -74,9 +74,9 @@ def test_idle_or_pending_victims_are_removed_at_once_and_removing_is_verified():
     assert next_action(pod("p"), DrainRecord(0, 100, "readmit", removing=5), 0, now=6).action == "verify"
 
 
-def test_removal_waits_while_another_pod_of_the_pool_is_not_ready():
+def test_pending_pods_are_removed_along_with_the_victims():
     victims = {"v"}
-    pool = [pod("v", ready=False, routable=False), pod("a"), pod("b")]
-    assert removal_blocker(pool, victims) is None
-    pool.append(pod("starting", phase="Pending", ready=False, routable=None))
-    assert "starting" in removal_blocker(pool, victims)
+    pool = [pod("v", ready=False, routable=False), pod("a"), pod("starting", ready=False, routable=None)]
+    assert pending_companions(pool, victims) == []  # a running victim goes before running pods
+    pool.append(pod("pending", phase="Pending", ready=False, routable=None))
+    assert pending_companions(pool, victims) == ["pending"]
