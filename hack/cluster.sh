@@ -113,6 +113,12 @@ EOF
   done
 }
 
+kill_leftovers() {
+  # Processes of this cluster that outlived it (their binaries live in its workdir).
+  local dir="${KWOK_WORKDIR}/clusters/${NAME}/bin"
+  pkill -9 -f "^${dir}/" 2>/dev/null || true
+}
+
 up() {
   local start=${SECONDS}
   need_tools
@@ -120,9 +126,11 @@ up() {
     log "cluster '${NAME}' already running; reusing it"
   else
     if kwokctl get clusters 2>/dev/null | grep -qx "${NAME}"; then
-      log "cluster '${NAME}' exists but is not serving: starting it"
-      kwokctl start cluster --name "${NAME}" --wait 60s >&2 \
-        || { log "start failed: recreating"; kwokctl delete cluster --name "${NAME}" >&2 || true; }
+      # Left over from a machine restart or killed processes: recreating is faster and
+      # safer than restarting half-dead components.
+      log "cluster '${NAME}' exists but is not serving: recreating it"
+      kill_leftovers
+      kwokctl delete cluster --name "${NAME}" >&2 || true
     fi
     if ! is_running; then
       local cfg
@@ -150,6 +158,7 @@ up() {
 }
 
 down() {
+  kill_leftovers
   if [[ -x "${BIN}/kwokctl" ]] && kwokctl get clusters 2>/dev/null | grep -qx "${NAME}"; then
     log "deleting cluster '${NAME}'"
     kwokctl delete cluster --name "${NAME}" >&2 || true

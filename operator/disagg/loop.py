@@ -364,6 +364,8 @@ async def decide_and_apply(
             rate_short=snap.values.get("arrival_rps_short"),
             short_window_s=float(SHORT_WINDOW_SCRAPES * a.scrape_interval_seconds),
             queued=queued,
+            ttft_observed=snap.values.get("ttft_p"),
+            ttft_target=spec.slo.ttft_seconds,
         )
         try:
             plan = plan_for(spec, demand_from(snap, rate), models)
