@@ -369,9 +369,13 @@ async def decide_and_apply(
         )
         try:
             plan = plan_for(spec, demand_from(snap, rate), models)
-            planned = plan.replicas
+            planned = {k: v for k, v in plan.replicas.items() if k in pools}
             floor = (
-                plan_for(spec, demand_from(snap, observed), models).replicas
+                {
+                    k: v
+                    for k, v in plan_for(spec, demand_from(snap, observed), models).replicas.items()
+                    if k in pools
+                }
                 if rate > observed
                 else dict(planned)
             )
@@ -438,6 +442,7 @@ async def decide_and_apply(
                     "utilization": _r(v.utilization),
                 }
                 for k, v in (plan.pools.items() if plan else [])
+                if k in pools
             },
             "predicted": {
                 "ttft_s": _r(plan.ttft_s) if plan else None,
@@ -565,7 +570,7 @@ def export_metrics(
     if plan is not None:
         opmetrics.PREDICTED_TTFT.labels(ns, name).set(plan.ttft_s)
         opmetrics.PREDICTED_ITL.labels(ns, name).set(plan.itl_s)
-        for stage, pp in plan.pools.items():
+        for stage, pp in ((k, v) for k, v in plan.pools.items() if k in pools):
             w = pp.wait_mean_s + pp.service_s
             opmetrics.STAGE_ARRIVAL_RATE.labels(ns, name, stage).set(pp.arrival_rps)
             opmetrics.STAGE_WAIT.labels(ns, name, stage).set(w)
