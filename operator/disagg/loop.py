@@ -14,6 +14,7 @@ window must fill again), never cause one.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import math
 import time
@@ -42,6 +43,8 @@ class Tracker:
     targets: dict[str, int] = field(default_factory=dict)
     metrics_ok: bool | None = None
     calibrator: Calibrator = field(default_factory=Calibrator)
+    shape: dict[str, float] = field(default_factory=dict)  # last measured token means
+    startups: dict[str, float] = field(default_factory=dict)  # observed pod start-up seconds by pod
 
 
 @dataclass
@@ -81,23 +84,66 @@ def pending_count(pods: list[dict]) -> int:
     return sum(1 for p in pods if drain.is_active(p) and p.get("status", {}).get("phase") == "Pending")
 
 
-def demand_from(snap: metrics.Snapshot, rate: float) -> planner.Demand:
+def demand_from(snap: metrics.Snapshot, rate: float, last: dict[str, float] | None = None) -> planner.Demand:
+    """The planner's demand from a snapshot. A token mean the window does not show (no request
+    finished in it) keeps its last measured value in `last`, which is updated in place; with
+    none ever measured it is 1 token, the smallest valid value, never a guess."""
     v, s = snap.values, snap.spreads
+    last = {} if last is None else last
 
-    def pos(key: str, default: float) -> float:
+    def pos(key: str) -> float:
         x = v.get(key)
-        return x if x is not None and math.isfinite(x) and x > 0 else default
+        if x is not None and math.isfinite(x) and x > 0:
+            last[key] = x
+            return x
+        return last.get(key, 1.0)
 
     return planner.Demand(
         arrival_rps=max(rate, 0.0),
-        prompt_tokens_mean=pos("prompt_tokens_mean", 1.0),
+        prompt_tokens_mean=pos("prompt_tokens_mean"),
         prompt_tokens_std=s.get("prompt_tokens_std", 0.0),
-        output_tokens_mean=pos("output_tokens_mean", 1.0),
+        output_tokens_mean=pos("output_tokens_mean"),
         output_tokens_std=s.get("output_tokens_std", 0.0),
     )
 
 
-def policy_config(spec: api.DisaggDeploymentSpec) -> policy.PolicyConfig:
+DEFAULT_LEAD_S = 60.0
+
+
+def _ts(s: str | None) -> float | None:
+    if not s:
+        return None
+    try:
+        return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def startup_seconds(pods: list[dict]) -> dict[str, float]:
+    """Observed pod start-up by pod name: creation to first admission (the routable gate set True)."""
+    out: dict[str, float] = {}
+    for p in pods:
+        for c in p.get("status", {}).get("conditions", []) or []:
+            if (
+                c.get("type") == builders.READINESS_GATE
+                and c.get("status") == "True"
+                and c.get("reason") == "Admitted"
+            ):
+                t0, t1 = _ts(p["metadata"].get("creationTimestamp")), _ts(c.get("lastTransitionTime"))
+                if t0 is not None and t1 is not None and t1 >= t0:
+                    out[p["metadata"]["name"]] = t1 - t0
+    return out
+
+
+def lead_time(samples: list[float] | Any) -> float:
+    """Forecast horizon: the median observed start-up, within [5 s, 600 s]; 60 s before any is seen."""
+    xs = sorted(samples)
+    if not xs:
+        return DEFAULT_LEAD_S
+    return min(600.0, max(5.0, xs[len(xs) // 2]))
+
+
+def policy_config(spec: api.DisaggDeploymentSpec, lead_s: float = DEFAULT_LEAD_S) -> policy.PolicyConfig:
     pools = api.pools(spec)
     a = spec.autoscaling
     return policy.PolicyConfig(
@@ -108,7 +154,7 @@ def policy_config(spec: api.DisaggDeploymentSpec) -> policy.PolicyConfig:
         max_replicas={k: p.max_replicas for k, p in pools.items()},
         gpus_per_replica={k: p.gpus_per_replica for k, p in pools.items()},
         gpu_budget=a.gpu_budget,
-        forecast_horizon_s=60.0,
+        forecast_horizon_s=lead_s,
         paused=a.paused,
     )
 
@@ -339,7 +385,10 @@ async def decide_and_apply(
         for pool in pools
     }
     pending = {pool: pending_count(pool_pods(pods, pool)) for pool in pools}
-    cfg = policy_config(spec)
+    tr.startups.update(startup_seconds(pods))
+    while len(tr.startups) > 50:  # keep the most recent pods' figures
+        tr.startups.pop(next(iter(tr.startups)))
+    cfg = policy_config(spec, lead_time(list(tr.startups.values())))
 
     observed = snap.values.get("arrival_rps") if snap.ok else None
     plan = None
@@ -368,12 +417,12 @@ async def decide_and_apply(
             ttft_target=spec.slo.ttft_seconds,
         )
         try:
-            plan = plan_for(spec, demand_from(snap, rate), models)
+            plan = plan_for(spec, demand_from(snap, rate, tr.shape), models)
             planned = {k: v for k, v in plan.replicas.items() if k in pools}
             floor = (
                 {
                     k: v
-                    for k, v in plan_for(spec, demand_from(snap, observed), models).replicas.items()
+                    for k, v in plan_for(spec, demand_from(snap, observed, tr.shape), models).replicas.items()
                     if k in pools
                 }
                 if rate > observed
@@ -428,6 +477,7 @@ async def decide_and_apply(
             "metricsProblem": None if snap.ok else snap.reason(),
             "arrivalRps": _r(observed),
             "plannedRps": _r(plan_rate),
+            "leadTimeSeconds": _r(cfg.forecast_horizon_s, 1),
             "promptTokensMean": _r(snap.values.get("prompt_tokens_mean")),
             "outputTokensMean": _r(snap.values.get("output_tokens_mean")),
             "observedTtftSeconds": _r(snap.values.get("ttft_p")),

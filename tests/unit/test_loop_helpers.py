@@ -1,0 +1,66 @@
+"""Pure helpers of the autoscaling loop: lead time, demand, policy settings from the spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from disagg import api, loop, metrics
+
+SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "vllm-disaggregated-70b.yaml"
+
+
+def admitted(name, created, admitted_at, reason="Admitted"):
+    return {
+        "metadata": {"name": name, "creationTimestamp": created},
+        "status": {
+            "conditions": [
+                {
+                    "type": "disagg.dev/routable",
+                    "status": "True",
+                    "reason": reason,
+                    "lastTransitionTime": admitted_at,
+                }
+            ]
+        },
+    }
+
+
+def test_lead_time_is_the_median_observed_startup():
+    pods = [
+        admitted("a", "2026-01-01T00:00:00Z", "2026-01-01T00:00:30Z"),
+        admitted("b", "2026-01-01T00:00:00Z", "2026-01-01T00:01:30Z"),
+        admitted("c", "2026-01-01T00:00:00Z", "2026-01-01T00:00:45Z"),
+        admitted("readmitted", "2026-01-01T00:00:00Z", "2026-01-01T05:00:00Z", reason="Readmitted"),
+    ]
+    seen = loop.startup_seconds(pods)
+    assert seen == {"a": 30.0, "b": 90.0, "c": 45.0}  # a re-admission after a drain is not a start-up
+    assert loop.lead_time(list(seen.values())) == 45.0
+    assert loop.lead_time([]) == loop.DEFAULT_LEAD_S
+    assert loop.lead_time([2000.0]) == 600.0
+
+
+def test_policy_config_follows_the_spec():
+    spec = api.parse_spec(yaml.safe_load(SAMPLE.read_text())["spec"])
+    cfg = loop.policy_config(spec, lead_s=42.0)
+    assert cfg.forecast_horizon_s == 42.0
+    assert cfg.gpus_per_replica == {k: p.gpus_per_replica for k, p in api.pools(spec).items()}
+    assert cfg.gpu_budget == spec.autoscaling.gpu_budget
+    assert cfg.max_step_down == spec.autoscaling.max_scale_down_step
+
+
+def test_demand_uses_measured_shape_and_never_invents_tokens():
+    snap = metrics.Snapshot(
+        time=0.0,
+        values={"prompt_tokens_mean": 1200.0, "output_tokens_mean": float("nan")},
+        spreads={"prompt_tokens_std": 300.0},
+    )
+    last: dict[str, float] = {}
+    d = loop.demand_from(snap, 4.5, last)
+    assert d.arrival_rps == 4.5 and d.prompt_tokens_mean == 1200.0 and d.prompt_tokens_std == 300.0
+    assert d.output_tokens_mean == 1.0  # never measured: the smallest valid value, not a guess
+    snap.values["output_tokens_mean"] = 400.0
+    loop.demand_from(snap, 4.5, last)
+    snap.values["output_tokens_mean"] = float("nan")  # no request finished in this window
+    assert loop.demand_from(snap, 4.5, last).output_tokens_mean == 400.0
