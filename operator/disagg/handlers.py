@@ -22,6 +22,7 @@ import kopf
 
 from disagg import api, builders, reconcile
 from disagg.kube import Kube, NotFound
+from disagg.leader import LeaderElector
 
 log = logging.getLogger("disagg.handlers")
 
@@ -46,6 +47,12 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = 30
     State.kube = await Kube.connect(os.environ.get("KUBECONFIG") or None)
+    election = State.options.get("leader_election")
+    if election:
+        # Watches start only after this handler returns: a standby does nothing at all.
+        elector = LeaderElector(State.kube, namespace=election[0], name=election[1])
+        await elector.acquire()
+        State.tasks.append(asyncio.create_task(elector.hold(lambda: os._exit(1)), name="disagg-leader"))
     hook = State.options.get("on_startup")
     if hook:
         await hook(State)

@@ -54,6 +54,7 @@ RESOURCES = {
     "Secret": Resource("v1", "Secret", "secrets"),
     "Event": Resource("v1", "Event", "events"),
     "PodDisruptionBudget": Resource("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+    "Lease": Resource("coordination.k8s.io/v1", "Lease", "leases"),
     KIND: Resource(f"{GROUP}/{VERSION}", KIND, PLURAL),
 }
 
@@ -175,6 +176,10 @@ class Kube:
             query=query,
             content_type="application/apply-patch+yaml",
         )
+
+    async def create(self, obj: dict) -> dict:
+        meta = obj["metadata"]
+        return await self._call("POST", resource_for(obj).path(meta.get("namespace")), body=obj)
 
     async def patch(
         self,

@@ -72,7 +72,12 @@ def render(helm_bin: str, *args: str, release: str = "rel", namespace: str = "op
 
 
 def by_kind(docs: list[dict], kind: str) -> list[dict]:
-    return [d for d in docs if d["kind"] == kind]
+    """Objects of a kind, without the leader-election Role/RoleBinding (tested on their own)."""
+    return [d for d in docs if d["kind"] == kind and not is_leader_election(d)]
+
+
+def is_leader_election(d: dict) -> bool:
+    return (d["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == "leader-election"
 
 
 def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
@@ -97,7 +102,7 @@ def test_lint(helm_bin: str, values: Path | None) -> None:
 
 def test_render_default(helm_bin: str) -> None:
     docs = render(helm_bin)
-    kinds = sorted(d["kind"] for d in docs)
+    kinds = sorted(d["kind"] for d in docs if not is_leader_election(d))
     assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
     (dep,) = by_kind(docs, "Deployment")
     spec = dep["spec"]
@@ -124,6 +129,11 @@ def test_render_default(helm_bin: str) -> None:
         "8081",
         "--liveness-port",
         "8082",
+        "--leader-election",
+        "--leader-election-namespace",
+        "ops",
+        "--leader-election-id",
+        "disagg-operator-leader",
     ]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"metrics": 8080, "dashboard": 8081, "liveness": 8082}
@@ -152,7 +162,7 @@ def test_rbac_is_least_privilege(helm_bin: str) -> None:
 
 def test_render_all_on(helm_bin: str) -> None:
     docs = render(helm_bin, "-f", str(ALL_ON))
-    kinds = sorted(d["kind"] for d in docs)
+    kinds = sorted(d["kind"] for d in docs if not is_leader_election(d))
     assert kinds == [
         "ConfigMap",
         "Deployment",
@@ -202,6 +212,27 @@ def test_render_all_on(helm_bin: str) -> None:
     assert embedded == json.loads((CHART / "dashboards" / "disagg-operator.json").read_text())
 
 
+def test_leader_election_role_grants_only_its_own_lease(helm_bin: str) -> None:
+    docs = render(helm_bin)
+    (role,) = [d for d in docs if d["kind"] == "Role" and is_leader_election(d)]
+    (rb,) = [d for d in docs if d["kind"] == "RoleBinding" and is_leader_election(d)]
+    assert role["metadata"]["namespace"] == rb["metadata"]["namespace"]
+    by_verbs = {tuple(r["verbs"]): r for r in role["rules"]}
+    assert set(by_verbs) == {("create",), ("get", "patch")}
+    assert by_verbs[("get", "patch")]["resourceNames"] == ["disagg-operator-leader"]
+    assert all(
+        r["resources"] == ["leases"] and r["apiGroups"] == ["coordination.k8s.io"] for r in role["rules"]
+    )
+    (dep,) = by_kind(docs, "Deployment")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--leader-election" in args
+    assert args[args.index("--leader-election-namespace") + 1] == role["metadata"]["namespace"]
+    off = render(helm_bin, "--set", "leaderElection.enabled=false")
+    assert not [d for d in off if is_leader_election(d)]
+    (dep,) = by_kind(off, "Deployment")
+    assert "--leader-election" not in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
 def test_values_schema_is_strict() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert schema["additionalProperties"] is False
@@ -214,7 +245,12 @@ def test_values_schema_is_strict() -> None:
     ("bad", "message"),
     [
         ({"replicaCount": "two"}, "at '/replicaCount': got string, want integer"),
-        ({"replicaCount": 2}, "at '/replicaCount': maximum: got 2, want 1"),
+        ({"replicaCount": 4}, "at '/replicaCount': maximum: got 4, want 3"),
+        (
+            {"replicaCount": 2, "leaderElection": {"enabled": False}},
+            "at '/replicaCount': maximum: got 2, want 1",
+        ),
+        ({"leaderElection": {"leaseName": "Bad_Name"}}, "at '/leaderElection/leaseName'"),
         ({"replicas": 1}, "additional properties 'replicas' not allowed"),
         ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy': value must be one of"),
         ({"ports": {"metrics": 0}}, "at '/ports/metrics': minimum: got 0, want 1"),
@@ -297,7 +333,9 @@ def test_install_and_uninstall(cluster, crd, helm_bin: str, namespace: str) -> N
         assert rel in cr["metadata"]["name"]
         crb = cluster.get_json("clusterrolebinding", cluster_name)
         assert crb["subjects"][0] == {"kind": "ServiceAccount", "name": full, "namespace": namespace}
-        assert cluster.kubectl("get", "role", "-n", namespace, "-o", "name").stdout.strip() == ""
+        # Cluster-wide mode: the only namespaced Role is the leader-election one.
+        roles = cluster.kubectl("get", "role", "-n", namespace, "-o", "name").stdout.split()
+        assert roles == [f"role.rbac.authorization.k8s.io/{full}-leader-election"]
 
         # The operator pod lands on a (fake, KWOK) node and is reported Running.
         def scheduled() -> dict | None:

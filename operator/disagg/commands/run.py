@@ -50,6 +50,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=os.environ.get("DISAGG_PROMETHEUS_URL"),
         help="Prometheus for DisaggDeployments that name none (default: $DISAGG_PROMETHEUS_URL)",
     )
+    p.add_argument(
+        "--leader-election",
+        action="store_true",
+        help="hold a Lease before acting, so that of several replicas only one writes",
+    )
+    p.add_argument(
+        "--leader-election-namespace",
+        default=os.environ.get("POD_NAMESPACE") or "default",
+        help="namespace of the Lease (default: $POD_NAMESPACE or default)",
+    )
+    p.add_argument("--leader-election-id", default="disagg-operator-leader", help="name of the Lease")
     p.add_argument("--no-autoscaler", action="store_true", help="reconcile only; never change pool sizes")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=run)
@@ -75,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
         "autoscaler": not args.no_autoscaler,
         "prometheus_url": args.prometheus_url,
         "namespaces": list(args.namespace),
+        "leader_election": (args.leader_election_namespace, args.leader_election_id)
+        if args.leader_election
+        else None,
     }
     try:
         import importlib
