@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import tempfile
 from collections.abc import Sequence
 from typing import Any
@@ -79,9 +80,16 @@ async def client_for(
             raise ValueError(
                 "no Prometheus URL: set spec.autoscaling.prometheus.url or the operator's --prometheus-url"
             )
-        key: tuple = (default_url, None, False, None)
+        # The operator-wide Prometheus (the chart passes its credentials as environment).
+        token = os.environ.get("DISAGG_PROMETHEUS_BEARER_TOKEN") or None
+        insecure = os.environ.get("DISAGG_PROMETHEUS_INSECURE_SKIP_VERIFY", "").lower() in (
+            "1",
+            "true",
+            "yes",
+        )
+        key: tuple = (default_url, token, insecure, None)
         if key not in _cache:
-            _cache[key] = PromClient(default_url)
+            _cache[key] = PromClient(default_url, token=token, insecure=insecure)
         return _cache[key]
     token = (
         await _secret_value(kube, namespace, cfg.bearer_token_secret_ref)
