@@ -190,3 +190,38 @@ def test_gpu_budget_below_the_plan_is_never_exceeded(stack):
     decision = stack.dd()["status"]["lastDecision"]
     assert decision["outputs"]["budgetLimited"] is True
     assert sum(decision["outputs"]["targets"].values()) <= budget
+
+
+def test_burst_while_gpus_run_out_requests_no_runaway_capacity(stack):
+    # Decode workers take a whole 8-GPU node: at most 4 fit on the simulated cluster, fewer
+    # once prefill pods sit on some nodes.
+    obj = deployment_spec(stack.prom.url)
+    obj["spec"]["pools"]["decode"]["gpusPerReplica"] = 8
+    want = planned(obj, 10.0, PROMPT, OUTPUT)
+    assert want["decode"] > 4, "the test needs a plan larger than the cluster"
+    stack.apply(obj)
+    stack.start_operator()
+    stack.wait_routable()
+    stack.start_emulator(*load_args("0:10", 80))
+
+    def pending_decode():
+        return [p for p in stack.pods("decode") if p["status"].get("phase") == "Pending"]
+
+    stack.cluster.wait_for(
+        pending_decode, timeout=60, interval=1, what=f"unschedulable decode pods\n{stack.debug()}"
+    )
+    stack.cluster.wait_for(
+        lambda: "unschedulable" in ((stack.condition("Degraded") or {}).get("message") or ""),
+        timeout=30,
+        what="Degraded names the unschedulable pods",
+    )
+    # While pods are pending, the requested replicas do not keep growing.
+    first = stack.replicas()["decode"]
+    samples = []
+    for _ in range(3 * INTERVAL):
+        samples.append(stack.replicas()["decode"])
+        time.sleep(1)
+    assert max(samples) <= max(first, want["decode"]), (first, samples, want)
+    assert max(samples) - first <= 8, "runaway scale-up while pods cannot be scheduled"
+    assert samples[-1] == samples[0], f"replicas kept moving while pods were pending: {samples}"
+    assert stack.condition("Degraded")["status"] == "True"
