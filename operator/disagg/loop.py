@@ -143,6 +143,39 @@ def lead_time(samples: list[float] | Any) -> float:
     return min(600.0, max(5.0, xs[len(xs) // 2]))
 
 
+def fit_growth_in_budget(
+    spec: api.DisaggDeploymentSpec, deployments: Mapping[str, dict], pods: list[dict], grow: dict[str, int]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Trim new replica counts so that GPUs requested on the cluster never exceed the budget.
+
+    The policy counts a draining pod as gone; the cluster does not until it is removed. Growth
+    that would only fit once drains finish waits for the next decision (make-before-break
+    within the budget). Returns (the growth that fits, what was deferred).
+    """
+    budget = spec.autoscaling.gpu_budget
+    pools = api.pools(spec)
+    held = {
+        name: max(
+            int((deployments.get(name) or {}).get("spec", {}).get("replicas", 0)),
+            sum(1 for p in pool_pods(pods, name) if drain.is_active(p)),
+        )
+        for name in pools
+    }
+    used = sum(held[n] * pools[n].gpus_per_replica for n in pools)
+    fits: dict[str, int] = {}
+    deferred: dict[str, int] = {}
+    for name in sorted(grow, key=lambda n: pools[n].gpus_per_replica):
+        gpr = pools[name].gpus_per_replica
+        room = max(0, (budget - used) // gpr) if budget is not None else grow[name]
+        add = min(max(0, grow[name] - held[name]), room)
+        if add > 0:
+            fits[name] = held[name] + add
+            used += add * gpr
+        if grow[name] - held[name] > add:
+            deferred[name] = grow[name] - held[name] - add
+    return fits, deferred
+
+
 def policy_config(spec: api.DisaggDeploymentSpec, lead_s: float = DEFAULT_LEAD_S) -> policy.PolicyConfig:
     pools = api.pools(spec)
     a = spec.autoscaling
@@ -461,6 +494,10 @@ async def decide_and_apply(
         elif want < current[pool]:
             live = [p for p in pool_pods(pods, pool) if drain.is_active(p)]
             await start_drains(kube, body, spec, pool, live, snap, current[pool] - want)
+    if grow and spec.autoscaling.gpu_budget:
+        grow, deferred = fit_growth_in_budget(spec, deployments, pods, grow)
+        if deferred:
+            decision.notes.append(f"growth of {deferred} deferred: draining pods still hold their GPUs")
     if grow:
         await reconcile.reconcile(kube, body, replicas=grow)
 

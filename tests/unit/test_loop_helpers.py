@@ -64,3 +64,32 @@ def test_demand_uses_measured_shape_and_never_invents_tokens():
     loop.demand_from(snap, 4.5, last)
     snap.values["output_tokens_mean"] = float("nan")  # no request finished in this window
     assert loop.demand_from(snap, 4.5, last).output_tokens_mean == 400.0
+
+
+def test_growth_waits_while_draining_pods_still_hold_the_budget():
+    spec = api.parse_spec(yaml.safe_load(SAMPLE.read_text())["spec"])
+    spec.autoscaling.gpu_budget = 24
+    gpr = {k: p.gpus_per_replica for k, p in api.pools(spec).items()}  # prefill 4, decode 2
+    deps = {"prefill": {"spec": {"replicas": 2}}, "decode": {"spec": {"replicas": 6}}}
+
+    def pods(pool, n):
+        return [
+            {
+                "metadata": {"name": f"{pool}-{i}", "labels": {"disagg.dev/pool": pool}},
+                "status": {"phase": "Running"},
+            }
+            for i in range(n)
+        ]
+
+    # 2x4 + 8x2 = 24 GPUs held: two decode pods are still draining although the policy
+    # already counts them as gone, so a third prefill replica (4 GPUs) must wait.
+    fits, deferred = loop.fit_growth_in_budget(
+        spec, deps, pods("prefill", 2) + pods("decode", 8), {"prefill": 3}
+    )
+    assert fits == {} and deferred == {"prefill": 1}
+    assert gpr["prefill"] * 2 + gpr["decode"] * 8 == 24
+    # Once they are gone (6 decode pods: 20 GPUs), it fits.
+    fits, deferred = loop.fit_growth_in_budget(
+        spec, deps, pods("prefill", 2) + pods("decode", 6), {"prefill": 3}
+    )
+    assert fits == {"prefill": 3} and deferred == {}
