@@ -27,13 +27,14 @@ pools proportionally.
 from __future__ import annotations
 
 import bisect
-import functools
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple, TypeVar
 
-from disagg.model import StageModels
-from disagg.queueing import erlang_b_range
+import numpy as np
+
+from disagg.model import GIB, DecodeModel, EncoderModel, PrefillModel, StageModels, TransferModel
+from disagg.queueing import erlang_b_stride
 
 __all__ = [
     "SLO",
@@ -50,6 +51,7 @@ __all__ = [
 Placement = Literal["disaggregated", "colocated", "conditional"]
 PLACEMENTS = ("disaggregated", "colocated", "conditional")
 POOLS = ("encoder", "prefill", "decode")
+_T = TypeVar("_T")
 ENCODER_CS2 = 1.0  # encoder service variability (items per request vary): exponential-like
 
 
@@ -133,6 +135,9 @@ class PoolBounds:
                 f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})"
             )
 
+
+_DEFAULT_MODELS = StageModels()  # frozen: one shared default instead of a new one per call
+_DEFAULT_SLO = SLO()
 
 DEFAULT_BOUNDS: dict[str, PoolBounds] = {
     "encoder": PoolBounds(min_replicas=0),
@@ -282,63 +287,51 @@ def _nest_stages(stages: dict[str, float]) -> dict[str, dict[str, float]]:
 
 # --------------------------------------------------------------------------- queue tables
 
+# A pool's table: (r0, wait_p, wait_mean) -- the percentile and mean queueing wait
+# for R = r0, r0 + 1, ... replicas (plain float lists: no per-row objects).
+_Table = tuple[int, list[float], list[float]]
+# A pool's queue: (arrival rate, mean service s, service cs^2, servers per replica, bounds)
+_Spec = tuple[float, float, float, int, PoolBounds]
 
-@dataclass
-class _Row:
-    replicas: int
-    wait_p: float
-    wait_mean: float
 
+def _table(lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: int, p: float) -> _Table:
+    """Percentile wait for R = first stable (>= r_lo) .. first R whose percentile wait is 0 (<= r_hi).
 
-def _table(lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: int, p: float) -> list[_Row]:
-    """Percentile wait for R = first stable (>= r_lo) .. first R whose percentile wait is 0 (<= r_hi)."""
+    One Erlang-B pass (`erlang_b_stride`, vectorised for large loads) that
+    stops at the first zero-wait count.
+    """
     if lam <= 0 or service_s <= 0:
-        return [_Row(r_lo, 0.0, 0.0)]
+        return r_lo, [0.0], [0.0]
     a = lam * service_s
     r0 = max(r_lo, int(a // k) + 1)
     if r0 > r_hi:
-        return []
+        return r0, [], []
     f = (1.0 + cs2) / 2.0
     mu = 1.0 / service_s
     tail = 1.0 - p
-    rows: list[_Row] = []
-    r = r0
-    c_hi = min(r_hi * k, max(r0 * k, math.ceil(a + 8.0 * math.sqrt(a) + 10.0)) + k)
-    while True:
-        c_lo = r * k
-        bs = erlang_b_range(a, c_lo, c_hi)
-        while r * k <= c_hi:
-            c = r * k
-            b = bs[c - c_lo]
-            denom = c - a * (1.0 - b)
-            pw = min(1.0, c * b / denom) if denom > 0 else 1.0
-            gap = c * mu - lam
-            wp = f * math.log(pw / tail) / gap if pw > tail else 0.0
-            rows.append(_Row(r, wp, f * pw / gap))
-            if wp <= 0.0:
-                return rows
-            r += 1
-        if r > r_hi:
-            return rows
-        c_hi = min(r_hi * k, c_hi * 2 + k)
+    wps: list[float] = []
+    wms: list[float] = []
+    c = r0 * k
+    c_last = r_hi * k
+    log = math.log
+    for b in erlang_b_stride(a, c, k):
+        denom = c - a * (1.0 - b)
+        pw = min(1.0, c * b / denom) if denom > 0 else 1.0
+        gap = c * mu - lam
+        wp = f * log(pw / tail) / gap if pw > tail else 0.0
+        wps.append(wp)
+        wms.append(f * pw / gap)
+        if wp <= 0.0 or c >= c_last:
+            break
+        c += k
+    return r0, wps, wms
 
 
-# --------------------------------------------------------------------------- core
+# --------------------------------------------------------------------------- setup
 
 
-@dataclass
-class _Stage:
-    lam: float
-    service_s: float
-    cs2: float
-    k: int
-    bounds: PoolBounds
-    table: list[_Row]
-
-
-@dataclass
-class _Setup:
-    """Everything about one (demand, models, slo) that does not depend on the replica counts."""
+class _Setup(NamedTuple):
+    """Everything about one (demand shape, models, slo) that depends on neither rate nor replicas."""
 
     fixed_s: float  # latency floor: services + transfer + first step
     enc_s: float
@@ -356,7 +349,64 @@ class _Setup:
     media: float
 
 
-def _setup(d: Demand, m: StageModels, slo: SLO, chunked: bool) -> _Setup:
+class _Ctx:
+    """Per (models, slo, chunked): model constants and the setups of the shapes seen so far."""
+
+    __slots__ = ("b_eff", "chunked", "fast", "itl_ok", "m", "shapes", "slo", "step1_ms", "step_cap_ms")
+
+    def __init__(self, m: StageModels, slo: SLO, chunked: bool) -> None:
+        self.m, self.slo, self.chunked = m, slo, chunked
+        # the inlined scalar formulas below are the model classes' own; subclasses take the slow path
+        self.fast = (
+            type(m.encoder) is EncoderModel
+            and type(m.prefill) is PrefillModel
+            and type(m.transfer) is TransferModel
+            and type(m.decode) is DecodeModel
+        )
+        b_eff = m.decode.max_batch_for_itl(slo.itl_s * 1000.0)
+        self.itl_ok = b_eff >= 1
+        self.b_eff = max(1, b_eff)
+        self.step_cap_ms = float(m.decode.step_ms(self.b_eff))
+        self.step1_ms = float(m.decode.step_ms(1))
+        self.shapes: dict[tuple[float, ...], _Setup] = {}
+
+    def step_ms(self, batch: float) -> float:
+        dec = self.m.decode
+        if self.fast:
+            return dec.step_fixed_ms + dec.step_ms_per_seq * batch
+        return float(dec.step_ms(batch))
+
+
+_CTX_BY_ID: dict[tuple[int, int, bool], _Ctx] = {}
+_CTX_BY_VALUE: dict[tuple[StageModels, SLO, bool], _Ctx] = {}
+_CTX_MAX = 64
+_SHAPES_MAX = 4096
+
+
+def _ctx(m: StageModels, slo: SLO, chunked: bool) -> _Ctx:
+    """The context for these (frozen) models and SLO: by identity first, by value on a miss."""
+    c = _CTX_BY_ID.get((id(m), id(slo), chunked))
+    if c is not None and c.m is m and c.slo is slo:
+        return c
+    vkey = (m, slo, chunked)
+    c = _CTX_BY_VALUE.get(vkey)
+    if c is None:
+        if len(_CTX_BY_VALUE) >= _CTX_MAX:
+            _CTX_BY_VALUE.clear()
+        c = _CTX_BY_VALUE[vkey] = _Ctx(m, slo, chunked)
+    if len(_CTX_BY_ID) >= _CTX_MAX:
+        _CTX_BY_ID.clear()
+    _CTX_BY_ID[(id(m), id(slo), chunked)] = c  # the context holds m and slo: their ids stay theirs
+    return c
+
+
+def _clear_caches() -> None:
+    """Forget every cached context and shape setup (benchmarks; tests)."""
+    _CTX_BY_ID.clear()
+    _CTX_BY_VALUE.clear()
+
+
+def _shape(ctx: _Ctx, d: Demand) -> _Setup:
     key = (
         d.prompt_tokens_mean,
         d.prompt_tokens_std,
@@ -366,11 +416,21 @@ def _setup(d: Demand, m: StageModels, slo: SLO, chunked: bool) -> _Setup:
         d.items_per_request,
         d.prefix_hit_rate,
     )
-    return replace(_setup_cached(key, m, slo, chunked))
+    st = ctx.shapes.get(key)
+    if st is None:
+        if len(ctx.shapes) >= _SHAPES_MAX:
+            ctx.shapes.clear()
+        st = _setup_fast(key, ctx) if ctx.fast else _setup_reference(key, ctx.m, ctx.slo, ctx.chunked)
+        ctx.shapes[key] = st
+    return st
 
 
-@functools.lru_cache(maxsize=1024)
-def _setup_cached(key: tuple[float, ...], m: StageModels, slo: SLO, chunked: bool) -> _Setup:
+def _setup(d: Demand, m: StageModels, slo: SLO, chunked: bool) -> _Setup:
+    return _shape(_ctx(m, slo, chunked), d)
+
+
+def _setup_reference(key: tuple[float, ...], m: StageModels, slo: SLO, chunked: bool) -> _Setup:
+    """The setup through the models' own methods (any model subclass; the reference for `_setup_fast`)."""
     d = Demand(1.0, *key)
     tokens = d.prompt_tokens_mean
     h = d.prefix_hit_rate
@@ -415,101 +475,203 @@ def _setup_cached(key: tuple[float, ...], m: StageModels, slo: SLO, chunked: boo
     )
 
 
-def _stages(lam: float, st: _Setup, bounds: dict[str, PoolBounds], p: float) -> dict[str, _Stage]:
-    eb, pb, db = bounds["encoder"], bounds["prefill"], bounds["decode"]
-    lam_e = lam * st.media
-    out = {
-        "encoder": _Stage(lam_e, st.enc_s, ENCODER_CS2, 1, eb, []),
-        "prefill": _Stage(lam, st.prefill_s, st.prefill_cs2, 1, pb, []),
-        "decode": _Stage(lam, st.hold_s, st.hold_cs2, st.b_eff, db, []),
-    }
-    for s in out.values():
-        s.table = _table(s.lam, s.service_s, s.cs2, s.k, s.bounds.min_replicas, s.bounds.max_replicas, p)
-    return out
+def _setup_fast(key: tuple[float, ...], ctx: _Ctx) -> _Setup:
+    """`_setup_reference` with the model formulas inlined as scalar float arithmetic.
 
-
-def _search(stages: dict[str, _Stage], slack: float) -> tuple[int, int, int] | None:
-    """Fewest GPUs (then fewest replicas) with summed percentile waits <= slack; indices into tables."""
-    te, tp, td = stages["encoder"].table, stages["prefill"].table, stages["decode"].table
-    if not te or not tp or not td:
-        return None
-    ge = stages["encoder"].bounds.gpus_per_replica
-    gp = stages["prefill"].bounds.gpus_per_replica
-    gd = stages["decode"].bounds.gpus_per_replica
-    # decode waits are non-increasing along the table: bisect on the negated list
-    neg_d = [-row.wait_p for row in td]
-    best: tuple[int, int, float] | None = None
-    best_idx: tuple[int, int, int] | None = None
-    eps = 1e-12
-    for i, re_ in enumerate(te):
-        if re_.wait_p > slack + eps:
-            continue
-        for j, rp in enumerate(tp):
-            rem = slack - re_.wait_p - rp.wait_p
-            if rem < -eps:
-                continue
-            k = bisect.bisect_left(neg_d, -(rem + eps))
-            if k >= len(td):
-                continue
-            rd = td[k]
-            cost = ge * re_.replicas + gp * rp.replicas + gd * rd.replicas
-            key = (cost, re_.replicas + rp.replicas + rd.replicas, re_.wait_p + rp.wait_p + rd.wait_p)
-            if best is None or key < best:
-                best, best_idx = key, (i, j, k)
-    return best_idx
-
-
-def _solve(
-    lam: float, st: _Setup, bounds: dict[str, PoolBounds], p: float, slack: float, budget: int | None
-) -> tuple[dict[str, _Stage], tuple[int, int, int]] | None:
-    stages = _stages(lam, st, bounds, p)
-    idx = _search(stages, slack)
-    if idx is None:
-        return None
-    if budget is not None and _cost(stages, idx) > budget:
-        return None
-    return stages, idx
-
-
-def _cost(stages: dict[str, _Stage], idx: tuple[int, int, int]) -> int:
-    return sum(
-        stages[n].table[i].replicas * stages[n].bounds.gpus_per_replica
-        for n, i in zip(POOLS, idx, strict=True)
+    Same operations in the same order as the model methods (so bit-identical;
+    tests/unit/test_planner.py checks), without their per-call validation and
+    numpy round trips.
+    """
+    tokens, t_std, o_mean, o_std, media, items, h = key
+    m = ctx.m
+    pf, tr = m.prefill, m.transfer
+    p_fixed, p_lin, p_sq = pf.fixed_ms, pf.ms_per_token, pf.ms_per_token_sq
+    cached = h * tokens
+    s_ms = p_fixed + p_lin * (1 - h) * tokens
+    s_ms += p_sq * (1 - h * h) * (tokens * tokens + t_std**2)
+    slope = p_lin * (1 - h) + 2 * p_sq * (1 - h * h) * tokens
+    cs2 = (slope * t_std / s_ms) ** 2 if s_ms > 0 else 0.0
+    kvb, setup_ms = tr.kv_bytes_per_token, tr.setup_ms
+    link = tr.bandwidth_gibps * GIB
+    serial = setup_ms + 1000.0 * (kvb * tokens) / link
+    full_ms = p_fixed + p_lin * tokens + p_sq * (tokens * tokens - 0.0 * 0.0)  # service_ms(tokens)
+    c = min(cached, tokens)
+    hit_ms = p_fixed + p_lin * (tokens - c) + p_sq * (tokens * tokens - c * c)  # service_ms(tokens, cached)
+    ct = tr.chunk_tokens
+    if ct > 0:  # TransferModel.chunked_end_ms
+        if tokens <= ct:
+            ready = [full_ms]
+        else:
+            ends = np.arange(ct, tokens, ct, dtype=float).tolist()
+            ends.append(tokens)
+            ready = [p_fixed + p_lin * e + p_sq * e * e for e in ends]
+        link_free = 0.0
+        prev = 0.0
+        for i, r in enumerate(ready, 1):
+            cur = min(float(i * ct), tokens)
+            link_free = max(link_free, r) + (setup_ms + 1000.0 * (kvb * (cur - prev)) / link)
+            prev = cur
+        chunked_end = link_free
+    else:
+        chunked_end = full_ms + serial
+    chunked_ms = max(0.0, chunked_end - hit_ms)
+    if tokens > 0:
+        transfer = chunked_ms if ctx.chunked and ct > 0 else serial
+    else:
+        transfer = 0.0
+    step_cap = ctx.step_cap_ms
+    enc = m.encoder
+    enc_s = (enc.fixed_ms + enc.ms_per_item * items) / 1000.0 if media > 0 else 0.0
+    fixed = enc_s + s_ms / 1000.0 + transfer / 1000.0 + ctx.step1_ms / 1000.0
+    return _Setup(
+        fixed,
+        enc_s,
+        s_ms / 1000.0,
+        cs2,
+        transfer,
+        serial,
+        chunked_ms,
+        kvb * tokens,
+        step_cap,
+        ctx.b_eff,
+        ctx.itl_ok,
+        o_mean * step_cap / 1000.0,
+        (o_std / o_mean) ** 2,
+        media,
     )
 
 
-def _best_slack_ttft(stages: dict[str, _Stage], fixed: float) -> float:
-    """Best TTFT at the percentile these bounds allow (each pool at its largest table entry)."""
-    if any(not s.table for s in stages.values()):
-        return math.inf
-    return fixed + sum(s.table[-1].wait_p for s in stages.values())
+# --------------------------------------------------------------------------- core
 
 
-def _pool_plan(name: str, s: _Stage, row: _Row) -> PoolPlan:
-    r = row.replicas
-    c = r * s.k
-    cap = s.k / s.service_s if s.service_s > 0 else math.inf
-    util = s.lam * s.service_s / c if c > 0 else (0.0 if s.lam == 0 else math.inf)
-    return PoolPlan(
+def _specs(lam: float, st: _Setup, bounds: dict[str, PoolBounds]) -> tuple[_Spec, _Spec, _Spec]:
+    return (
+        (lam * st.media, st.enc_s, ENCODER_CS2, 1, bounds["encoder"]),
+        (lam, st.prefill_s, st.prefill_cs2, 1, bounds["prefill"]),
+        (lam, st.hold_s, st.hold_cs2, st.b_eff, bounds["decode"]),
+    )
+
+
+def _tables(specs: tuple[_Spec, ...], p: float) -> list[_Table]:
+    return [_table(lam, s, cs2, k, b.min_replicas, b.max_replicas, p) for lam, s, cs2, k, b in specs]
+
+
+def _search(tabs: list[_Table], gpus: tuple[int, int, int], slack: float) -> tuple[int, int, int] | None:
+    """Fewest GPUs (then fewest replicas, then least wait) with summed percentile waits <= slack.
+
+    Returns indices into the three tables. Every (encoder, prefill) pair takes
+    the fewest decode replicas that fit the remaining slack (bisection: decode
+    waits fall along the table). Pruned without changing the answer: costs only
+    grow along the encoder and prefill tables, so once a pair's cost plus the
+    decode minimum exceeds the best cost, no later pair can win.
+    """
+    (r0e, we, _), (r0p, wpp, _), (r0d, wd, _) = tabs
+    if not we or not wpp or not wd:
+        return None
+    ge, gp, gd = gpus
+    eps = 1e-12
+    if len(wd) == 1:
+        neg_d = [-wd[0]]
+    else:
+        neg_d = [-w for w in wd]
+    floor_d = gd * r0d
+    floor_p = gp * r0p
+    best: tuple[int, int, float] | None = None
+    best_idx: tuple[int, int, int] | None = None
+    lim_e = slack + eps
+    bl = bisect.bisect_left
+    nd = len(wd)
+    for i, w_e in enumerate(we):
+        if w_e > lim_e:
+            continue
+        re_ = r0e + i
+        ce = ge * re_
+        if best is not None and ce + floor_p + floor_d > best[0]:
+            break
+        for j, w_p in enumerate(wpp):
+            rem = slack - w_e - w_p
+            if rem < -eps:
+                continue
+            rp = r0p + j
+            cp = ce + gp * rp
+            if best is not None and cp + floor_d > best[0]:
+                break
+            kd = bl(neg_d, -(rem + eps))
+            if kd >= nd:
+                continue
+            rd = r0d + kd
+            key = (cp + gd * rd, re_ + rp + rd, w_e + w_p + wd[kd])
+            if best is None or key < best:
+                best, best_idx = key, (i, j, kd)
+    return best_idx
+
+
+def _cost(tabs: list[_Table], gpus: tuple[int, int, int], idx: tuple[int, int, int]) -> int:
+    return sum((t[0] + i) * g for t, g, i in zip(tabs, gpus, idx, strict=True))
+
+
+_Sol = tuple[tuple[_Spec, _Spec, _Spec], list[_Table], tuple[int, int, int]]
+
+
+def _solve(
+    lam: float,
+    st: _Setup,
+    bounds: dict[str, PoolBounds],
+    gpus: tuple[int, int, int],
+    p: float,
+    slack: float,
+    budget: int | None,
+) -> _Sol | None:
+    specs = _specs(lam, st, bounds)
+    tabs = _tables(specs, p)
+    idx = _search(tabs, gpus, slack)
+    if idx is None:
+        return None
+    if budget is not None and _cost(tabs, gpus, idx) > budget:
+        return None
+    return specs, tabs, idx
+
+
+def _new(cls: type[_T], **fields: Any) -> _T:
+    """An output dataclass (PoolPlan, Plan) built without its generated ``__init__``.
+
+    They are plain frozen records (no ``__post_init__``; every field passed
+    here), and the generated init's per-field ``object.__setattr__`` is ~5 us
+    of a ~30 us plan. Equal to ``cls(**fields)``; tests/unit/test_planner.py checks.
+    """
+    obj = object.__new__(cls)
+    obj.__dict__.update(fields)
+    return obj
+
+
+def _pool_plan(name: str, spec: _Spec, r: int, wait_p: float, wait_mean: float) -> PoolPlan:
+    lam, service_s, _cs2, k, b = spec
+    c = r * k
+    cap = k / service_s if service_s > 0 else math.inf
+    util = lam * service_s / c if c > 0 else (0.0 if lam == 0 else math.inf)
+    return _new(
+        PoolPlan,
         name=name,
         replicas=r,
-        gpus=r * s.bounds.gpus_per_replica,
-        gpus_per_replica=s.bounds.gpus_per_replica,
-        servers_per_replica=s.k,
-        arrival_rps=s.lam,
-        service_s=s.service_s,
+        gpus=r * b.gpus_per_replica,
+        gpus_per_replica=b.gpus_per_replica,
+        servers_per_replica=k,
+        arrival_rps=lam,
+        service_s=service_s,
         capacity_rps=cap,
         utilization=util,
-        wait_mean_s=row.wait_mean,
-        wait_p_s=row.wait_p,
-        queue_len=s.lam * row.wait_mean,
-        in_service=s.lam * s.service_s,
+        wait_mean_s=wait_mean,
+        wait_p_s=wait_p,
+        queue_len=lam * wait_mean,
+        in_service=lam * service_s,
     )
 
 
 def _bounds(bounds: dict[str, PoolBounds] | None) -> dict[str, PoolBounds]:
+    if not bounds:
+        return DEFAULT_BOUNDS
     out = dict(DEFAULT_BOUNDS)
-    for k, v in (bounds or {}).items():
+    for k, v in bounds.items():
         if k not in out:
             raise ValueError(f"bounds: unknown pool {k!r} (expected one of {sorted(out)})")
         if not isinstance(v, PoolBounds):
@@ -556,11 +718,12 @@ def _plan_disagg(
     chunked: bool,
 ) -> Plan:
     p = slo.percentile
-    st = _setup(d, m, slo, chunked)
+    ctx = _ctx(m, slo, chunked)
+    st = _shape(ctx, d)
     target = slo.ttft_s
     reasons: list[str] = []
     slack = target - st.fixed_s
-    best_itl = float(m.decode.step_ms(1)) / 1000.0
+    best_itl = ctx.step1_ms / 1000.0
     if slack < 0:
         reasons.append(
             f"TTFT target {target:.3g}s is below the bare pipeline latency {st.fixed_s:.4g}s "
@@ -571,55 +734,64 @@ def _plan_disagg(
     slo_ok = not reasons
     eff_slack = max(slack, 0.0)
 
-    min_cost = sum(b.min_replicas * b.gpus_per_replica for n, b in bounds.items() if n in POOLS)
-    if budget is not None and budget < min_cost:
-        raise ValueError(f"gpu_budget ({budget}) is below the pools' minimum GPUs ({min_cost})")
+    eb, pb, db = bounds["encoder"], bounds["prefill"], bounds["decode"]
+    gpus = (eb.gpus_per_replica, pb.gpus_per_replica, db.gpus_per_replica)
+    if budget is not None:
+        min_cost = sum(b.min_replicas * b.gpus_per_replica for n, b in bounds.items() if n in POOLS)
+        if budget < min_cost:
+            raise ValueError(f"gpu_budget ({budget}) is below the pools' minimum GPUs ({min_cost})")
 
-    stages_full = _stages(d.arrival_rps, st, bounds, p)
-    best_ttft = _best_slack_ttft(stages_full, st.fixed_s)
-    idx_full = _search(stages_full, eff_slack)
-    unbudgeted = None if idx_full is None else (stages_full, idx_full)
-    if unbudgeted is not None and (budget is None or _cost(stages_full, idx_full) <= budget):
-        frac, sol = 1.0, unbudgeted
+    lam = d.arrival_rps
+    specs_full = _specs(lam, st, bounds)
+    tabs_full = _tables(specs_full, p)
+    (_, w_e, _), (_, w_p, _), (_, w_d, _) = tabs_full
+    # best TTFT these bounds allow: each pool at its largest table entry
+    best_ttft = st.fixed_s + (w_e[-1] + w_p[-1] + w_d[-1]) if w_e and w_p and w_d else math.inf
+    idx_full = _search(tabs_full, gpus, eff_slack)
+    sol: _Sol | None
+    if idx_full is not None and (budget is None or _cost(tabs_full, gpus, idx_full) <= budget):
+        frac, sol = 1.0, (specs_full, tabs_full, idx_full)
     else:
 
-        def at(rate: float) -> Any:
-            return _solve(rate, st, bounds, p, eff_slack, budget)
+        def at(rate: float) -> _Sol | None:
+            return _solve(rate, st, bounds, gpus, p, eff_slack, budget)
 
-        frac, sol = _admit(d.arrival_rps, at, full_known_bad=True)
-    budget_limited = frac < 1.0 and budget is not None and unbudgeted is not None
+        frac, sol = _admit(lam, at, full_known_bad=True)
+    budget_limited = frac < 1.0 and budget is not None and idx_full is not None
     if sol is None:  # cannot happen: rate 0 always fits min bounds
         raise RuntimeError("planner: no plan even at zero load")
-    stages, idx = sol
+    specs, tabs, idx = sol
     sacrificed = ""
     if frac < 1.0:
-        shed = d.arrival_rps * (1 - frac)
+        shed = lam * (1 - frac)
         if budget_limited:
-            reasons.append(f"gpu_budget {budget} admits {frac:.1%} of {d.arrival_rps:.4g} rps within the SLO")
+            reasons.append(f"gpu_budget {budget} admits {frac:.1%} of {lam:.4g} rps within the SLO")
         else:
-            caps = [n for n, s in stages_full.items() if not s.table or s.table[-1].wait_p > eff_slack]
+            caps = [n for n, t in zip(POOLS, tabs_full, strict=True) if not t[1] or t[1][-1] > eff_slack]
             reasons.append(
                 f"maxReplicas of {', '.join(caps) or 'the pools'} admit {frac:.1%} of "
-                f"{d.arrival_rps:.4g} rps within the SLO"
+                f"{lam:.4g} rps within the SLO"
             )
         sacrificed = (
             f"shed {shed:.4g} rps ({1 - frac:.1%} of demand) at admission; the admitted "
-            f"{d.arrival_rps * frac:.4g} rps meet TTFT/ITL"
+            f"{lam * frac:.4g} rps meet TTFT/ITL"
         )
-    rows = {n: stages[n].table[i] for n, i in zip(POOLS, idx, strict=True)}
-    pools = {n: _pool_plan(n, stages[n], rows[n]) for n in POOLS}
-    ttft = st.fixed_s + sum(r.wait_p for r in rows.values())
+    (r0e, wpe, wme), (r0p, wpp, wmp), (r0d, wpd, wmd) = tabs
+    ie, ip, i_d = idx
+    enc = _pool_plan("encoder", specs[0], r0e + ie, wpe[ie], wme[ie])
+    pre = _pool_plan("prefill", specs[1], r0p + ip, wpp[ip], wmp[ip])
+    dec = _pool_plan("decode", specs[2], r0d + i_d, wpd[i_d], wmd[i_d])
+    pools = {"encoder": enc, "prefill": pre, "decode": dec}
+    ttft = st.fixed_s + (wpe[ie] + wpp[ip] + wpd[i_d])
     # ITL at the expected decode occupancy, capped at the effective batch
-    dec = pools["decode"]
-    lam_adm = d.arrival_rps * frac
+    lam_adm = lam * frac
     n_occ = 0.0
     if dec.replicas > 0 and lam_adm > 0:
         o = d.output_tokens_mean
         denom = 1000.0 * dec.replicas - lam_adm * o * m.decode.step_ms_per_seq
         n_occ = st.b_eff if denom <= 0 else min(st.b_eff, lam_adm * o * m.decode.step_fixed_ms / denom)
-    itl = float(m.decode.step_ms(max(1.0, n_occ))) / 1000.0
-    feasible = slo_ok and frac >= 1.0
-    pr = pools["prefill"].replicas
+    itl = ctx.step_ms(max(1.0, n_occ)) / 1000.0
+    pr = pre.replicas
     stages_out = {
         "encoder.service_ms": st.enc_s * 1000.0,
         "prefill.service_ms": st.prefill_s * 1000.0,
@@ -633,28 +805,27 @@ def _plan_disagg(
         "decode.expected_batch": n_occ,
         "decode.slot_hold_s": st.hold_s,
     }
-    return Plan(
+    return _new(
+        Plan,
         placement="disaggregated",
         pools=pools,
         stages=stages_out,
         ttft_s=ttft,
         itl_s=itl,
         percentile=p,
-        decode_per_prefill=pools["decode"].replicas / pr if pr else None,
-        encoder_per_prefill=pools["encoder"].replicas / pr if pr else None,
-        capacity_ratio=(pools["decode"].service_s / pools["decode"].servers_per_replica) / st.prefill_s
-        if st.prefill_s > 0
-        else None,
-        total_gpus=sum(x.gpus for x in pools.values()),
+        decode_per_prefill=dec.replicas / pr if pr else None,
+        encoder_per_prefill=enc.replicas / pr if pr else None,
+        capacity_ratio=(dec.service_s / dec.servers_per_replica) / st.prefill_s if st.prefill_s > 0 else None,
+        total_gpus=enc.gpus + pre.gpus + dec.gpus,
         gpu_budget=budget,
-        feasible=feasible,
+        feasible=slo_ok and frac >= 1.0,
         reason="; ".join(reasons) if reasons else "ok",
         best_ttft_s=best_ttft,
         best_itl_s=best_itl,
         budget_limited=budget_limited,
         admitted_fraction=frac,
-        goodput_rps=d.arrival_rps * frac if slo_ok else 0.0,
-        shed_rps=d.arrival_rps * (1 - frac),
+        goodput_rps=lam * frac if slo_ok else 0.0,
+        shed_rps=lam * (1 - frac),
         sacrificed=sacrificed,
         interference_ms=0.0,
         split_threshold_tokens=None,
@@ -678,11 +849,11 @@ def _colocated_eval(
     if u >= 1.0:
         return None
     hold = st.hold_s / (1.0 - u)  # decode runs only when the worker is not prefilling
-    w_pf = _table(lam, st.prefill_s, st.prefill_cs2, 1, r, r, p)
-    w_sl = _table(lam, hold, st.hold_cs2, st.b_eff, r, r, p)
+    w_pf = _table(lam, st.prefill_s, st.prefill_cs2, 1, r, r, p)[1]
+    w_sl = _table(lam, hold, st.hold_cs2, st.b_eff, r, r, p)[1]
     if not w_pf or not w_sl:
         return None
-    wp, ws = w_pf[0].wait_p, w_sl[0].wait_p
+    wp, ws = w_pf[0], w_sl[0]
     ttft = st.enc_s + wp + st.prefill_s + ws + float(m.decode.step_ms(1)) / 1000.0
     # a decode gap absorbs a whole prefill with probability ~ prefill starts per gap per replica
     step_s = st.step_cap_ms / 1000.0
@@ -695,7 +866,7 @@ def _plan_colocated(
     d: Demand, m: StageModels, slo: SLO, bounds: dict[str, PoolBounds], budget: int | None
 ) -> Plan:
     st = _setup(d, m, slo, chunked=False)
-    st.fixed_s = st.enc_s + st.prefill_s + float(m.decode.step_ms(1)) / 1000.0
+    st = st._replace(fixed_s=st.enc_s + st.prefill_s + float(m.decode.step_ms(1)) / 1000.0)
     b = bounds["colocated"]
     if budget is not None and budget < b.min_replicas * b.gpus_per_replica:
         raise ValueError(
@@ -834,8 +1005,8 @@ def split_threshold_tokens(
     even an empty prompt breaches it, ``max_tokens`` when none does.
     (Worked example: (150 - 45 - 20) / 0.035 ~ 2,428.6 tokens.)
     """
-    m = models or StageModels()
-    s = slo or SLO()
+    m = models or _DEFAULT_MODELS
+    s = slo or _DEFAULT_SLO
     _num("cached_fraction", cached_fraction, unit=True)
     budget_ms = s.itl_s * 1000.0 - float(m.decode.step_ms(1))
 
@@ -883,8 +1054,8 @@ def plan(
 ) -> Plan:
     """Plan replicas for one demand point. See the module docstring and docs/planner.md."""
     d = demand or Demand()
-    m = models or StageModels()
-    s = slo or SLO()
+    m = models or _DEFAULT_MODELS
+    s = slo or _DEFAULT_SLO
     if not isinstance(d, Demand):
         raise ValueError("demand must be a Demand")
     if not isinstance(m, StageModels):
@@ -930,21 +1101,22 @@ def plan_replicas(
     chunked: bool = False,
 ) -> list[tuple[int, int, int, bool]]:
     """Fast path for sweeps: (encoder, prefill, decode, feasible) per demand, no Plan objects, no budget."""
-    m = models or StageModels()
-    s = slo or SLO()
+    m = models or _DEFAULT_MODELS
+    s = slo or _DEFAULT_SLO
     b = _bounds(bounds)
+    ctx = _ctx(m, s, chunked)
+    gpus = (b["encoder"].gpus_per_replica, b["prefill"].gpus_per_replica, b["decode"].gpus_per_replica)
     out: list[tuple[int, int, int, bool]] = []
     p = s.percentile
     for d in demands:
-        st = _setup(d, m, s, chunked)
+        st = _shape(ctx, d)
         slack = s.ttft_s - st.fixed_s
-        sol = _solve(d.arrival_rps, st, b, p, max(0.0, slack), None)
+        sol = _solve(d.arrival_rps, st, b, gpus, p, max(0.0, slack), None)
         if sol is None:
             out.append((-1, -1, -1, False))
             continue
-        stages, idx = sol
-        e, pr, de = (stages[n].table[i].replicas for n, i in zip(POOLS, idx, strict=True))
-        out.append((e, pr, de, slack >= 0 and st.itl_ok))
+        _, tabs, (ie, ip, i_d) = sol
+        out.append((tabs[0][0] + ie, tabs[1][0] + ip, tabs[2][0] + i_d, slack >= 0 and st.itl_ok))
     return out
 
 
@@ -961,8 +1133,8 @@ def predict(
     waits are inf when a pool is unstable (too few replicas for the load).
     """
     d = demand or Demand()
-    m = models or StageModels()
-    s = slo or SLO()
+    m = models or _DEFAULT_MODELS
+    s = slo or _DEFAULT_SLO
     st = _setup(d, m, s, chunked)
     p = s.percentile
     waits = {}
@@ -972,8 +1144,8 @@ def predict(
         ("decode", d.arrival_rps, st.hold_s, st.hold_cs2, st.b_eff),
     ):
         r = int(replicas.get(name, 0))
-        rows = _table(lam, svc, cs2, k, r, r, p)
-        waits[name] = rows[0].wait_p if rows and rows[0].replicas == r else math.inf
+        r0, wps, _ = _table(lam, svc, cs2, k, r, r, p)
+        waits[name] = wps[0] if wps and r0 == r else math.inf
     return {
         "ttft_s": st.fixed_s + sum(waits.values()),
         "itl_s": st.step_cap_ms / 1000.0 if st.itl_ok else float(m.decode.step_ms(1)) / 1000.0,

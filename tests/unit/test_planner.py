@@ -4,13 +4,27 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from disagg.model import DecodeModel, StageModels
-from disagg.planner import SLO, Demand, PoolBounds, plan, plan_replicas, predict, split_threshold_tokens
+from disagg import planner
+from disagg import queueing as q
+from disagg.model import DecodeModel, EncoderModel, PrefillModel, StageModels, TransferModel
+from disagg.planner import (
+    SLO,
+    Demand,
+    Plan,
+    PoolBounds,
+    PoolPlan,
+    plan,
+    plan_replicas,
+    predict,
+    split_threshold_tokens,
+)
 
 EPS = 1e-9
 
@@ -249,3 +263,141 @@ def test_minimality(d, slo, dm):
             continue  # a bound
         got = predict(fewer, d, m, slo)
         assert not (got["ttft_s"] <= slo.ttft_s + EPS and math.isfinite(got["ttft_s"])), (pool, fewer)
+
+
+# ---------------------------------------------------------------- fast path vs brute force
+
+
+def _brute_force_replicas(d: Demand, m: StageModels, slo: SLO, p: Plan) -> dict[str, int]:
+    """Every (encoder, prefill, decode) triple over generous ranges, waits from disagg.queueing.
+
+    Takes only the per-stage service figures from the plan (its setup); the
+    tables and the joint search are redone here from scratch: fewest GPUs, then
+    fewest replicas, then least summed wait, with summed percentile waits <= slack.
+    """
+    st_ = p.stages
+    enc_s = st_["encoder.service_ms"] / 1000.0
+    pf_s = st_["prefill.service_ms"] / 1000.0
+    k = int(st_["decode.batch_cap"])
+    hold = st_["decode.slot_hold_s"]
+    fixed = enc_s + pf_s + st_["transfer.used_ms"] / 1000.0 + float(m.decode.step_ms(1)) / 1000.0
+    slack = max(slo.ttft_s - fixed, 0.0)
+    lam = d.arrival_rps
+    pools = (
+        (lam * d.media_fraction, enc_s, 1.0, 1, 0),
+        (lam, pf_s, st_["prefill.service_cv"] ** 2, 1, 1),
+        (lam, hold, (d.output_tokens_std / d.output_tokens_mean) ** 2, k, 1),
+    )
+    ranges, waits = [], []
+    for rate, svc, cs2, per, lo in pools:
+        if rate <= 0 or svc <= 0:
+            ranges.append(np.array([lo]))
+            waits.append(np.array([0.0]))
+            continue
+        a = rate * svc
+        hi = int(a / per + 10 * math.sqrt(a) / per + 20)
+        r = np.arange(lo, hi + 1)
+        w = np.full(r.shape, np.inf)
+        ok = r * per > a
+        w[ok] = q.wait_percentile(slo.percentile, r[ok] * per, rate, svc, cs2)
+        assert w[-1] == 0.0  # the range reaches a zero-wait count
+        ranges.append(r)
+        waits.append(w)
+    re_, rp, rd = np.meshgrid(*ranges, indexing="ij")
+    we, wp, wd = np.meshgrid(*waits, indexing="ij")
+    total = we + wp + wd
+    fits = total <= slack + 2e-12
+    assert fits.any()
+    reps = re_ + rp + rd  # 1 GPU per replica: cost == replicas
+    order = np.lexsort((total[fits], reps[fits], reps[fits]))
+    i = order[0]
+    return {"encoder": int(re_[fits][i]), "prefill": int(rp[fits][i]), "decode": int(rd[fits][i])}
+
+
+def test_fast_path_matches_brute_force_search():
+    rng = random.Random(2024)
+    checked = 0
+    for _ in range(300):
+        d = Demand(
+            arrival_rps=rng.choice([0.0, rng.uniform(0, 5), rng.uniform(0, 60)]),
+            prompt_tokens_mean=rng.uniform(100, 12000),
+            prompt_tokens_std=rng.uniform(0, 3000),
+            output_tokens_mean=rng.uniform(20, 1500),
+            output_tokens_std=rng.uniform(0, 600),
+            media_fraction=rng.choice([0.0, 0.0, 0.3, 1.0]),
+            items_per_request=rng.uniform(0, 3),
+        )
+        m = StageModels(
+            decode=DecodeModel(
+                step_fixed_ms=rng.uniform(15, 60),
+                step_ms_per_seq=rng.choice([0.0, 0.5]),
+                slots=rng.choice([1, 8, 32, 64]),
+            )
+        )
+        slo = SLO(
+            ttft_s=rng.uniform(0.3, 3.0),
+            itl_s=rng.uniform(0.07, 0.3),
+            percentile=rng.choice([0.5, 0.9, 0.99]),
+        )
+        p = plan(d, m, slo)
+        assert p.admitted_fraction == 1.0
+        assert p.replicas == _brute_force_replicas(d, m, slo, p), (d, m, slo)
+        fast = plan_replicas([d], m, slo)[0]
+        assert fast[:3] == (p.replicas["encoder"], p.replicas["prefill"], p.replicas["decode"])
+        checked += 1
+    assert checked == 300
+
+
+def test_fast_setup_is_bit_identical_to_model_methods():
+    rng = random.Random(5)
+    for _ in range(300):
+        m = StageModels(
+            encoder=EncoderModel(rng.uniform(0, 40), rng.uniform(0, 50)),
+            prefill=PrefillModel(rng.uniform(0, 40), rng.uniform(0.001, 0.1), rng.choice([0.0, 2e-6])),
+            transfer=TransferModel(
+                rng.uniform(1e4, 1e6), rng.uniform(0, 30), rng.uniform(1, 100), rng.choice([0, 512, 2000])
+            ),
+            decode=DecodeModel(rng.uniform(5, 60), rng.choice([0.0, 1.0]), rng.randint(1, 128)),
+        )
+        slo = SLO(itl_s=rng.uniform(0.03, 0.3))
+        key = (
+            rng.choice([0.0, 1999.0, 2000.0, 6000.0, rng.uniform(0, 40000)]),
+            rng.choice([0.0, rng.uniform(0, 4000)]),
+            rng.uniform(1, 3000),
+            rng.uniform(0, 800),
+            rng.choice([0.0, 0.4]),
+            rng.uniform(0, 4),
+            rng.choice([0.0, rng.uniform(0, 0.95)]),
+        )
+        for chunked in (False, True):
+            ctx = planner._Ctx(m, slo, chunked)
+            assert ctx.fast
+            assert planner._setup_fast(key, ctx) == planner._setup_reference(key, m, slo, chunked), key
+
+
+def test_caches_and_model_subclasses():
+    class SlowPrefill(PrefillModel):  # a subclass may override the formulas: takes the method path
+        pass
+
+    d = Demand(arrival_rps=7.0, prompt_tokens_std=800.0, output_tokens_std=100.0)
+    base = plan(d, StageModels(), SLO(), chunked=True)
+    same = plan(d, StageModels(), SLO(), chunked=True)  # equal, not identical, objects
+    assert same == base
+    sub = plan(d, StageModels(prefill=SlowPrefill()), SLO(), chunked=True)
+    assert sub.replicas == base.replicas and sub.stages == base.stages and sub.ttft_s == base.ttft_s
+    assert not planner._ctx(StageModels(prefill=SlowPrefill()), SLO(), False).fast
+    other = plan(d, StageModels(decode=DecodeModel(slots=8)), SLO(), chunked=True)
+    assert other.replicas["decode"] > base.replicas["decode"]  # not served from the cached setup
+    planner._clear_caches()
+    assert plan(d, StageModels(), SLO(), chunked=True) == base
+
+
+def test_output_records_equal_regular_construction():
+    # plan() builds Plan / PoolPlan without their generated __init__: same objects
+    for pl in (plan(Demand(arrival_rps=5.0)), plan(Demand(arrival_rps=50.0), budget=9)):
+        assert not hasattr(Plan, "__post_init__") and not hasattr(PoolPlan, "__post_init__")
+        assert set(vars(pl)) == set(Plan.__dataclass_fields__)
+        assert Plan(**vars(pl)) == pl
+        for pool in pl.pools.values():
+            assert set(vars(pool)) == set(PoolPlan.__dataclass_fields__)
+            assert PoolPlan(**vars(pool)) == pool

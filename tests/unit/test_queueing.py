@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -132,3 +133,31 @@ def test_erlang_properties(c, rho):
     assert 0 <= b <= cc <= 1
     # more servers never wait longer
     assert q.mmc_mean_wait(c + 1, a, 1.0) <= q.mmc_mean_wait(c, a, 1.0) + 1e-15
+
+
+@pytest.mark.parametrize("a", [0.0, 1e-9, 0.3, 5.0, 37.3, 150.0, 400.5, 1000.0, 4321.7, 20000.0])
+@pytest.mark.parametrize("k", [1, 7, 32])
+def test_erlang_b_stride_matches_scalar_recursion(a, k):
+    # starts below, at and above the load; the vectorised block (large a) agrees to ~1e-13
+    sq = math.sqrt(a)
+    for c0 in sorted({0, 1, max(0, int(a - 8 * sq) - 6), int(a) + 1, int(a + 3 * sq) + 1}):
+        got = list(itertools.islice(q.erlang_b_stride(a, c0, k), 50))
+        ref = q.erlang_b_range(a, 0, c0 + 50 * k)
+        for i, g in enumerate(got):
+            r = ref[c0 + i * k]
+            assert g == pytest.approx(r, rel=1e-12, abs=1e-290), (c0, i)
+
+
+def test_erlang_b_stride_past_hint_and_cutoff():
+    a = 2500.0
+    # a tiny hint: the rest of the stride comes from the scalar recursion, unchanged values
+    got = list(itertools.islice(q.erlang_b_stride(a, 2400, 10, c_hint=2450), 40))
+    ref = q.erlang_b_range(a, 2400, 2400 + 400)
+    np.testing.assert_allclose(got, ref[::10][:40], rtol=1e-12)
+    # beyond a + 40 sqrt(a) + 50 servers B is 0, as in erlang_b_range
+    far = list(itertools.islice(q.erlang_b_stride(a, 4600, 1), 3))
+    assert far == [0.0, 0.0, 0.0] == q.erlang_b_range(a, 4600, 4602)
+    with pytest.raises(ValueError, match="a must"):
+        next(q.erlang_b_stride(-1.0, 0))
+    with pytest.raises(ValueError, match="k >= 1"):
+        next(q.erlang_b_stride(1.0, 0, 0))
