@@ -292,6 +292,7 @@ def _nest_stages(stages: dict[str, float]) -> dict[str, dict[str, float]]:
 _Table = tuple[int, list[float], list[float]]
 # A pool's queue: (arrival rate, mean service s, service cs^2, servers per replica, bounds)
 _Spec = tuple[float, float, float, int, PoolBounds]
+_INLINE_LOAD = 40.0  # Erlangs: below, the Erlang-B recursion starts at 0 and is short
 
 
 def _table(lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: int, p: float) -> _Table:
@@ -314,6 +315,24 @@ def _table(lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: in
     c = r0 * k
     c_last = r_hi * k
     log = math.log
+    if a < _INLINE_LOAD and c <= 50:
+        # light load: the scalar recursion from B(0) = 1, inline (erlang_b_stride's values,
+        # without a generator; the zero-wait count comes long before its a + 40 sqrt(a) + 50 cutoff)
+        b, kk = 1.0, 0
+        while True:
+            while kk < c:
+                kk += 1
+                ab = a * b
+                b = ab / (kk + ab)
+            denom = c - a * (1.0 - b)
+            pw = min(1.0, c * b / denom) if denom > 0 else 1.0
+            gap = c * mu - lam
+            wp = f * log(pw / tail) / gap if pw > tail else 0.0
+            wps.append(wp)
+            wms.append(f * pw / gap)
+            if wp <= 0.0 or c >= c_last:
+                return r0, wps, wms
+            c += k
     for b in erlang_b_stride(a, c, k):
         denom = c - a * (1.0 - b)
         pw = min(1.0, c * b / denom) if denom > 0 else 1.0

@@ -17,6 +17,8 @@ fast for thousands of servers without losing double precision:
 * beyond ``a + 40 sqrt(a) + 50`` servers B is below 1e-300 and returned as 0.
 
 Everything broadcasts over numpy arrays of ``c`` and ``a``/``lam``.
+`erlang_b_stride` (the planner's tables) yields B at c0, c0 + k, ... lazily and
+solves long recursions as one vectorised block (the recursion is linear in 1/B).
 
 M/G/c uses the Allen-Cunneen (Kingman-style) correction: the M/M/c wait is
 scaled by ``(ca^2 + cs^2) / 2`` with Poisson arrivals (ca^2 = 1), and the
