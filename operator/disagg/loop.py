@@ -205,7 +205,7 @@ def plan_for(spec: api.DisaggDeploymentSpec, demand: planner.Demand, models: Any
     chunked = bool(spec.kv_transfer.chunk_tokens)
     return planner.plan(
         demand,
-        api.stage_bundle(spec),
+        models or api.stage_bundle(spec),
         slo,
         bounds,
         spec.autoscaling.gpu_budget,

@@ -24,7 +24,9 @@ from typing import Any
 import yaml
 
 # Lines of an operator log that mean the API refused a request for lack of permission.
-FORBIDDEN_LOG = re.compile(r"\b403\b|forbidden", re.IGNORECASE)
+# A refused call: "403" as an HTTP status (not the milliseconds of a log timestamp such as
+# "16:31:46,403") or the word Forbidden.
+FORBIDDEN_LOG = re.compile(r"(?<![,.:\d])\b403\b(?![,.:]\d)|forbidden", re.IGNORECASE)
 
 
 def sa_kubeconfig(
