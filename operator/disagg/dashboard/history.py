@@ -81,20 +81,10 @@ def _counts(v: Any) -> dict[str, int]:
 
 
 def format_ratio(replicas: Mapping[str, float]) -> str:
-    """P:D(:E) normalised to prefill = 1, as `disagg.api.format_ratio` (copied to stay pure and light)."""
+    """P:D(:E) normalised to prefill = 1 (empty for no pools); see `disagg.api.format_ratio`."""
+    from disagg.api import format_ratio as api_format_ratio  # pure, but pydantic: imported on use
 
-    def fmt(x: float) -> str:
-        return f"{x:.2f}".rstrip("0").rstrip(".")
-
-    if not replicas:
-        return ""
-    if "colocated" in replicas:
-        return fmt(replicas["colocated"])
-    order = [n for n in ("prefill", "decode", "encoder") if n in replicas]
-    base = replicas.get("prefill") or 0
-    if base <= 0:
-        return ":".join(fmt(replicas[n]) for n in order)
-    return ":".join(fmt(replicas[n] / base) for n in order)
+    return api_format_ratio(replicas) if replicas else ""
 
 
 def _latency(v: Any) -> dict[str, float | None]:
