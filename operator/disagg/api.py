@@ -395,6 +395,11 @@ class KVTransfer(_Model):
     chunk_tokens: int = Field(
         2000, ge=1, le=1_000_000, description="Tokens per streamed chunk (overlaps transfer with prefill)."
     )
+    stream_chunks: bool = Field(
+        False,
+        description="Send KV chunk by chunk while prefill runs (SGLang-style eager sends); false: the whole KV "
+        "after prefill (vLLM NIXL). The planner and the emulator both follow it.",
+    )
 
 
 class SLO(_Model):

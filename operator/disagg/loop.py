@@ -202,7 +202,7 @@ def plan_for(spec: api.DisaggDeploymentSpec, demand: planner.Demand, models: Any
         k: planner.PoolBounds(p.min_replicas, p.max_replicas, p.gpus_per_replica) for k, p in pools.items()
     }
     slo = planner.SLO(spec.slo.ttft_seconds, spec.slo.itl_seconds, spec.slo.percentile)
-    chunked = bool(spec.kv_transfer.chunk_tokens)
+    chunked = spec.kv_transfer.stream_chunks
     return planner.plan(
         demand,
         models or api.stage_bundle(spec),

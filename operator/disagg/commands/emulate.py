@@ -92,7 +92,13 @@ def register(subparsers: Any) -> None:
         default="vllm",
         help="metric names: vllm (default), sglang, or auto (each DisaggDeployment's spec.engine)",
     )
-    e.add_argument("--chunked", action="store_true", help="stream KV chunks while prefill runs")
+    e.add_argument(
+        "--chunked",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="stream KV chunks while prefill runs (default: each DisaggDeployment's kvTransfer.streamChunks; "
+        "standalone: off)",
+    )
     e.add_argument("--kv-failure-prob", type=float, default=0.0, help="probability a KV transfer fails")
     e.add_argument(
         "--max-queue", type=int, default=1000, help="front-door queue bound; further requests are rejected"
@@ -176,7 +182,7 @@ def standalone_fleet(args: argparse.Namespace):
             name,
             StageModels(),
             placement=placement,
-            chunked=args.chunked,
+            chunked=bool(args.chunked),
             failure_prob=args.kv_failure_prob,
             engine=engine or "vllm",
             max_queue=args.max_queue,

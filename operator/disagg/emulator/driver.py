@@ -118,7 +118,7 @@ class PodWatcher:
         namespace: str | None = None,
         deployment: str | None = None,
         engine: str | None = None,
-        chunked: bool = False,
+        chunked: bool | None = None,
         failure_prob: float = 0.0,
         seed: int = 0,
     ) -> None:

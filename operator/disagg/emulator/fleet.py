@@ -595,7 +595,7 @@ def from_spec(
     spec: dict,
     *,
     engine: str | None = None,
-    chunked: bool = False,
+    chunked: bool | None = None,
     failure_prob: float = 0.0,
     max_queue: int = 1000,
     seed: int = 0,
@@ -603,7 +603,8 @@ def from_spec(
 ) -> DeploymentEmulator:
     """A `DeploymentEmulator` for a DisaggDeployment spec (camelCase dict, as stored by the API server).
 
-    Service models come from ``spec.pools.<pool>.serviceModel`` and ``spec.kvTransfer``;
+    Service models come from ``spec.pools.<pool>.serviceModel`` and ``spec.kvTransfer``
+    (``streamChunks`` decides chunked KV sends unless ``chunked`` overrides it);
     ``placement.splitThresholdTokens: auto`` uses the planner's threshold for the spec's SLO.
     """
     from disagg import api
@@ -623,7 +624,7 @@ def from_spec(
         models,
         placement=s.placement.mode,
         split_threshold=max(0, min(int(threshold), 10_000_000)),
-        chunked=chunked,
+        chunked=s.kv_transfer.stream_chunks if chunked is None else chunked,
         failure_prob=failure_prob,
         model_name=s.model,
         engine=engine or s.engine,
