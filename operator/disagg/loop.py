@@ -514,6 +514,7 @@ async def decide_and_apply(
             "metricsProblem": None if snap.ok else snap.reason(),
             "arrivalRps": _r(observed),
             "plannedRps": _r(plan_rate),
+            "custom": {k: _r(v) for k, v in snap.values.items() if k in (spec.autoscaling.queries or {})},
             "leadTimeSeconds": _r(cfg.forecast_horizon_s, 1),
             "promptTokensMean": _r(snap.values.get("prompt_tokens_mean")),
             "outputTokensMean": _r(snap.values.get("output_tokens_mean")),
