@@ -1,0 +1,75 @@
+"""The API server restarts under a running operator: it re-watches and keeps reconciling."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.cluster
+
+SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "sglang-disaggregated.yaml"
+
+
+def apiserver_pid() -> int:
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv0 = (d / "cmdline").read_bytes().split(b"\0")[0].decode()
+        except OSError:
+            continue
+        if argv0.endswith("/clusters/disagg/bin/kube-apiserver"):  # kwokctl's link to the cached binary
+            return int(d.name)
+    raise AssertionError("no kube-apiserver process of the local cluster found")
+
+
+def restart_apiserver(log: Path) -> None:
+    """Stop the running kube-apiserver and start it again with the same command line."""
+    pid = apiserver_pid()
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    cwd = os.readlink(f"/proc/{pid}/cwd")
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.2)
+    with open(log, "ab") as out:
+        subprocess.Popen(
+            [a.decode() for a in args], cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def test_operator_survives_an_api_server_restart(cluster, namespace, operator_factory, tmp_path):
+    op = operator_factory([namespace])
+    obj = yaml.safe_load(SAMPLE.read_text())
+    obj["spec"]["autoscaling"] = {"enabled": False}
+    obj["spec"]["pools"]["prefill"]["replicas"] = 1
+    obj["spec"]["pools"]["decode"]["replicas"] = 1
+    name = obj["metadata"]["name"]
+    cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", "-", input=json.dumps(obj))
+    cluster.wait_for(
+        lambda: len(cluster.get_json("deployments", "-n", namespace)["items"]) == 2, timeout=30, what="pools"
+    )
+
+    restart_apiserver(tmp_path / "apiserver.log")
+    cluster.wait_for(
+        lambda: cluster.kubectl("get", "--raw", "/readyz", check=False).returncode == 0,
+        timeout=60,
+        what="the API server back",
+    )
+
+    # A change made after the restart is applied: the operator's watches reconnected.
+    obj["spec"]["pools"]["decode"]["replicas"] = 2
+    cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", "-", input=json.dumps(obj))
+    cluster.wait_for(
+        lambda: cluster.get_json("deployment", f"{name}-decode", "-n", namespace)["spec"]["replicas"] == 2,
+        timeout=90,
+        what=f"the decode pool follows a spec change after the restart\n{op.log()[-3000:]}",
+    )
+    assert op.proc is not None and op.proc.poll() is None, "the operator died with the API server"
