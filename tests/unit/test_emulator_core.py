@@ -107,6 +107,9 @@ def test_worked_example_ttft_serial_on_idle_pools_fake_clock():
     assert pods["prefill-0"].stats.prompt_tokens.sum == 6000
     dec = [p for n, p in pods.items() if n.startswith("decode") and p.stats.ttft.count]
     assert len(dec) == 1
+    # the prefill pod exports its prefill time (what calibrates the prefill model): 230 ms
+    assert pods["prefill-0"].stats.prefill_time.count == 1
+    assert pods["prefill-0"].stats.prefill_time.sum == pytest.approx(0.230, rel=1e-6)
     assert dec[0].stats.xfer_time.sum == pytest.approx(0.095, rel=0.05)
     assert dec[0].stats.xfer_bytes == 6000 * 327680
     # 400 tokens x 45 ms: done after ~0.1 + 0.37 + 399 * 0.045 s

@@ -94,6 +94,7 @@ class PodStats:
         "gen_total",
         "itl",
         "lost",
+        "prefill_time",
         "prompt_tokens",
         "prompt_total",
         "queue",
@@ -109,6 +110,7 @@ class PodStats:
         self.itl = Hist(ITL_BUCKETS)
         self.e2e = Hist(E2E_BUCKETS)
         self.queue = Hist(QUEUE_BUCKETS)
+        self.prefill_time = Hist(QUEUE_BUCKETS)  # prefill service time per request, on the pod that prefills
         self.prompt_tokens = Hist(TOKEN_BUCKETS)
         self.gen_tokens = Hist(TOKEN_BUCKETS)
         self.xfer_time = Hist(XFER_BUCKETS)
@@ -315,6 +317,7 @@ class DeploymentEmulator(Cluster):
         self.engine = engine
         self.max_queue = max_queue
         self.pod_of: dict = {}  # worker -> EmulatedPod
+        self._pf_t0: dict[int, float] = {}  # id(job) -> prefill start, for the prefill-time histogram
         self.rejected = 0
         self.ttfts: list[float] = []
         self.first_tokens = 0
@@ -420,6 +423,17 @@ class DeploymentEmulator(Cluster):
                 else:
                     st.xfer_bytes += unit.nbytes
         super().tx_done(link, unit, now)
+
+    def pf_start(self, worker, job: Job, now: float) -> None:
+        self._pf_t0[id(job)] = now
+        super().pf_start(worker, job, now)
+
+    def pf_done(self, worker, job: Job, now: float) -> None:
+        t0 = self._pf_t0.pop(id(job), None)
+        pod = self.pod_of.get(worker)
+        if t0 is not None and pod is not None:
+            pod.stats.prefill_time.observe(now - t0)
+        super().pf_done(worker, job, now)
 
     def serve_done(self, worker, job: Job, now: float) -> None:
         super().serve_done(worker, job, now)

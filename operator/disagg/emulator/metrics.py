@@ -30,6 +30,7 @@ NAMES: dict[str, dict[str, str | None]] = {
         "itl": "vllm:inter_token_latency_seconds",
         "e2e": "vllm:e2e_request_latency_seconds",
         "queue": "vllm:request_queue_time_seconds",
+        "prefill_time": "vllm:request_prefill_time_seconds",
         "prompt_tokens": "vllm:request_prompt_tokens",
         "gen_tokens": "vllm:request_generation_tokens",
         "prompt_total": "vllm:prompt_tokens",
@@ -49,6 +50,7 @@ NAMES: dict[str, dict[str, str | None]] = {
         "itl": "sglang:inter_token_latency_seconds",
         "e2e": "sglang:e2e_request_latency_seconds",
         "queue": "sglang:queue_time_seconds",
+        "prefill_time": None,
         "prompt_tokens": "sglang:prompt_tokens_histogram",
         "gen_tokens": "sglang:generation_tokens_histogram",
         "prompt_total": "sglang:prompt_tokens",
@@ -71,6 +73,7 @@ HELP = {
     "itl": "Emulated inter-token latency, one observation per token gap, on the decode pod.",
     "e2e": "Emulated end-to-end request latency, on the decode pod.",
     "queue": "Emulated queue wait on this pod (prefill: for the prefill worker; decode: for a slot).",
+    "prefill_time": "Prefill service time per request (emulated), seconds.",
     "prompt_tokens": "Prompt tokens per request, recorded on the prefilling pod at admission.",
     "gen_tokens": "Generated tokens per request, recorded on the decode pod at completion.",
     "prompt_total": "Prompt tokens admitted by the emulated engine.",
@@ -134,6 +137,7 @@ class FleetCollector(Collector):
                 ("itl", st.itl),
                 ("e2e", st.e2e),
                 ("queue", st.queue),
+                ("prefill_time", st.prefill_time),
                 ("prompt_tokens", st.prompt_tokens),
                 ("gen_tokens", st.gen_tokens),
                 ("xfer_time", st.xfer_time),
@@ -142,7 +146,9 @@ class FleetCollector(Collector):
                     ms = [(b if b == "+Inf" else str(float(b) * 1000), c) for b, c in h.cumulative()]
                     fam("h", key, eng, HistogramMetricFamily).add_metric(lv, ms, h.sum * 1000)
                     continue
-                fam("h", key, eng, HistogramMetricFamily).add_metric(lv, h.cumulative(), h.sum)
+                hf = fam("h", key, eng, HistogramMetricFamily)
+                if hf is not None:
+                    hf.add_metric(lv, h.cumulative(), h.sum)
             fam("c", "prompt_total", eng, CounterMetricFamily).add_metric(lv, st.prompt_total)
             fam("c", "gen_total", eng, CounterMetricFamily).add_metric(lv, st.gen_total)
             if eng == "vllm":
