@@ -71,6 +71,17 @@ options:
   kwokControllerBinary: ${BIN}/kwok
   nodeLeaseDurationSeconds: 40
   cacheDir: ${STATE}/kwok-cache
+# One instance of each: no leader election, so an API-server restart cannot make them exit
+# (kwokctl's binary runtime does not restart a component that exits).
+componentsPatches:
+- name: kube-controller-manager
+  extraArgs:
+  - key: leader-elect
+    value: "false"
+- name: kube-scheduler
+  extraArgs:
+  - key: leader-elect
+    value: "false"
 EOF
   cat "${HERE}/kwok/stages.yaml" >> "${cfg}"
   echo "${cfg}"

@@ -62,6 +62,13 @@ def test_load_step_grows_then_shrinks_through_drains_without_loss(stack):
     status = stack.dd()["status"]
     assert status["lastDecision"]["outputs"]["planned"]["decode"] >= want_high["decode"]
     assert grown_after <= WINDOW + 3 * INTERVAL + 10
+    # Online calibration: samples from the engines' metrics back the fitted stage models.
+    cal = stack.dd()["status"].get("calibration") or {}
+    assert cal.get("prefill", {}).get("samples", 0) >= 1 and cal.get("decode", {}).get("samples", 0) >= 1, cal
+    if cal["prefill"]["fitted"]:
+        assert cal["prefill"]["fixedMs"] + cal["prefill"]["msPerToken"] * PROMPT == pytest.approx(230, rel=0.1)
+    if cal["decode"]["fitted"]:
+        assert cal["decode"]["stepFixedMs"] == pytest.approx(45, rel=0.1)
 
     # (b) back to 2 rps: shrink through drains, and nothing is lost.
     stack.cluster.wait_for(
