@@ -449,6 +449,7 @@ async def decide_and_apply(
             ttft_observed=snap.values.get("ttft_p"),
             ttft_target=spec.slo.ttft_seconds,
         )
+        plan_rate = rate
         try:
             plan = plan_for(spec, demand_from(snap, rate, tr.shape), models)
             planned = {k: v for k, v in plan.replicas.items() if k in pools}

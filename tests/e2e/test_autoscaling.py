@@ -59,14 +59,20 @@ def test_load_step_grows_then_shrinks_through_drains_without_loss(stack):
         what=f"pools at {want_high}\n{stack.debug()}",
     )
     grown_after = time.monotonic() - t_step
-    status = stack.dd()["status"]
-    assert status["lastDecision"]["outputs"]["planned"]["decode"] >= want_high["decode"]
+    # The decision's record lands in status just after the replicas it applied.
+    stack.cluster.wait_for(
+        lambda: stack.dd()["status"]["lastDecision"]["outputs"]["planned"]["decode"] >= want_high["decode"],
+        timeout=10,
+        what=f"the decision that grew the pools recorded in status\n{stack.debug()}",
+    )
     assert grown_after <= WINDOW + 3 * INTERVAL + 10
     # Online calibration: samples from the engines' metrics back the fitted stage models.
     cal = stack.dd()["status"].get("calibration") or {}
     assert cal.get("prefill", {}).get("samples", 0) >= 1 and cal.get("decode", {}).get("samples", 0) >= 1, cal
     if cal["prefill"]["fitted"]:
-        assert cal["prefill"]["fixedMs"] + cal["prefill"]["msPerToken"] * PROMPT == pytest.approx(230, rel=0.1)
+        assert cal["prefill"]["fixedMs"] + cal["prefill"]["msPerToken"] * PROMPT == pytest.approx(
+            230, rel=0.1
+        )
     if cal["decode"]["fitted"]:
         assert cal["decode"]["stepFixedMs"] == pytest.approx(45, rel=0.1)
 
