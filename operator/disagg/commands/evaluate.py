@@ -14,6 +14,8 @@ import math
 import sys
 from typing import Any
 
+from disagg.commands.plan import DEFAULTS as PLAN_DEFAULTS
+
 # Kept in sync with disagg.evaluate.POLICY_HELP (not imported here: `disagg --help` stays fast).
 POLICY_LINES = {
     "disagg": "this project: joint queueing planner on the observed demand, forecast one start-up ahead, "
@@ -26,18 +28,22 @@ POLICY_LINES = {
     "(lower bound on GPU-hours)",
 }
 
+# The worked example's SLO and service-time defaults, from `disagg plan`'s one table.
 MODEL_DEFAULTS: dict[str, Any] = {
-    "ttft": 0.6,
-    "itl": 0.15,
-    "percentile": 0.9,
-    "prefill_fixed_ms": 20.0,
-    "prefill_ms_per_token": 0.035,
-    "decode_step_ms": 45.0,
-    "decode_ms_per_seq": 0.0,
-    "decode_slots": 32,
-    "kv_bytes_per_token": 327680.0,
-    "link_setup_ms": 12.0,
-    "link_gibps": 22.0,
+    k: PLAN_DEFAULTS[k]
+    for k in (
+        "ttft",
+        "itl",
+        "percentile",
+        "prefill_fixed_ms",
+        "prefill_ms_per_token",
+        "decode_step_ms",
+        "decode_ms_per_seq",
+        "decode_slots",
+        "kv_bytes_per_token",
+        "link_setup_ms",
+        "link_gibps",
+    )
 }
 
 
