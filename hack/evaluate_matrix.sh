@@ -13,7 +13,7 @@ TRACES=${TRACES:-/work/shared/traces}
 OUT=${OUT:-/tmp/evaluate-matrix}
 STARTUPS=${STARTUPS-"60 30 180"}  # empty: only rebuild the tables
 # name:workload:scale; msyn (Mooncake synthetic, held out during development) last
-CASES=${CASES-"azure:trace:1 azure:trace:10 azure:diurnal:1 azure:diurnal:10 mconv:trace:1 mconv:trace:10 mconv:diurnal:1 msyn:trace:1 msyn:trace:10 msyn:diurnal:1"}
+CASES=${CASES-"azure:trace:1 azure:trace:10 azure:diurnal:1 azure:diurnal:10 mconv:trace:1 mconv:trace:10 mconv:diurnal:1 mconv:diurnal:10 msyn:trace:1 msyn:trace:10 msyn:diurnal:1 msyn:diurnal:10"}
 declare -A FILE=(
   [azure]=azure_llm_2023/AzureLLMInferenceTrace_conv.csv
   [mconv]=mooncake_fast25/conversation_trace.0-40min.jsonl

@@ -479,6 +479,13 @@ class Autoscaling(_Model):
         le=MAX_GPU_BUDGET,
         description="Most GPUs all pools together may use; split across stages by SLO pressure.",
     )
+    headroom: float = Field(
+        0.0,
+        ge=0,
+        le=4,
+        description="Spare capacity kept above the forecast demand, as a fraction (0.3 = 30 %): "
+        "absorbs bursts that rise faster than a worker starts.",
+    )
     queries: dict[str, Annotated[str, Field(max_length=4096)]] | None = Field(
         None,
         max_length=32,

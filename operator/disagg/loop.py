@@ -188,6 +188,7 @@ def policy_config(spec: api.DisaggDeploymentSpec, lead_s: float = DEFAULT_LEAD_S
         gpus_per_replica={k: p.gpus_per_replica for k, p in pools.items()},
         gpu_budget=a.gpu_budget,
         forecast_horizon_s=lead_s,
+        headroom=float(a.headroom),
         paused=a.paused,
     )
 

@@ -87,6 +87,7 @@ class PolicyConfig:
     forecast_horizon_s: float = 60.0  # lead time: observed pod start-up
     forecast_samples: int = 4  # rate samples in the linear trend
     forecast_max_growth: float = 2.0  # projection capped at this multiple of the observation
+    headroom: float = 0.0  # standing spare capacity, as a fraction of the demand (see sizing_rate)
     paused: bool = False
 
     def __post_init__(self) -> None:
@@ -106,6 +107,7 @@ class PolicyConfig:
         _nonneg("forecast_samples", self.forecast_samples, integer=True)
         if self.forecast_max_growth < 1:
             raise ValueError("forecast_max_growth must be >= 1")
+        _nonneg("headroom", self.headroom)
         for name in ("min_replicas", "max_replicas", "gpus_per_replica"):
             for pool, v in getattr(self, name).items():
                 _nonneg(f"{name}[{pool}]", v, integer=True)
@@ -267,6 +269,11 @@ def sizing_rate(
       since the previous call projected over ``backlog_lead_s`` (default: the
       forecast horizon, i.e. the start-up time).
 
+    The demand part (forecast + noise, not the backlog) is multiplied by
+    ``1 + config.headroom``: standing spare capacity for bursts that rise faster
+    than a worker starts, which no reactive rule can catch (docs/evaluation.md).
+    It is kept even when the observed TTFT is comfortable: the user asked for it.
+
     A backlog term larger than the counting-noise term marks this recommendation
     as backlog-driven (``state.backlog_times``): `decide` then lets it hold
     capacity only while it is current, not through the stabilization window, so
@@ -303,7 +310,7 @@ def sizing_rate(
     if backlog > noise:
         marks = (*marks, float(now))
     state = replace(state, queue_sample=(float(now), q), backlog_times=marks[-64:])
-    return f + noise + backlog, state
+    return (f + noise) * (1.0 + config.headroom) + backlog, state
 
 
 # --------------------------------------------------------------------------- budget helpers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -88,6 +89,15 @@ def test_disagg_beats_reactive_baselines_and_scales(doc: dict) -> None:
         assert d["slo_attainment"] > doc["policies"][name]["slo_attainment"] + 0.2, name
     sizes = {x["replicas"]["decode"] for x in d["timeline"]}
     assert len(sizes) > 1
+
+
+def test_headroom_buys_attainment_with_gpus(wave: Workload, doc: dict) -> None:
+    # standing spare capacity absorbs the square wave's steps that start-up cannot catch
+    spare = run_policy("disagg", wave, replace(SHORT, headroom=0.5)).metrics
+    base = doc["policies"]["disagg"]
+    assert spare["gpu_hours"] > base["gpu_hours"] * 1.1
+    assert spare["slo_attainment"] > base["slo_attainment"]
+    assert spare["lost_requests"] == 0
 
 
 def test_static_never_scales(doc: dict) -> None:
@@ -197,6 +207,7 @@ def test_cli_json(small_trace: str, capsys) -> None:
         (["--format", "parquet"], "unknown trace format"),
         (["--workload", "weekly"], "unknown workload"),
         (["--rate-scale", "0"], "--rate-scale"),
+        (["--headroom", "-0.2"], "--headroom"),
     ],
 )
 def test_cli_bad_input_exit_2(small_trace: str, capsys, extra: list[str], msg: str) -> None:

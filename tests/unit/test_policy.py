@@ -228,6 +228,23 @@ def test_ttft_feedback_drops_headroom_only_when_comfortable():
     assert r > 10.0
 
 
+def test_headroom_scales_the_demand_not_the_backlog_and_survives_comfort():
+    kw = {"window_s": 60.0, "ttft_target": 0.6, "backlog_drain_s": 60.0}
+    base = PolicyConfig(forecast_horizon_s=60)
+    spare = PolicyConfig(forecast_horizon_s=60, headroom=0.3)
+    r0, _ = sizing_rate(PolicyState(), 0.0, base, 10.0, **kw)
+    r1, _ = sizing_rate(PolicyState(), 0.0, spare, 10.0, **kw)
+    assert r1 == pytest.approx(1.3 * r0)
+    # a comfortable TTFT drops the counting-noise margin, never the headroom the user set
+    r, _ = sizing_rate(PolicyState(), 0.0, spare, 10.0, ttft_observed=0.1, **kw)
+    assert r == pytest.approx(13.0)
+    # the backlog term is added on top, not multiplied: it is work already waiting
+    r, _ = sizing_rate(PolicyState(), 0.0, spare, 10.0, ttft_observed=0.1, queued=600, **kw)
+    assert r == pytest.approx(1.3 * r0 + 600 / 60)
+    with pytest.raises(ValueError, match="headroom"):
+        PolicyConfig(headroom=-0.1)
+
+
 def test_backlog_recommendation_does_not_hold_the_window():
     cfg = PolicyConfig(scale_down_stabilization_s=300)
     st_ = PolicyState()
