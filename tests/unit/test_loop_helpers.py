@@ -48,6 +48,10 @@ def test_policy_config_follows_the_spec():
     assert cfg.gpus_per_replica == {k: p.gpus_per_replica for k, p in api.pools(spec).items()}
     assert cfg.gpu_budget == spec.autoscaling.gpu_budget
     assert cfg.max_step_down == spec.autoscaling.max_scale_down_step
+    assert cfg.headroom == 0.0  # no standing spare capacity unless the spec asks for it
+    raw = yaml.safe_load(SAMPLE.read_text())["spec"]
+    raw["autoscaling"]["headroom"] = 0.3
+    assert loop.policy_config(api.parse_spec(raw)).headroom == 0.3
 
 
 def test_demand_uses_measured_shape_and_never_invents_tokens():
