@@ -14,7 +14,7 @@ import math
 import sys
 from typing import Any
 
-from disagg.commands.plan import DEFAULTS as PLAN_DEFAULTS
+from disagg.commands import modelflags
 
 # Kept in sync with disagg.evaluate.POLICY_HELP (not imported here: `disagg --help` stays fast).
 POLICY_LINES = {
@@ -28,26 +28,23 @@ POLICY_LINES = {
     "(lower bound on GPU-hours)",
 }
 
-# The worked example's SLO and service-time defaults, from `disagg plan`'s one table.
-MODEL_DEFAULTS: dict[str, Any] = {
-    k: PLAN_DEFAULTS[k]
-    for k in (
-        "ttft",
-        "itl",
-        "percentile",
-        "prefill_fixed_ms",
-        "prefill_ms_per_token",
-        "decode_step_ms",
-        "decode_ms_per_seq",
-        "decode_slots",
-        "kv_bytes_per_token",
-        "link_setup_ms",
-        "link_gibps",
-    )
-}
-# Attainment is scored over every request and the goal is 99 % of them, so the evaluation
-# plans for p99 (disagg.evaluate.EVAL_PERCENTILE), not `disagg plan`'s p90.
-MODEL_DEFAULTS["percentile"] = 0.99
+# The model flags evaluate takes. Attainment is scored over every request and the goal
+# is 99 % of them, so the evaluation plans for p99 (disagg.evaluate.EVAL_PERCENTILE),
+# not `disagg plan`'s p90.
+MODEL_NAMES = (
+    "ttft",
+    "itl",
+    "percentile",
+    "prefill_fixed_ms",
+    "prefill_ms_per_token",
+    "decode_step_ms",
+    "decode_ms_per_seq",
+    "decode_slots",
+    "kv_bytes_per_token",
+    "link_setup_ms",
+    "link_gibps",
+)
+MODEL_DEFAULTS: dict[str, Any] = {**modelflags.defaults(MODEL_NAMES), "percentile": 0.99}
 
 
 def register(subparsers: Any) -> None:
@@ -85,21 +82,12 @@ def register(subparsers: Any) -> None:
     f("--baseline-drain", action="store_true", help="let hpa/throughput drain on scale-down too")
     f("--limit", type=int, help="read at most N trace rows")
     m = p.add_argument_group("SLO and service-time models (as in `disagg plan`)")
-    m.add_argument("--ttft", type=float, help="TTFT target in seconds (default 0.6)")
-    m.add_argument("--itl", type=float, help="ITL target in seconds (default 0.15)")
-    m.add_argument(
-        "--percentile",
-        type=float,
-        help="planner quantile of the targets (default 0.99: attainment counts every request)",
+    modelflags.add_flags(
+        m,
+        MODEL_NAMES,
+        overrides={"percentile": MODEL_DEFAULTS["percentile"]},
+        helps={"percentile": "planner quantile of the targets; attainment counts every request"},
     )
-    m.add_argument("--prefill-fixed-ms", type=float, help="default 20")
-    m.add_argument("--prefill-ms-per-token", type=float, help="default 0.035")
-    m.add_argument("--decode-step-ms", type=float, help="default 45")
-    m.add_argument("--decode-ms-per-seq", type=float, help="default 0")
-    m.add_argument("--decode-slots", type=int, help="default 32")
-    m.add_argument("--kv-bytes-per-token", type=float, help="default 327680 (320 KiB)")
-    m.add_argument("--link-setup-ms", type=float, help="default 12")
-    m.add_argument("--link-gibps", type=float, help="default 22")
     for pool in ("prefill", "decode"):
         m.add_argument(f"--{pool}-gpus-per-replica", type=int, default=1, metavar="N", help="default 1")
     p.set_defaults(func=run)

@@ -15,6 +15,8 @@ import math
 import sys
 from typing import Any
 
+from disagg.commands import modelflags
+
 POOL_NAMES = ("encoder", "prefill", "decode", "colocated")
 
 # flag dest -> worked-example default
@@ -27,21 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "media_fraction": 0.0,
     "items_per_request": 1.0,
     "prefix_hit_rate": 0.0,
-    "ttft": 0.6,
-    "itl": 0.15,
-    "percentile": 0.9,
-    "encoder_fixed_ms": 15.0,
-    "encoder_ms_per_item": 25.0,
-    "prefill_fixed_ms": 20.0,
-    "prefill_ms_per_token": 0.035,
-    "prefill_ms_per_token_sq": 0.0,
-    "decode_step_ms": 45.0,
-    "decode_ms_per_seq": 0.0,
-    "decode_slots": 32,
-    "kv_bytes_per_token": 327680.0,
-    "link_setup_ms": 12.0,
-    "link_gibps": 22.0,
-    "chunk_tokens": 2000,
+    **modelflags.defaults(),
     "gpu_budget": None,
     "placement": "disaggregated",
     "chunked": False,
@@ -92,23 +80,9 @@ def register(subparsers: Any) -> None:
     g.add_argument("--media-fraction", type=float, help="fraction of requests with media (default 0)")
     g.add_argument("--items-per-request", type=float, help="media items per media request (default 1)")
     g.add_argument("--prefix-hit-rate", type=float, help="fraction of prompt tokens cached (default 0)")
-    s = p.add_argument_group("SLO")
-    s.add_argument("--ttft", type=float, help="TTFT target in seconds (default 0.6)")
-    s.add_argument("--itl", type=float, help="ITL target in seconds (default 0.15)")
-    s.add_argument("--percentile", type=float, help="quantile of the targets, in (0,1) (default 0.9)")
+    modelflags.add_flags(p.add_argument_group("SLO"), tuple(modelflags.SLO_FLAGS))
     m = p.add_argument_group("service-time models")
-    m.add_argument("--encoder-fixed-ms", type=float, help="default 15")
-    m.add_argument("--encoder-ms-per-item", type=float, help="default 25")
-    m.add_argument("--prefill-fixed-ms", type=float, help="default 20")
-    m.add_argument("--prefill-ms-per-token", type=float, help="default 0.035")
-    m.add_argument("--prefill-ms-per-token-sq", type=float, help="quadratic term (default 0)")
-    m.add_argument("--decode-step-ms", type=float, help="fixed decode step time (default 45)")
-    m.add_argument("--decode-ms-per-seq", type=float, help="added step ms per running sequence (default 0)")
-    m.add_argument("--decode-slots", type=int, help="batch slots per decode replica (default 32)")
-    m.add_argument("--kv-bytes-per-token", type=float, help="default 327680 (320 KiB)")
-    m.add_argument("--link-setup-ms", type=float, help="default 12")
-    m.add_argument("--link-gibps", type=float, help="link bandwidth in GiB/s (default 22)")
-    m.add_argument("--chunk-tokens", type=int, help="tokens per streamed KV chunk (default 2000)")
+    modelflags.add_flags(m, tuple(modelflags.MODEL_FLAGS))
     m.add_argument(
         "--chunked",
         action=argparse.BooleanOptionalAction,

@@ -16,6 +16,8 @@ import json
 import sys
 from typing import Any
 
+from disagg.commands import modelflags
+
 WORKLOADS = ("poisson", "burst", "mix", "trace")
 PLACEMENT_CHOICES = ("disaggregated", "colocated", "conditional", "all")
 
@@ -77,22 +79,13 @@ def register(subparsers: Any) -> None:
     pl.add_argument("--failure-prob", type=float, default=0.0, help="probability a transfer attempt fails")
     pl.add_argument("--max-retries", type=int, default=1, help="transfer retries per request (default 1)")
     pl.add_argument("--prefix-cache-tokens", type=int, default=0, help="per-worker prefix cache (0 = off)")
-    m = p.add_argument_group("service-time models (as `disagg plan`)")
-    m.add_argument("--encoder-fixed-ms", type=float, default=15.0)
-    m.add_argument("--encoder-ms-per-item", type=float, default=25.0)
-    m.add_argument("--prefill-fixed-ms", type=float, default=20.0)
-    m.add_argument("--prefill-ms-per-token", type=float, default=0.035)
-    m.add_argument("--prefill-ms-per-token-sq", type=float, default=0.0)
-    m.add_argument("--decode-step-ms", type=float, default=45.0)
-    m.add_argument("--decode-ms-per-seq", type=float, default=0.0)
-    m.add_argument("--decode-slots", type=int, default=32)
-    m.add_argument("--kv-bytes-per-token", type=float, default=327680.0)
-    m.add_argument("--link-setup-ms", type=float, default=12.0)
-    m.add_argument("--link-gibps", type=float, default=22.0)
-    m.add_argument("--chunk-tokens", type=int, default=2000, help="KV chunk / local prefill chunk tokens")
-    s = p.add_argument_group("SLO")
-    s.add_argument("--ttft", type=float, default=0.6, help="TTFT target in seconds (default 0.6)")
-    s.add_argument("--itl", type=float, default=0.15, help="ITL target in seconds (default 0.15)")
+    modelflags.add_flags(
+        p.add_argument_group("service-time models (as `disagg plan`)"),
+        tuple(modelflags.MODEL_FLAGS),
+        unset=False,
+        helps={"chunk_tokens": "KV chunk / local prefill chunk tokens"},
+    )
+    modelflags.add_flags(p.add_argument_group("SLO"), ("ttft", "itl"), unset=False)
     o = p.add_argument_group("output")
     o.add_argument("--output", choices=("table", "json"), default="table")
     o.add_argument("--plot", metavar="FILE.png", help="plot queues and latency over time")
