@@ -219,3 +219,14 @@ def test_cli_bad_input_exit_2(small_trace: str, capsys, extra: list[str], msg: s
 def test_cli_missing_file(capsys) -> None:
     assert main(["evaluate", "--trace", "/nonexistent/trace.csv"]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_cli_plot_writes_a_png_per_run(small_trace: str, tmp_path, capsys) -> None:
+    png = tmp_path / "run.png"
+    args = ["evaluate", "--trace", small_trace, "--policy", "disagg", "--policy", "hpa", "--plot", str(png)]
+    assert main(args) == 0
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000  # a rendered figure, not a stub
+    assert "disagg" in capsys.readouterr().out  # the table is still printed
+    assert main(["evaluate", "--trace", small_trace, "--plot", str(tmp_path / "run.svg")]) == 2
+    assert "--plot writes a PNG" in capsys.readouterr().err
