@@ -129,7 +129,8 @@ def _fmt(x: Any, nd: int = 3) -> str:
     return str(x)
 
 
-def print_table(doc: dict[str, Any], out: Any = sys.stdout) -> None:
+def print_table(doc: dict[str, Any], out: Any = None) -> None:
+    out = sys.stdout if out is None else out  # resolved per call, not at import
     cols = [
         ("policy", None, 11),
         ("attain", "slo_attainment", 8),
