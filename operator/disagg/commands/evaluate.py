@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from typing import Any
 
@@ -193,7 +194,9 @@ def plot(doc: dict[str, Any], path: str) -> None:
         ax.set_ylabel("replicas")
         ax.legend(loc="upper left", fontsize=7)
     axes[-1, 0].set_xlabel("minutes")
-    fig.suptitle(doc["trace"], fontsize=10)
+    st = doc["settings"]
+    title = f"{os.path.basename(doc['trace'])}: {st.get('workload', 'trace')} x{st.get('rate_scale', 1)}"
+    fig.suptitle(f"{title}, start-up {st['startup_s']:g} s", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
