@@ -467,11 +467,19 @@ class Autoscaling(_Model):
         le=86400,
         description="A pool shrinks only to the highest recommendation within this window.",
     )
-    max_scale_up_step: int = Field(
-        4, ge=1, le=MAX_REPLICAS, description="Most replicas added to a pool per decision."
+    max_scale_up_step: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_REPLICAS,
+        description="Most replicas added to a pool per decision. Unset: all the plan needs at once "
+        "(a burst on a large pool can need tens of workers).",
     )
-    max_scale_down_step: int = Field(
-        1, ge=1, le=MAX_REPLICAS, description="Most replicas removed (drained) from a pool per decision."
+    max_scale_down_step: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_REPLICAS,
+        description="Most replicas removed (drained) from a pool per decision. Unset: down to the "
+        "stabilized recommendation at once; every victim is drained first.",
     )
     gpu_budget: int | None = Field(
         None,
