@@ -22,23 +22,13 @@ import uuid
 from collections.abc import Callable
 
 from disagg.kube import ApiError, Conflict, Kube, NotFound
+from disagg.status import parse_time
 
 log = logging.getLogger("disagg.leader")
 
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse(ts: str | None) -> float:
-    if not ts:
-        return 0.0
-    for fmt in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
-        try:
-            return dt.datetime.strptime(ts, fmt).replace(tzinfo=dt.UTC).timestamp()
-        except ValueError:
-            continue
-    return 0.0
 
 
 def default_identity() -> str:
@@ -96,10 +86,9 @@ class LeaderElector:
             return True
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity")
-        expired = (
-            _parse(spec.get("renewTime")) + float(spec.get("leaseDurationSeconds") or self.lease_s)
-            < time.time()
-        )
+        expired = (parse_time(spec.get("renewTime")) or 0.0) + float(
+            spec.get("leaseDurationSeconds") or self.lease_s
+        ) < time.time()
         if holder not in (None, "", self.identity) and not expired:
             return False
         transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)

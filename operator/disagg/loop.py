@@ -14,7 +14,6 @@ window must fill again), never cause one.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import math
 import time
@@ -110,15 +109,6 @@ def demand_from(snap: metrics.Snapshot, rate: float, last: dict[str, float] | No
 DEFAULT_LEAD_S = 60.0
 
 
-def _ts(s: str | None) -> float | None:
-    if not s:
-        return None
-    try:
-        return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
-    except ValueError:
-        return None
-
-
 def startup_seconds(pods: list[dict]) -> dict[str, float]:
     """Observed pod start-up by pod name: creation to first admission (the routable gate set True)."""
     out: dict[str, float] = {}
@@ -129,7 +119,8 @@ def startup_seconds(pods: list[dict]) -> dict[str, float]:
                 and c.get("status") == "True"
                 and c.get("reason") == "Admitted"
             ):
-                t0, t1 = _ts(p["metadata"].get("creationTimestamp")), _ts(c.get("lastTransitionTime"))
+                t0 = status.parse_time(p["metadata"].get("creationTimestamp"))
+                t1 = status.parse_time(c.get("lastTransitionTime"))
                 if t0 is not None and t1 is not None and t1 >= t0:
                     out[p["metadata"]["name"]] = t1 - t0
     return out
@@ -191,6 +182,11 @@ def policy_config(spec: api.DisaggDeploymentSpec, lead_s: float = DEFAULT_LEAD_S
         headroom=float(a.headroom),
         paused=a.paused,
     )
+
+
+def _pooled(plan: planner.Plan, pools: Mapping[str, Any]) -> dict[str, int]:
+    """The plan's replicas for this deployment's pools (a plan names every stage)."""
+    return {k: v for k, v in plan.replicas.items() if k in pools}
 
 
 def placement_of(spec: api.DisaggDeploymentSpec) -> str:
@@ -453,13 +449,10 @@ async def decide_and_apply(
         plan_rate = rate
         try:
             plan = plan_for(spec, demand_from(snap, rate, tr.shape), models)
-            planned = {k: v for k, v in plan.replicas.items() if k in pools}
+            planned = _pooled(plan, pools)
+            # what the current load needs: donors never shrink below it in a rebalance
             floor = (
-                {
-                    k: v
-                    for k, v in plan_for(spec, demand_from(snap, observed, tr.shape), models).replicas.items()
-                    if k in pools
-                }
+                _pooled(plan_for(spec, demand_from(snap, observed, tr.shape), models), pools)
                 if rate > observed
                 else dict(planned)
             )

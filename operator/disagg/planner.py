@@ -589,10 +589,7 @@ def _search(tabs: list[_Table], gpus: tuple[int, int, int], slack: float) -> tup
         return None
     ge, gp, gd = gpus
     eps = 1e-12
-    if len(wd) == 1:
-        neg_d = [-wd[0]]
-    else:
-        neg_d = [-w for w in wd]
+    neg_d = [-w for w in wd]  # decode waits fall along the table: bisect on the negated list
     floor_d = gd * r0d
     floor_p = gp * r0p
     best: tuple[int, int, float] | None = None

@@ -30,6 +30,17 @@ def now_iso() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def parse_time(s: str | None) -> float | None:
+    """Unix seconds of a Kubernetes timestamp (with or without fractional seconds); None if unreadable."""
+    if not s:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
+
+
 def condition(
     ctype: str, status: bool | str, reason: str, message: str, generation: int | None
 ) -> dict[str, Any]:

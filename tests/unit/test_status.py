@@ -94,3 +94,12 @@ def test_draining_pods_are_listed_and_named_in_a_condition():
     cond = status.draining_condition(pools, 4)
     assert cond["status"] == "True" and "decode/d-1" in cond["message"]
     assert status.ratio({"prefill": {"desiredReplicas": 2}, "decode": {"desiredReplicas": 5}}) == "1:2.5"
+
+
+def test_parse_time_reads_both_kubernetes_timestamp_forms() -> None:
+    from disagg.status import parse_time
+
+    assert parse_time("2026-01-01T00:00:10Z") - parse_time("2026-01-01T00:00:00Z") == 10.0
+    assert parse_time("2026-01-01T00:00:00.250000Z") == parse_time("2026-01-01T00:00:00Z") + 0.25
+    assert parse_time("1970-01-01T00:01:00Z") == 60.0  # UTC, whatever the machine's zone
+    assert parse_time("yesterday") is None and parse_time(None) is None and parse_time("") is None
