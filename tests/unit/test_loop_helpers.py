@@ -52,6 +52,11 @@ def test_policy_config_follows_the_spec():
     raw = yaml.safe_load(SAMPLE.read_text())["spec"]
     raw["autoscaling"]["headroom"] = 0.3
     assert loop.policy_config(api.parse_spec(raw)).headroom == 0.3
+    # no step limits unless the spec sets them: a burst on a large pool needs all its workers at once
+    for key in ("maxScaleUpStep", "maxScaleDownStep"):
+        raw["autoscaling"].pop(key, None)
+    unlimited = loop.policy_config(api.parse_spec(raw))
+    assert unlimited.max_step_up is None and unlimited.max_step_down is None
 
 
 def test_demand_uses_measured_shape_and_never_invents_tokens():
