@@ -10,11 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
+from samples import fixed
 
 pytestmark = pytest.mark.cluster
-
-SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "sglang-disaggregated.yaml"
 
 
 def component_pid(component: str) -> int | None:
@@ -48,10 +46,7 @@ def restart_apiserver(log: Path) -> None:
 
 def test_operator_survives_an_api_server_restart(cluster, namespace, operator_factory, tmp_path):
     op = operator_factory([namespace])
-    obj = yaml.safe_load(SAMPLE.read_text())
-    obj["spec"]["autoscaling"] = {"enabled": False}
-    obj["spec"]["pools"]["prefill"]["replicas"] = 1
-    obj["spec"]["pools"]["decode"]["replicas"] = 1
+    obj = fixed(decode=1)
     name = obj["metadata"]["name"]
     cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", "-", input=json.dumps(obj))
     cluster.wait_for(

@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from samples import fixed
 
 pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 
 ROOT = Path(__file__).resolve().parents[2]
-SAMPLE = ROOT / "config" / "samples" / "sglang-disaggregated.yaml"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
@@ -52,15 +51,6 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen, log: Path) -> by
         except OSError:
             time.sleep(0.2)
     raise AssertionError(f"{url} not answering after {timeout} s:\n{log.read_text()[-3000:]}")
-
-
-def small_deployment() -> dict:
-    obj = yaml.safe_load(SAMPLE.read_text())
-    obj["spec"]["autoscaling"] = {"enabled": False}
-    for pool, n in (("prefill", 1), ("decode", 2)):
-        p = obj["spec"]["pools"][pool]
-        p.update(replicas=n, minReplicas=1, maxReplicas=4)
-    return obj
 
 
 class CDP:
@@ -129,7 +119,7 @@ def condition_status(key: str, ctype: str) -> str:
 def test_dashboard_shows_live_pools_and_follows_scaling(cluster, namespace, operator_factory, tmp_path):
     import aiohttp
 
-    obj = small_deployment()
+    obj = fixed()
     name = obj["metadata"]["name"]
     key = f"{namespace}/{name}"
     op = operator_factory([namespace])

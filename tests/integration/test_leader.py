@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
-import yaml
+from samples import fixed
 
 pytestmark = pytest.mark.cluster
-
-SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "sglang-disaggregated.yaml"
 
 
 def leader_of(cluster, ns: str) -> str | None:
@@ -29,10 +26,7 @@ def test_one_active_replica_and_failover(cluster, namespace, operator_factory):
     holder = leader_of(cluster, namespace)
     assert holder
 
-    obj = yaml.safe_load(SAMPLE.read_text())
-    obj["spec"]["autoscaling"] = {"enabled": False}
-    obj["spec"]["pools"]["prefill"]["replicas"] = 1
-    obj["spec"]["pools"]["decode"]["replicas"] = 1
+    obj = fixed(decode=1)
     name = obj["metadata"]["name"]
     cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", "-", input=json.dumps(obj))
     cluster.wait_for(

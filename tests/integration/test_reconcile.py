@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
-import yaml
+from samples import SAMPLES, fixed, load
 
 pytestmark = pytest.mark.cluster
 
-SAMPLES = Path(__file__).resolve().parents[2] / "config" / "samples"
 VALID = sorted(p.name for p in SAMPLES.glob("*.yaml"))
-
-
-def load(name: str) -> dict:
-    return yaml.safe_load((SAMPLES / name).read_text())
 
 
 def apply(cluster, ns: str, obj: dict) -> None:
@@ -55,18 +49,6 @@ def wait_ready(cluster, ns: str, name: str, timeout: float = 90) -> dict:
 def delete_and_wait(cluster, ns: str, name: str) -> None:
     cluster.kubectl("delete", "disaggdeployment", name, "-n", ns, "--wait=false")
     cluster.wait_for(lambda: not children(cluster, ns, name, "pods"), timeout=90, what="pods gone")
-
-
-def fixed(sample: str, prefill: int = 1, decode: int = 2) -> dict:
-    """A sample with autoscaling off and explicit pool sizes."""
-    obj = load(sample)
-    obj["spec"]["autoscaling"] = {"enabled": False}
-    for pool, n in (("prefill", prefill), ("decode", decode)):
-        spec = obj["spec"]["pools"][pool]
-        spec["replicas"] = n
-        spec["minReplicas"] = min(spec.get("minReplicas", 1), n)
-        spec["maxReplicas"] = max(spec.get("maxReplicas", n), n + 2)
-    return obj
 
 
 def pools_of(obj: dict) -> dict:
