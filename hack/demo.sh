@@ -25,6 +25,8 @@ DURATION="${DEMO_DURATION:-0}"
 
 BIN="$("${HERE}/tools.sh" --print)"
 export PATH="${BIN}:${PATH}"
+# `python3` and `disagg` below come from the Makefile's virtual environment when there is one.
+if [[ -x "${ROOT}/.venv/bin/python3" ]]; then export PATH="${ROOT}/.venv/bin:${PATH}"; fi
 log() { echo "[demo] $*" >&2; }
 
 start_bg() { # start_bg <name> <command...>: a background service with a pid file and a log

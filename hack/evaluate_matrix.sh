@@ -10,6 +10,9 @@
 # $OUT/matrix.md (full table) and $OUT/summary.md (attainment / GPU-h vs oracle per policy).
 # Cases run one at a time (one simulator process).
 set -euo pipefail
+# `disagg` and `python3` come from the Makefile's virtual environment when there is one.
+VENV_BIN="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv/bin"
+if [[ -x "${VENV_BIN}/python3" ]]; then export PATH="${VENV_BIN}:${PATH}"; fi
 TRACES=${TRACES:-/work/shared/traces}
 OUT=${OUT:-/tmp/evaluate-matrix}
 STARTUPS=${STARTUPS-"60 30 180"}  # empty: only rebuild the tables

@@ -5,6 +5,9 @@ Cluster tests (`@pytest.mark.cluster`) run against the local kwokctl cluster
 The session fixture reuses a running cluster or starts one with
 `hack/cluster.sh up`; one it started itself is removed at the end unless
 DISAGG_KEEP_CLUSTER=1. Prometheus tests start the real server binary.
+
+A test marked `cluster`, `prometheus` or `browser` whose prerequisite is missing fails with
+the command that installs it (tests/prereqs.py); `make test-unit` skips them instead.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from prereqs import chromium, cluster_tools_missing, missing_prerequisite, prometheus
+
 ROOT = Path(__file__).resolve().parents[1]
 HACK = ROOT / "hack"
 
@@ -27,6 +32,19 @@ HACK = ROOT / "hack"
 def tools_bin() -> Path:
     out = subprocess.run([str(HACK / "tools.sh"), "--print"], capture_output=True, text=True, check=True)
     return Path(out.stdout.strip())
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A missing binary fails the tests that need it (or skips them under `make test-unit`)."""
+    markers = {m.name for m in item.iter_markers()}
+    if "browser" in markers and chromium() is None:
+        missing_prerequisite("chromium (headless browser for the dashboard test: apt-get install chromium)")
+    if "prometheus" in markers and prometheus() is None:
+        missing_prerequisite("the Prometheus server binary (apt-get install prometheus)")
+    if "cluster" in markers:
+        why = cluster_tools_missing(tools_bin())
+        if why:
+            missing_prerequisite(why)
 
 
 @dataclass

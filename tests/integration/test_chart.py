@@ -22,6 +22,7 @@ import yaml
 from rbac_util import forbidden_lines, kubectl_as, sa_kubeconfig, start_operator, stop_operator
 
 from disagg import api
+from prereqs import missing_prerequisite
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "disagg-operator"
@@ -55,7 +56,7 @@ def tools_bin() -> Path:
 def helm_bin() -> str:
     path = tools_bin() / "helm"
     if not path.exists():
-        pytest.skip("helm not built (run hack/tools.sh)")
+        missing_prerequisite("helm (built by hack/tools.sh with the other cluster tools)")
     return str(path)
 
 

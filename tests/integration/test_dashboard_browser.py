@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -24,10 +23,12 @@ from typing import Any
 import pytest
 from samples import fixed
 
+from prereqs import chromium
+
 pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+CHROMIUM = chromium()  # a missing one fails the test with the install command (tests/conftest.py)
 
 
 def free_port() -> int:
@@ -115,7 +116,6 @@ def condition_status(key: str, ctype: str) -> str:
     return f"(document.querySelector({sel}) || {{dataset: {{}}}}).dataset.status || null"
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed")
 def test_dashboard_shows_live_pools_and_follows_scaling(cluster, namespace, operator_factory, tmp_path):
     import aiohttp
 

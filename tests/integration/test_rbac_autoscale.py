@@ -31,6 +31,7 @@ import pytest
 from rbac_util import forbidden_lines, kubectl_as, sa_kubeconfig, start_operator, stop_operator
 
 from disagg import api
+from prereqs import missing_prerequisite
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from e2e_stack import Stack, deployment_spec, planned
@@ -46,7 +47,7 @@ HIGH, LOW, STEP_AT, DURATION = 8.0, 1.0, 50, 100
 def helm(cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     helm_bin = cluster.bin / "helm"
     if not helm_bin.exists():
-        pytest.skip("helm not built (run hack/tools.sh)")
+        missing_prerequisite("helm (built by hack/tools.sh with the other cluster tools)")
     proc = subprocess.run(
         [str(helm_bin), *args], capture_output=True, text=True, env=cluster.env(), timeout=180
     )
