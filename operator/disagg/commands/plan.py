@@ -465,7 +465,7 @@ def _plot(path: str, plans: list[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from disagg.cli import UsageError
+    from disagg.cli import CommandFailed, UsageError
     from disagg.planner import plan
 
     if args.plot and not args.sweep:
@@ -511,4 +511,6 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(pl.to_dict(), indent=2) + "\n")
     else:
         _print_table(pl)
+    if not pl.feasible:  # the plan is printed (it says what is short); the exit status says it failed
+        raise CommandFailed(f"no plan meets the SLO: {pl.to_dict()['reason']}")
     return 0

@@ -72,9 +72,11 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from disagg import handlers
+    from disagg.commands.checks import check_cluster_config
 
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
+    check_cluster_config(args.kubeconfig)  # exit 1 now rather than Kopf retrying start-up forever
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-from disagg.commands import modelflags
+from disagg.commands import checks, modelflags
 
 WORKLOADS = ("poisson", "burst", "mix", "trace")
 PLACEMENT_CHOICES = ("disaggregated", "colocated", "conditional", "all")
@@ -197,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
     workload = build_workload(args)
     if len(workload) == 0:
         raise UsageError("the workload is empty")
+    checks.check_prefix_cache(args, workload)
     quiet = args.quiet
 
     def say(msg: str) -> None:
