@@ -38,7 +38,7 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 venv-clean: ## remove .venv (the next target recreates it)
 	rm -rf $(VENV)
 
-install: venv ## the venv, plus a `disagg` link in $(BINDIR) (or: source .venv/bin/activate)
+install: venv ## the venv, plus a `disagg` link in ~/.local/bin (BINDIR=...; or: source .venv/bin/activate)
 	@mkdir -p "$(BINDIR)"
 	ln -sfn "$(CURDIR)/$(VENV)/bin/disagg" "$(BINDIR)/disagg"
 	@case ":$$PATH:" in *":$(BINDIR):"*) ;; *) echo "note: $(BINDIR) is not on your PATH";; esac

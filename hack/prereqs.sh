@@ -13,6 +13,7 @@
 # command to run. Go is installed with apt only when the distribution's package is new enough.
 # After installing `prometheus` (and always under CI=true), the system service that Debian's
 # package starts on :9090 is stopped: the tests and the demo start their own servers.
+# DISAGG_PREREQS_INSTALL=0 only checks: it never runs apt-get.
 set -euo pipefail
 
 MIN_PY="3.11"
@@ -64,6 +65,7 @@ find_python() { # print the interpreter to build .venv from, or fail
 
 SUDO=()
 can_install() { # root, or sudo without a password prompt, and apt-get present
+  [[ "${DISAGG_PREREQS_INSTALL:-1}" != 0 ]] || return 1
   command -v apt-get >/dev/null 2>&1 || return 1
   if [[ "$(id -u)" == 0 ]]; then
     SUDO=()
@@ -202,7 +204,9 @@ check_binaries() { # check_binaries <with_chromium 0|1>
     return 0
   fi
   if ! can_install; then
-    stop "missing: ${why[*]}. Install with:" \
+    local joined
+    joined="$(printf '%s; ' "${why[@]}")"
+    stop "missing: ${joined%; }. Install with:" \
       "    sudo apt-get install -y --no-install-recommends ${need[*]}"
   fi
   apt_install "${need[@]}"
@@ -222,7 +226,7 @@ main() {
     venv) check_python ;;
     demo) check_python; check_go; check_binaries 0 ;;
     test | all) check_python; check_go; check_binaries 1 ;;
-    -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; return 0 ;;
+    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; return 0 ;;
     *) stop "unknown target '$target' (venv, demo, test)" ;;
   esac
   local summary="python $PY ($(py_version "$PY"))"
