@@ -267,7 +267,9 @@ class ScalerState:
                 "prefill": [[round(x, 4), round(y, 4)] for x, y in self.prefill_samples],
             },
             "shape": {k: round(v, 4) for k, v in self.shape.items()},
-            "startups": {k: round(v, 3) for k, v in self.startups.items()},
+            # pairs, not a map: a merge patch of status replaces a list whole (a map would keep
+            # the names it does not mention, and grow without bound)
+            "startups": [[k, round(v, 3)] for k, v in self.startups.items()],
         }
 
     @classmethod
@@ -290,7 +292,7 @@ class ScalerState:
         except (TypeError, ValueError, AttributeError):
             shape = {}
         try:
-            items = list((d.get("startups") or {}).items())[-MAX_STARTUP_SAMPLES:]
+            items = list(d.get("startups") or [])[-MAX_STARTUP_SAMPLES:]
             startups = {str(k): float(v) for k, v in items if math.isfinite(float(v)) and float(v) >= 0}
         except (TypeError, ValueError, AttributeError):
             startups = {}
@@ -332,6 +334,10 @@ def _iso(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _without_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: _without_none(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
+
+
 @dataclass(frozen=True)
 class DecisionRecord:
     """One decision and the figures behind it: what `status.lastDecision` and the dashboard show."""
@@ -362,7 +368,12 @@ class DecisionRecord:
     notes: tuple[str, ...]
 
     def to_status(self) -> dict[str, Any]:
-        """The dict written to `status.lastDecision` (camelCase keys; pool maps are {pool: n})."""
+        """The dict written to `status.lastDecision` (camelCase keys; pool maps are {pool: n}).
+
+        Unknown figures are left out (a merge patch would delete a null anyway)."""
+        return _without_none(self._status())
+
+    def _status(self) -> dict[str, Any]:
         return {
             "time": _iso(self.time),
             "reason": self.reason,

@@ -385,7 +385,7 @@ async def write_decision_status(
     same = (
         prev.get("reason") == record["reason"]
         and (prev.get("outputs") or {}).get("targets") == record["outputs"]["targets"]
-        and _close((prev.get("inputs") or {}).get("arrivalRps"), record["inputs"]["arrivalRps"])
+        and _close((prev.get("inputs") or {}).get("arrivalRps"), record["inputs"].get("arrivalRps"))
     )
     new_status: dict[str, Any] = {
         "conditions": status.merge_conditions(old.get("conditions"), conds),
