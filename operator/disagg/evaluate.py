@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from disagg import api, autoscaler
+from disagg import api, autoscaler, names
 from disagg.model import StageModels
 from disagg.planner import SLO, Demand, PoolBounds, plan
 from disagg.sim.core import DONE, INF, Job
@@ -59,7 +59,7 @@ __all__ = [
     "run_policy",
 ]
 
-POOLS = ("prefill", "decode")
+POOLS = (names.POOL_PREFILL, names.POOL_DECODE)
 POLICY_HELP = {
     "disagg": "this project: joint queueing planner on the observed demand (forecast one start-up ahead) "
     "+ policy.decide (300 s stabilization, drains, budget rebalance)",
@@ -329,7 +329,7 @@ def spec_for(s: EvalSettings, placement: str = "disaggregated") -> api.DisaggDep
         "slots": m.decode.slots,
     }
     models = {"prefill": prefill, "decode": decode, "colocated": {**prefill, **decode}}
-    pools = ("colocated",) if placement == "colocated" else POOLS
+    pools = (names.POOL_COLOCATED,) if placement == "colocated" else POOLS
     autoscaling: dict[str, Any] = {
         "scrapeIntervalSeconds": whole("scrape_s", s.scrape_s),
         "metricWindowSeconds": whole("window_s", s.window_s),
