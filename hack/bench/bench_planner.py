@@ -14,7 +14,7 @@ Entry points:
   plan()          the call the operator makes (operator/disagg/loop.py):
                   plan(demand, models, slo, bounds, budget, placement, chunked=...)
   plan() fresh    the same, but with new (equal) models/slo/bounds objects for every
-                  point, as loop.plan_for builds them each interval (objects built
+                  point, as api.planner_inputs builds them each interval (objects built
                   before the clock starts; only plan() is timed)
   plan_replicas() replica counts only, no Plan objects
 
@@ -67,7 +67,7 @@ def distinct_points(n: int = N) -> list[Demand]:
 
 
 def operator_args() -> tuple[StageModels, SLO, dict[str, PoolBounds]]:
-    """What loop.plan_for passes for a default DisaggDeployment (no budget, disaggregated, serial)."""
+    """What api.planner_inputs(...).plan passes for a default DisaggDeployment (no budget, disaggregated, serial)."""
     bounds = {
         "encoder": PoolBounds(0, 10_000, 1),
         "prefill": PoolBounds(1, 10_000, 1),

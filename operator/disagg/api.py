@@ -17,10 +17,13 @@ Pure module: no kopf, no kubernetes client, no HTTP.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+
+from disagg import names
 
 GROUP = "disagg.dev"
 VERSION = "v1alpha1"
@@ -31,31 +34,14 @@ SINGULAR = "disaggdeployment"
 SHORT_NAMES = ["dd", "disagg"]
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
-#: Pool names in pipeline order. `colocated` replaces prefill+decode.
-POOL_NAMES = ("encoder", "prefill", "decode", "colocated")
+#: Pool names in pipeline order (`colocated` replaces prefill+decode); defined in disagg.names.
+POOL_NAMES = names.POOL_NAMES
 
 # Upper bounds keep CEL cost estimates low and integer arithmetic far from overflow.
 MAX_REPLICAS = 10_000
 MAX_GPUS_PER_REPLICA = 64
 MAX_GPU_BUDGET = MAX_REPLICAS * MAX_GPUS_PER_REPLICA
 
-# Condition types written to status.conditions.
-COND_READY = "Ready"
-COND_PROGRESSING = "Progressing"
-COND_DEGRADED = "Degraded"
-COND_METRICS_AVAILABLE = "MetricsAvailable"
-COND_DRAINING = "Draining"
-COND_BUDGET_LIMITED = "BudgetLimited"
-COND_INVALID_SPEC = "InvalidSpec"
-CONDITION_TYPES = (
-    COND_READY,
-    COND_PROGRESSING,
-    COND_DEGRADED,
-    COND_METRICS_AVAILABLE,
-    COND_DRAINING,
-    COND_BUDGET_LIMITED,
-    COND_INVALID_SPEC,
-)
 
 # ---------------------------------------------------------------------------
 # Validation messages (shared by CEL rules and pydantic validators).
@@ -549,7 +535,7 @@ class Condition(_Status):
     """A Kubernetes-style condition."""
 
     type: str = Field(
-        ..., min_length=1, max_length=316, description="One of " + ", ".join(CONDITION_TYPES) + "."
+        ..., min_length=1, max_length=316, description="One of " + ", ".join(names.CONDITION_TYPES) + "."
     )
     status: Literal["True", "False", "Unknown"] = Field(..., description="True, False or Unknown.")
     reason: str | None = Field(None, max_length=1024, description="CamelCase reason of the last transition.")
@@ -604,6 +590,11 @@ class DisaggDeploymentStatus(_Status):
     )
     last_decision: Decision | None = Field(None, description="The last autoscaling decision.")
     calibration: FreeForm | None = Field(None, description="Stage-model parameters fitted from live metrics.")
+    scaler_state: FreeForm | None = Field(
+        None,
+        description="The autoscaler's memory (stabilization window, rate samples, calibration samples, "
+        "token shape, start-up times), bounded in size: a restarted operator resumes from it.",
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -700,3 +691,57 @@ def stage_bundle(spec: DisaggDeploymentSpec) -> Any:
     from disagg import model as m
 
     return m.StageModels(**stage_models(spec))
+
+
+@dataclass(frozen=True)
+class PlannerInputs:
+    """Everything `planner.plan` needs from a spec except the demand: the one translation used by
+    the autoscaler, the emulator and `disagg plan --from`."""
+
+    models: Any  # disagg.model.StageModels
+    slo: Any  # disagg.planner.SLO
+    bounds: dict[str, Any]  # pool -> disagg.planner.PoolBounds, for the spec's pools only
+    budget: int | None
+    placement: str
+    chunked: bool
+    split_threshold: int | Literal["auto"]
+
+    def plan(self, demand: Any, models: Any = None) -> Any:
+        """`planner.plan` for `demand`; `models` replaces the spec's (calibrated models)."""
+        from disagg import planner
+
+        return planner.plan(
+            demand,
+            models or self.models,
+            self.slo,
+            self.bounds,
+            self.budget,
+            self.placement,
+            chunked=self.chunked,
+        )
+
+    def split_threshold_tokens(self) -> int:
+        """Prompt length from which conditional placement prefills remotely ("auto": the planner's)."""
+        if self.split_threshold != "auto":
+            return int(self.split_threshold)
+        from disagg import planner
+
+        return int(planner.split_threshold_tokens(self.models, self.slo))
+
+
+def planner_inputs(spec: DisaggDeploymentSpec) -> PlannerInputs:
+    """The planner's inputs for `spec`: stage models, SLO, per-pool bounds, budget, placement."""
+    from disagg import planner
+
+    return PlannerInputs(
+        models=stage_bundle(spec),
+        slo=planner.SLO(spec.slo.ttft_seconds, spec.slo.itl_seconds, spec.slo.percentile),
+        bounds={
+            k: planner.PoolBounds(p.min_replicas, p.max_replicas, p.gpus_per_replica)
+            for k, p in pools(spec).items()
+        },
+        budget=spec.autoscaling.gpu_budget,
+        placement=spec.placement.mode,
+        chunked=spec.kv_transfer.stream_chunks,
+        split_threshold=spec.placement.split_threshold_tokens,
+    )

@@ -21,14 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from disagg import api
+from disagg.names import ANNOTATION_TEMPLATE_HASH, LABEL_DEPLOYMENT, LABEL_POOL, MANAGER, READINESS_GATE
 
-LABEL_DEPLOYMENT = "disagg.dev/deployment"
-LABEL_POOL = "disagg.dev/pool"
-ANNOTATION_TEMPLATE_HASH = "disagg.dev/template-hash"
-#: Pod condition the operator sets False on a worker being drained (removes it from endpoints).
-READINESS_GATE = "disagg.dev/routable"
 GPU_RESOURCE = "nvidia.com/gpu"
-MANAGED_BY = "disagg-operator"
 PART_OF = "disagg"
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_METRICS_PORT = 9090
@@ -77,7 +72,7 @@ def labels(owner_name: str, pool: str, engine: str) -> dict[str, str]:
         "app.kubernetes.io/instance": owner_name,
         "app.kubernetes.io/component": pool,
         "app.kubernetes.io/part-of": PART_OF,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        "app.kubernetes.io/managed-by": MANAGER,
     }
 
 

@@ -21,13 +21,14 @@ Timeout: `proceed` removes the pod anyway (an Event says how much work it had),
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from disagg.status import ANNOTATION_DRAIN, is_draining, pod_condition
+from disagg.names import ANNOTATION_DRAIN, READINESS_GATE
+from disagg.status import is_draining, parse_time, pod_condition
 
-DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 MIN_DELETION_COST = "-2147483648"
 
 
@@ -82,8 +83,47 @@ def is_ready(pod: Mapping[str, Any]) -> bool:
     return pod.get("status", {}).get("phase") == "Running" and pod_condition(pod, "Ready") == "True"
 
 
+@dataclass(frozen=True)
+class PodView:
+    """One pod as victim choice and the autoscaling decision need it."""
+
+    name: str
+    phase: str  # Pending | Running | ...
+    active: bool  # present, not being deleted, not failed or finished
+    gate_open: bool  # the routable readiness gate is True
+    drain: DrainRecord | None  # its drain record, when being drained
+    created: float | None = None  # creation time (unix seconds)
+
+    @property
+    def draining(self) -> bool:
+        return self.drain is not None
+
+    @property
+    def routable(self) -> bool:
+        """Receives work: active, running, gate open and not being drained."""
+        return self.active and self.phase == "Running" and self.gate_open and not self.draining
+
+    @property
+    def leaving(self) -> bool:
+        """Being drained and not yet handed to its ReplicaSet for removal (can be re-admitted)."""
+        return self.active and self.drain is not None and self.drain.removing is None
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView:
+    """A Kubernetes pod (dict) as victim choice and the decision see it."""
+    meta = pod["metadata"]
+    return PodView(
+        name=meta["name"],
+        phase=pod.get("status", {}).get("phase") or "Unknown",
+        active=is_active(pod),
+        gate_open=pod_condition(pod, READINESS_GATE) == "True",
+        drain=DrainRecord.from_pod(pod) if is_draining(pod) else None,
+        created=parse_time(meta.get("creationTimestamp")),
+    )
+
+
 def choose_victims(
-    pods: Sequence[Mapping[str, Any]], in_flight: Mapping[str, float | None], n: int
+    pods: Sequence[PodView | Mapping[str, Any]], in_flight: Mapping[str, float | None], n: int
 ) -> list[str]:
     """The `n` pods a scale-down should drain.
 
@@ -93,23 +133,16 @@ def choose_victims(
     """
     if n <= 0:
         return []
-    cands = [p for p in pods if is_active(p) and not is_draining(p)]
+    views = [p if isinstance(p, PodView) else pod_view(p) for p in pods]
+    cands = [p for p in views if p.active and not p.draining]
 
-    def key(p: Mapping[str, Any]) -> tuple:
-        name = p["metadata"]["name"]
-        running = p.get("status", {}).get("phase") == "Running"
-        routable = pod_condition(p, "disagg.dev/routable") == "True"
-        work = in_flight.get(name)
-        created = p["metadata"].get("creationTimestamp") or ""
-        idle_for_sure = not running or not routable
-        return (0 if idle_for_sure else 1, work is None, work or 0.0, _neg(created), name)
+    def key(p: PodView) -> tuple:
+        idle_for_sure = not (p.phase == "Running" and p.gate_open)
+        work = in_flight.get(p.name)
+        youngest_first = -p.created if p.created is not None else -math.inf
+        return (0 if idle_for_sure else 1, work is None, work or 0.0, youngest_first, p.name)
 
-    return [p["metadata"]["name"] for p in sorted(cands, key=key)[:n]]
-
-
-def _neg(ts: str) -> tuple:
-    # Younger first: invert the ISO timestamp ordering.
-    return tuple(-ord(c) for c in ts)
+    return [p.name for p in sorted(cands, key=key)[:n]]
 
 
 @dataclass(frozen=True)

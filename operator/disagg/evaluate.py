@@ -40,10 +40,11 @@ from heapq import heappop, heappush
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
+from disagg import api, autoscaler, names
 from disagg.model import StageModels
 from disagg.planner import SLO, Demand, PoolBounds, plan
-from disagg.policy import PolicyConfig, PolicyState, decide, sizing_rate
 from disagg.sim.core import DONE, INF, Job
 from disagg.sim.engine import Cluster, SimConfig
 from disagg.workload import Workload, piecewise_poisson
@@ -58,7 +59,7 @@ __all__ = [
     "run_policy",
 ]
 
-POOLS = ("prefill", "decode")
+POOLS = (names.POOL_PREFILL, names.POOL_DECODE)
 POLICY_HELP = {
     "disagg": "this project: joint queueing planner on the observed demand (forecast one start-up ahead) "
     "+ policy.decide (300 s stabilization, drains, budget rebalance)",
@@ -219,7 +220,7 @@ class Obs:
     pending: dict[str, int]
     ttft_p: float | None
     queued: int = 0  # requests waiting for a prefill worker or a decode slot (num_requests_waiting)
-    rate_short: float | None = None  # arrival rate over the last scrape interval only
+    rate_short: float | None = None  # arrival rate over the short window (autoscaler.SHORT_WINDOW_SCRAPES)
     metrics_ok: bool = True
 
     def demand(self, rate: float | None = None) -> Demand:
@@ -306,56 +307,126 @@ class Policy:
         raise NotImplementedError
 
 
+def spec_for(s: EvalSettings, placement: str = "disaggregated") -> api.DisaggDeploymentSpec:
+    """The DisaggDeployment spec these settings describe, so `disagg` runs on the operator's
+    configuration (`autoscaler.config_from_spec`). Seconds must be whole, as in a spec."""
+
+    def whole(name: str, v: float) -> int:
+        if float(v) != int(v):
+            raise ValueError(f"{name} must be whole seconds for the disagg policy, got {v!r}")
+        return int(v)
+
+    m = s.models
+    template = {"spec": {"containers": [{"name": "engine", "image": "simulated"}]}}
+    prefill = {
+        "fixedMs": m.prefill.fixed_ms,
+        "msPerToken": m.prefill.ms_per_token,
+        "msPerTokenSquared": m.prefill.ms_per_token_sq,
+    }
+    decode = {
+        "stepFixedMs": m.decode.step_fixed_ms,
+        "stepMsPerSequence": m.decode.step_ms_per_seq,
+        "slots": m.decode.slots,
+    }
+    models = {"prefill": prefill, "decode": decode, "colocated": {**prefill, **decode}}
+    pools = (names.POOL_COLOCATED,) if placement == "colocated" else POOLS
+    autoscaling: dict[str, Any] = {
+        "scrapeIntervalSeconds": whole("scrape_s", s.scrape_s),
+        "metricWindowSeconds": whole("window_s", s.window_s),
+        "scaleDownStabilizationSeconds": whole("stabilization_s", s.stabilization_s),
+        "headroom": s.headroom,
+    }
+    if s.gpu_budget is not None:
+        autoscaling["gpuBudget"] = s.gpu_budget
+    try:
+        return api.parse_spec(
+            {
+                "engine": "vllm",
+                "model": "evaluated",
+                "placement": {"mode": placement},
+                "pools": {
+                    p: {
+                        "minReplicas": s.min_replicas,
+                        "maxReplicas": s.max_replicas,
+                        "gpusPerReplica": s.gpus_per_replica.get(p, 1),
+                        "template": template,
+                        "serviceModel": models[p],
+                    }
+                    for p in pools
+                },
+                "kvTransfer": {
+                    "bytesPerToken": int(m.transfer.kv_bytes_per_token),
+                    "linkSetupMs": m.transfer.setup_ms,
+                    "bandwidthGiBps": m.transfer.bandwidth_gibps,
+                    "chunkTokens": m.transfer.chunk_tokens,
+                },
+                "slo": {
+                    "ttftSeconds": s.slo.ttft_s,
+                    "itlSeconds": s.slo.itl_s,
+                    "percentile": s.slo.percentile,
+                },
+                "autoscaling": autoscaling,
+            }
+        )
+    except ValidationError as exc:
+        raise ValueError(f"settings the disagg policy cannot run: {exc.errors()[0]['msg']}") from None
+
+
+def tuning_for(s: EvalSettings) -> autoscaler.Tuning:
+    return autoscaler.Tuning(
+        z=s.headroom_z,
+        backlog_drain_s=s.backlog_drain_s,
+        backlog_lead_s=s.backlog_lead_s,
+        ttft_feedback=s.ttft_feedback,
+        ttft_comfort=s.ttft_comfort,
+    )
+
+
+def observation_from(o: Obs, startup_s: float, pools: tuple[str, ...] = POOLS) -> autoscaler.Observation:
+    """The decision's view of the simulation: what the operator would read from the cluster
+    and Prometheus at the same moment (replicas requested, pending, the metrics)."""
+    return autoscaler.Observation(
+        now=o.now,
+        metrics_ok=o.metrics_ok,
+        metrics_problem="" if o.metrics_ok else "simulated metrics outage",
+        pools={
+            p: autoscaler.PoolObservation(
+                replicas=int(o.requested.get(p, 0)), pending=int(o.pending.get(p, 0))
+            )
+            for p in pools
+        },
+        arrival_rps=o.rate,
+        arrival_rps_short=o.rate_short,
+        prompt_tokens_mean=o.prompt_mean,
+        prompt_tokens_std=o.prompt_std,
+        output_tokens_mean=max(1.0, o.output_mean),
+        output_tokens_std=o.output_std,
+        queued={pools[0]: float(o.queued)},
+        ttft_observed_s=o.ttft_p,
+        startups={"simulated": startup_s},
+    )
+
+
 class DisaggPolicy(Policy):
+    """The operator's decision (`autoscaler.decide`) on the simulation's observations."""
+
     name = "disagg"
 
-    def __init__(self, s: EvalSettings, w: Workload, pre: _Prefix) -> None:
+    def __init__(
+        self, s: EvalSettings, w: Workload, pre: _Prefix, spec: api.DisaggDeploymentSpec | None = None
+    ) -> None:
         super().__init__(s, w, pre)
-        self.cfg = PolicyConfig(
-            scale_down_stabilization_s=s.stabilization_s,
-            min_replicas=dict.fromkeys(POOLS, s.min_replicas),
-            max_replicas=dict.fromkeys(POOLS, s.max_replicas),
-            gpus_per_replica={p: s.gpus_per_replica.get(p, 1) for p in POOLS},
-            gpu_budget=s.gpu_budget,
-            forecast_horizon_s=s.startup_s,
-            headroom=s.headroom,
-        )
-        self.state = PolicyState()
+        self.config = autoscaler.config_from_spec(spec or spec_for(s), tuning_for(s))
+        self.state = autoscaler.ScalerState()
+        self.last: autoscaler.Outcome | None = None
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
-        # The same rate the operator's loop plans for (disagg.policy.sizing_rate).
-        f_hi, self.state = sizing_rate(
-            self.state,
-            o.now,
-            self.cfg,
-            o.rate,
-            window_s=self.s.window_s,
-            rate_short=o.rate_short,
-            short_window_s=self.s.scrape_s,
-            queued=o.queued,
-            z=self.s.headroom_z,
-            backlog_drain_s=self.s.backlog_drain_s,
-            backlog_lead_s=self.s.backlog_lead_s,
-            ttft_observed=o.ttft_p if self.s.ttft_feedback else None,
-            ttft_target=self.s.slo.ttft_s,
-            ttft_comfort=self.s.ttft_comfort,
+        out = autoscaler.decide(
+            self.config, observation_from(o, self.s.startup_s, self.config.pools), self.state
         )
-        planned = self._plan(o.demand(f_hi), self.s.gpu_budget)
-        floor = None
-        if self.s.gpu_budget is not None:
-            floor = self._plan(o.demand(o.rate), self.s.gpu_budget)
-        d = decide(
-            o.now,
-            o.requested,
-            planned,
-            self.state,
-            self.cfg,
-            metrics_ok=o.metrics_ok,
-            pending=o.pending,
-            floor=floor,
-        )
-        self.state = d.state
-        return (d.steps[0] if d.steps else d.targets), d.reason
+        self.state = out.state
+        self.last = out
+        return out.next_step, out.reason
 
 
 class StaticPolicy(Policy):
@@ -683,6 +754,7 @@ def run_policy(
     n = len(arrival)
     jobs: list[Job] = []
     ttft_target = s.slo.ttft_s
+    short_s = autoscaler.SHORT_WINDOW_SCRAPES * s.scrape_s  # the operator's short rate window
     lp.push(s.scrape_s, "scrape")
     lp.push(s.interval_s, "tick")
     timeline: list[dict[str, Any]] = []
@@ -743,7 +815,7 @@ def run_policy(
                 requested=lp.requested(),
                 pending=dict(lp.waiting),
                 ttft_p=_hist_quantile([x[1] for x in ttft_window if x[0] < ts], s.slo.percentile),
-                rate_short=pre.stats(ts - s.scrape_s, ts)[0] / s.scrape_s,
+                rate_short=pre.stats(ts - short_s, ts)[0] / min(short_s, max(ts, s.scrape_s)),
                 queued=next((q for tq, q in reversed(lp.queue_samples) if tq <= ts + 1e-9), 0),
             )
             targets, _reason = pol.decide(obs)

@@ -20,7 +20,7 @@ from typing import Any
 
 import kopf
 
-from disagg import api, builders, reconcile
+from disagg import api, loop, names, reconcile
 from disagg.kube import Kube, NotFound
 from disagg.leader import LeaderElector
 
@@ -81,15 +81,18 @@ async def reconcile_owner(namespace: str, name: str) -> None:
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
 async def on_disaggdeployment(event: dict, body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
     if event.get("type") == "DELETED":
-        return  # children are garbage-collected through their owner references
+        # Children are garbage-collected through their owner references; the autoscaler's
+        # memory of this object goes now (a recreated object starts fresh).
+        loop.forget(namespace, name)
+        return
     await reconcile_owner(namespace, name)
 
 
-@kopf.on.event("apps", "v1", "deployments", labels={builders.LABEL_DEPLOYMENT: kopf.PRESENT})
+@kopf.on.event("apps", "v1", "deployments", labels={names.LABEL_DEPLOYMENT: kopf.PRESENT})
 async def on_pool_deployment(body: kopf.Body, namespace: str, **_: Any) -> None:
-    await reconcile_owner(namespace, body["metadata"]["labels"][builders.LABEL_DEPLOYMENT])
+    await reconcile_owner(namespace, body["metadata"]["labels"][names.LABEL_DEPLOYMENT])
 
 
-@kopf.on.event("", "v1", "pods", labels={builders.LABEL_DEPLOYMENT: kopf.PRESENT})
+@kopf.on.event("", "v1", "pods", labels={names.LABEL_DEPLOYMENT: kopf.PRESENT})
 async def on_pool_pod(body: kopf.Body, namespace: str, **_: Any) -> None:
-    await reconcile_owner(namespace, body["metadata"]["labels"][builders.LABEL_DEPLOYMENT])
+    await reconcile_owner(namespace, body["metadata"]["labels"][names.LABEL_DEPLOYMENT])

@@ -16,12 +16,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from disagg import api, builders, status
+from disagg import api, builders, names, status
 from disagg.kube import Kube, NotFound
 
 log = logging.getLogger("disagg.reconcile")
 
-ANNOTATION_APPLIED = "disagg.dev/applied-hash"
+ANNOTATION_APPLIED = names.ANNOTATION_APPLIED
 CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget")
 
 _locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -35,6 +35,14 @@ def lock_for(namespace: str, name: str) -> asyncio.Lock:
     return _locks.setdefault((namespace, name), asyncio.Lock())
 
 
+def forget(namespace: str, name: str) -> None:
+    """Drop what is held in memory for a DisaggDeployment that is gone (its lock only when free)."""
+    DESIRED.pop((namespace, name), None)
+    lock = _locks.get((namespace, name))
+    if lock is not None and not lock.locked():
+        del _locks[(namespace, name)]
+
+
 def applied_hash(obj: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
@@ -46,7 +54,7 @@ def with_hash(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def owner_selector(name: str) -> str:
-    return f"{builders.LABEL_DEPLOYMENT}={name}"
+    return f"{names.LABEL_DEPLOYMENT}={name}"
 
 
 def clamp(n: int, pool: api.Pool) -> int:
@@ -61,7 +69,7 @@ async def read_children(kube: Kube, namespace: str, name: str) -> dict[str, list
 
 
 def by_pool(objs: list[dict]) -> dict[str, dict]:
-    return {(o["metadata"].get("labels") or {}).get(builders.LABEL_POOL, ""): o for o in objs}
+    return {(o["metadata"].get("labels") or {}).get(names.LABEL_POOL, ""): o for o in objs}
 
 
 def target_replicas(spec: api.DisaggDeploymentSpec, deployments: Mapping[str, dict]) -> dict[str, int]:
@@ -123,13 +131,15 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], replicas: Mapping[str, 
         conds = status.merge_conditions(
             (body.get("status") or {}).get("conditions"),
             [
-                status.condition("InvalidSpec", True, "ValidationFailed", msg, generation),
-                status.condition("Ready", False, "InvalidSpec", "the spec is invalid: " + msg, generation),
+                status.condition(names.COND_INVALID_SPEC, True, "ValidationFailed", msg, generation),
+                status.condition(
+                    names.COND_READY, False, "InvalidSpec", "the spec is invalid: " + msg, generation
+                ),
             ],
         )
         written = await write_status(kube, body, {"observedGeneration": generation, "conditions": conds})
         if written:
-            await kube.event(body, "InvalidSpec", msg, type_="Warning")
+            await kube.event(body, names.EVENT_INVALID_SPEC, msg, type_="Warning")
         summary["statusWritten"] = written
         return summary
 
@@ -155,12 +165,12 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], replicas: Mapping[str, 
             continue
         result = await kube.apply(obj)
         if obj["kind"] == "Deployment":
-            deployments[(obj["metadata"].get("labels") or {}).get(builders.LABEL_POOL, "")] = result
+            deployments[(obj["metadata"].get("labels") or {}).get(names.LABEL_POOL, "")] = result
         verb = "Created" if cur is None else "Updated"
         summary["applied"].append(f"{obj['kind']}/{obj['metadata']['name']}")
         await kube.event(
             body,
-            f"Pool{verb}",
+            names.EVENT_POOL_CREATED if cur is None else names.EVENT_POOL_UPDATED,
             f"{verb} {obj['kind']} {obj['metadata']['name']}"
             + (f" (replicas {obj['spec']['replicas']})" if obj["kind"] == "Deployment" else ""),
         )
@@ -169,12 +179,14 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], replicas: Mapping[str, 
     present = set(api.pool_names(spec))
     for kind in CHILD_KINDS:
         for obj in children[kind]:
-            pool = (obj["metadata"].get("labels") or {}).get(builders.LABEL_POOL)
+            pool = (obj["metadata"].get("labels") or {}).get(names.LABEL_POOL)
             if pool not in present and await kube.delete(kind, ns, obj["metadata"]["name"]):
                 summary["deleted"].append(f"{kind}/{obj['metadata']['name']}")
                 deployments.pop(pool, None)
                 await kube.event(
-                    body, "PoolDeleted", f"Deleted {kind} {obj['metadata']['name']} (pool {pool} removed)"
+                    body,
+                    names.EVENT_POOL_DELETED,
+                    f"Deleted {kind} {obj['metadata']['name']} (pool {pool} removed)",
                 )
 
     # New pods become routable once running (the operator owns the readiness gate).
@@ -192,7 +204,7 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], replicas: Mapping[str, 
             *status.child_conditions(
                 spec, deployments, pools, generation, status.unschedulable_pods(children["Pod"])
             ),
-            status.condition("InvalidSpec", False, "Valid", "the spec is valid", generation),
+            status.condition(names.COND_INVALID_SPEC, False, "Valid", "the spec is valid", generation),
             status.draining_condition(pools, generation),
         ],
     )
@@ -212,7 +224,7 @@ async def set_routable(kube: Kube, pod: Mapping[str, Any], routable: bool, reaso
         "status": {
             "conditions": [
                 {
-                    "type": builders.READINESS_GATE,
+                    "type": names.READINESS_GATE,
                     "status": "True" if routable else "False",
                     "reason": reason,
                     "message": message,
@@ -230,4 +242,4 @@ async def set_routable(kube: Kube, pod: Mapping[str, Any], routable: bool, reaso
 
 
 async def admit(kube: Kube, pod: Mapping[str, Any]) -> None:
-    await set_routable(kube, pod, True, "Admitted", "running; routable by disagg-operator")
+    await set_routable(kube, pod, True, names.GATE_ADMITTED, "running; routable by disagg-operator")

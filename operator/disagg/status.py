@@ -10,20 +10,10 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from disagg import api
-from disagg.builders import LABEL_POOL, READINESS_GATE
+from disagg import api, names
+from disagg.names import LABEL_POOL, READINESS_GATE
 
-ANNOTATION_DRAIN = "disagg.dev/drain"
-
-CONDITION_TYPES = (
-    "Ready",
-    "Progressing",
-    "Degraded",
-    "MetricsAvailable",
-    "Draining",
-    "BudgetLimited",
-    "InvalidSpec",
-)
+ANNOTATION_DRAIN = names.ANNOTATION_DRAIN
 
 
 def now_iso() -> str:
@@ -72,7 +62,7 @@ def merge_conditions(
         else:
             merged["lastTransitionTime"] = now
         by_type[c["type"]] = merged
-    order = {t: i for i, t in enumerate(CONDITION_TYPES)}
+    order = {t: i for i, t in enumerate(names.CONDITION_TYPES)}
     return sorted(by_type.values(), key=lambda c: (order.get(c["type"], 99), c["type"]))
 
 
@@ -177,21 +167,21 @@ def child_conditions(
     ready = not not_ready and not rolling
     return [
         condition(
-            "Ready",
+            names.COND_READY,
             ready,
             "AllPoolsReady" if ready else "PoolsNotReady",
             "every pool has its desired replicas ready" if ready else "; ".join(not_ready + rolling),
             generation,
         ),
         condition(
-            "Progressing",
+            names.COND_PROGRESSING,
             bool(rolling or not_ready),
             "RollingOut" if rolling else ("ScalingUp" if not_ready else "Stable"),
             "; ".join(rolling + not_ready) or "no rollout or scale in progress",
             generation,
         ),
         condition(
-            "Degraded",
+            names.COND_DEGRADED,
             bool(problems),
             "PoolProblem" if problems else "AsExpected",
             "; ".join(problems) or "no pool reports a problem",
@@ -222,7 +212,7 @@ def draining_condition(pools: Mapping[str, Mapping[str, Any]], generation: int |
     """Draining=True while any pod is being drained, naming them."""
     pods = [f"{pool}/{name}" for pool, st in pools.items() for name in st.get("drainingPods") or []]
     return condition(
-        "Draining",
+        names.COND_DRAINING,
         bool(pods),
         "DrainInProgress" if pods else "NoDrain",
         ("draining " + ", ".join(pods))[:1000] if pods else "no pod is being drained",

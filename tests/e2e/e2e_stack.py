@@ -57,12 +57,12 @@ def deployment_spec(prom_url: str, **autoscaling: Any) -> dict:
 
 def planned(spec: dict, rate: float, prompt: int, output: int) -> dict[str, int]:
     """What the planner says for this load: the sizes the closed loop should reach."""
-    from disagg.loop import plan_for
-
     s = api.parse_spec(spec["spec"])
-    return plan_for(
-        s, planner.Demand(arrival_rps=rate, prompt_tokens_mean=prompt, output_tokens_mean=output)
-    ).replicas
+    return (
+        api.planner_inputs(s)
+        .plan(planner.Demand(arrival_rps=rate, prompt_tokens_mean=prompt, output_tokens_mean=output))
+        .replicas
+    )
 
 
 class Stack:

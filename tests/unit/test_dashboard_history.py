@@ -169,7 +169,12 @@ def dd_body() -> dict:
                 "time": "2025-06-01T10:00:00Z",
                 "reason": "ScaleDown",
                 "inputs": {"arrivalRps": 7.0, "observed": {"ttft_s": 0.3}},
-                "outputs": {"prefill": 1, "decode": 2},
+                "outputs": {
+                    "targets": {"prefill": 1, "decode": 2},
+                    "nextStep": {"prefill": 1, "decode": 3},
+                    "planned": {"prefill": 1, "decode": 2},
+                    "notes": ["scale-down of decode held by the stabilization window"],
+                },
             },
         },
     }
@@ -188,7 +193,10 @@ def test_record_object() -> None:
     assert dep["slo"] == {"ttft_s": 0.8, "itl_s": 0.1}
     assert len(dep["history"]) == 2
     assert len(dep["decisions"]) == 1  # polled twice, stored once
-    assert dep["decisions"][0]["outputs"] == {"prefill": 1, "decode": 2}
+    dec = dep["decisions"][0]
+    assert dec["targets"] == dec["planned"] == {"prefill": 1, "decode": 2}
+    assert dec["next_step"] == {"prefill": 1, "decode": 3}
+    assert dec["message"] == "scale-down of decode held by the stabilization window"
     assert dep["history"][-1]["arrival_rps"] == 7.0
     assert dep["history"][-1]["observed"]["ttft_s"] == 0.3
     assert dep["conditions"][0]["reason"] == "PoolsNotReady"

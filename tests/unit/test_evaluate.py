@@ -92,8 +92,10 @@ def test_disagg_beats_reactive_baselines_and_scales(doc: dict) -> None:
 
 
 def test_headroom_buys_attainment_with_gpus(wave: Workload, doc: dict) -> None:
-    # standing spare capacity absorbs the square wave's steps that start-up cannot catch
-    spare = run_policy("disagg", wave, replace(SHORT, headroom=0.5)).metrics
+    # standing spare capacity absorbs the square wave's steps that start-up cannot catch; the
+    # steps are 7x, so only a large headroom (here 100 %) covers a useful part of one (50 % is
+    # within the run-to-run spread of when the short window sees a step)
+    spare = run_policy("disagg", wave, replace(SHORT, headroom=1.0)).metrics
     base = doc["policies"]["disagg"]
     assert spare["gpu_hours"] > base["gpu_hours"] * 1.1
     assert spare["slo_attainment"] > base["slo_attainment"]

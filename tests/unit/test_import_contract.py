@@ -34,10 +34,25 @@ PURE = [
     "disagg.calibration",
     "disagg.evaluate",
     "disagg.dashboard.history",
+    "disagg.autoscaler",
+    "disagg.names",
 ]
 # Modules that must exist for the contract to mean something.
-REQUIRED = {"disagg.api", "disagg.model", "disagg.queueing", "disagg.planner", "disagg.policy", "disagg.builders",
-            "disagg.metrics", "disagg.drain", "disagg.sim", "disagg.workload", "disagg.status"}
+REQUIRED = {
+    "disagg.api",
+    "disagg.model",
+    "disagg.queueing",
+    "disagg.planner",
+    "disagg.policy",
+    "disagg.builders",
+    "disagg.metrics",
+    "disagg.drain",
+    "disagg.sim",
+    "disagg.workload",
+    "disagg.status",
+    "disagg.autoscaler",
+    "disagg.names",
+}
 FORBIDDEN = (
     "kopf",
     "kubernetes",

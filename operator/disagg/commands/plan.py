@@ -15,9 +15,10 @@ import math
 import sys
 from typing import Any
 
+from disagg import names
 from disagg.commands import modelflags
 
-POOL_NAMES = ("encoder", "prefill", "decode", "colocated")
+POOL_NAMES = names.POOL_NAMES
 
 # flag dest -> worked-example default
 DEFAULTS: dict[str, Any] = {
@@ -115,14 +116,6 @@ def register(subparsers: Any) -> None:
 # --------------------------------------------------------------------------- inputs
 
 
-def _get(d: Any, *path: str) -> Any:
-    for key in path:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(key)
-    return d
-
-
 def _from_file(path: str) -> dict[str, Any]:
     """Read settings from a DisaggDeployment YAML: the api models if available, else raw keys."""
     import yaml
@@ -141,71 +134,42 @@ def _from_file(path: str) -> dict[str, Any]:
     spec = doc.get("spec", doc)
     if not isinstance(spec, dict):
         raise UsageError(f"--from {path}: spec must be a mapping")
-    out: dict[str, Any] = {}
+    from disagg import api
+
     try:
-        from disagg import api  # written by another module; optional here
-    except ImportError:
-        api = None
-    if api is not None and hasattr(api, "DisaggDeploymentSpec"):
-        try:
-            sp = api.DisaggDeploymentSpec.model_validate(spec)
-        except Exception as exc:
-            first = str(exc).splitlines()
-            msg = " ".join(first[:3]) if first else type(exc).__name__
-            raise UsageError(f"--from {path}: invalid DisaggDeployment spec: {msg}") from None
-        spec = sp.to_dict()
-    # read the wire (camelCase) form defensively
-    pools = _get(spec, "pools") or {}
-    for pool in POOL_NAMES:
-        pd = pools.get(pool) if isinstance(pools, dict) else None
-        if not isinstance(pd, dict):
-            continue
-        for key, dest in (
-            ("minReplicas", f"{pool}_min_replicas"),
-            ("maxReplicas", f"{pool}_max_replicas"),
-            ("gpusPerReplica", f"{pool}_gpus_per_replica"),
-        ):
-            if pd.get(key) is not None:
-                out[dest] = pd[key]
-        sm = pd.get("serviceModel") or {}
-        if pool == "encoder":
-            pairs = [("fixedMs", "encoder_fixed_ms"), ("msPerItem", "encoder_ms_per_item")]
-        else:
-            pairs = []
-            if pool in ("prefill", "colocated"):
-                pairs += [
-                    ("fixedMs", "prefill_fixed_ms"),
-                    ("msPerToken", "prefill_ms_per_token"),
-                    ("msPerTokenSquared", "prefill_ms_per_token_sq"),
-                ]
-            if pool in ("decode", "colocated"):
-                pairs += [
-                    ("stepFixedMs", "decode_step_ms"),
-                    ("stepMsPerSequence", "decode_ms_per_seq"),
-                    ("slots", "decode_slots"),
-                ]
-        for key, dest in pairs:
-            if isinstance(sm, dict) and sm.get(key) is not None:
-                out[dest] = sm[key]
-    for key, dest in (
-        ("bytesPerToken", "kv_bytes_per_token"),
-        ("linkSetupMs", "link_setup_ms"),
-        ("bandwidthGiBps", "link_gibps"),
-        ("chunkTokens", "chunk_tokens"),
-    ):
-        v = _get(spec, "kvTransfer", key)
-        if v is not None:
-            out[dest] = v
-    for key, dest in (("ttftSeconds", "ttft"), ("itlSeconds", "itl"), ("percentile", "percentile")):
-        v = _get(spec, "slo", key)
-        if v is not None:
-            out[dest] = v
-    v = _get(spec, "autoscaling", "gpuBudget")
-    if v is not None:
-        out["gpu_budget"] = v
-    v = _get(spec, "placement", "mode")
-    if v is not None:
-        out["placement"] = v
+        sp = api.parse_spec(spec)
+    except Exception as exc:
+        first = str(exc).splitlines()
+        msg = " ".join(first[:3]) if first else type(exc).__name__
+        raise UsageError(f"--from {path}: invalid DisaggDeployment spec: {msg}") from None
+    # The same translation the operator and the emulator use, flattened into flag values.
+    pi = api.planner_inputs(sp)
+    m = pi.models
+    out: dict[str, Any] = {
+        "encoder_fixed_ms": m.encoder.fixed_ms,
+        "encoder_ms_per_item": m.encoder.ms_per_item,
+        "prefill_fixed_ms": m.prefill.fixed_ms,
+        "prefill_ms_per_token": m.prefill.ms_per_token,
+        "prefill_ms_per_token_sq": m.prefill.ms_per_token_sq,
+        "kv_bytes_per_token": m.transfer.kv_bytes_per_token,
+        "link_setup_ms": m.transfer.setup_ms,
+        "link_gibps": m.transfer.bandwidth_gibps,
+        "chunk_tokens": m.transfer.chunk_tokens,
+        "decode_step_ms": m.decode.step_fixed_ms,
+        "decode_ms_per_seq": m.decode.step_ms_per_seq,
+        "decode_slots": m.decode.slots,
+        "ttft": pi.slo.ttft_s,
+        "itl": pi.slo.itl_s,
+        "percentile": pi.slo.percentile,
+        "placement": pi.placement,
+        "chunked": pi.chunked,
+    }
+    if pi.budget is not None:
+        out["gpu_budget"] = pi.budget
+    for pool, b in pi.bounds.items():
+        out[f"{pool}_min_replicas"] = b.min_replicas
+        out[f"{pool}_max_replicas"] = b.max_replicas
+        out[f"{pool}_gpus_per_replica"] = b.gpus_per_replica
     return out
 
 

@@ -20,6 +20,8 @@ Pure: no Kopf, Kubernetes client or HTTP imports. Three producers feed a
 
 A snapshot is {t, replicas, desired, ready, ratio, arrival_rps, stages,
 predicted, observed, slo, draining, gpus, gpu_budget}; see `normalize_snapshot`.
+A decision is {time, reason, targets, next_step, planned, message}, pool maps as
+{pool: replicas}; see `normalize_decision`.
 """
 
 from __future__ import annotations
@@ -167,16 +169,33 @@ def normalize_snapshot(snapshot: Mapping[str, Any], t: float | None = None) -> d
     }
 
 
+def _pool_map(m: Any) -> dict[str, int]:
+    """{pool: replicas} with the integer counts of `m` (anything else left out)."""
+    if not isinstance(m, Mapping):
+        return {}
+    return {str(k): n for k, v in m.items() if (n := _int(v)) is not None}
+
+
 def normalize_decision(d: Mapping[str, Any]) -> dict[str, Any]:
-    outputs = _first(d, "outputs", "replicas", "desired")
-    if isinstance(outputs, Mapping):
-        outputs = {str(k): (_int(v) if _int(v) is not None else v) for k, v in outputs.items()}
-    when = _first(d, "time", "t", "at")
+    """{time, reason, targets, next_step, planned, message} of one decision.
+
+    `outputs` is either the operator's record (`status.lastDecision.outputs`:
+    targets, nextStep, planned, notes) or, from a saved result, a {pool: replicas} map of targets.
+    """
+    outputs = d.get("outputs") if isinstance(d.get("outputs"), Mapping) else {}
+    record = isinstance(outputs.get("targets"), Mapping)
+    notes = outputs.get("notes") if record and isinstance(outputs.get("notes"), list) else []
+    message = d.get("message")
+    if not isinstance(message, str) or not message:
+        message = "; ".join(str(n) for n in notes)
+    when = _first(d, "time", "t")
     return {
         "time": when if isinstance(when, str | int | float) and not isinstance(when, bool) else None,
-        "reason": str(_first(d, "reason") or ""),
-        "outputs": outputs if isinstance(outputs, Mapping) else {},
-        "message": str(_first(d, "message", "detail") or ""),
+        "reason": str(d.get("reason") or ""),
+        "targets": _pool_map(outputs["targets"] if record else outputs),
+        "next_step": _pool_map(outputs.get("nextStep")) if record else {},
+        "planned": _pool_map(outputs.get("planned")) if record else {},
+        "message": message,
     }
 
 
@@ -252,7 +271,8 @@ class History:
     ) -> bool:
         """Append an autoscaling decision; a repeat of the latest (same time and reason) is ignored.
 
-        `time` is an RFC 3339 string or unix seconds (default: now). Returns whether it was stored.
+        `time` is an RFC 3339 string or unix seconds (default: now); `outputs` the operator's
+        `lastDecision.outputs` or a {pool: replicas} map of targets. Returns whether it was stored.
         """
         dec = normalize_decision(
             {
@@ -562,7 +582,9 @@ def history_from_result(data: Any, label: str = "result", max_points: int = 2000
                 for dd in decs:
                     if isinstance(dd, Mapping):
                         nd = normalize_decision(dd)
-                        h.record_decision(label, name, nd["time"], nd["reason"], nd["outputs"], nd["message"])
+                        h.record_decision(
+                            label, name, nd["time"], nd["reason"], dd.get("outputs"), nd["message"]
+                        )
                 break
     return h
 

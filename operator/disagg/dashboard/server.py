@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from disagg.dashboard.history import History, load_result, snapshot_from_object
+from disagg.names import LABEL_DEPLOYMENT, LABEL_POOL
 
 log = logging.getLogger("disagg.dashboard")
 
@@ -42,8 +43,6 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
-LABEL_DEPLOYMENT = "disagg.dev/deployment"  # as disagg.builders.LABEL_DEPLOYMENT
-LABEL_POOL = "disagg.dev/pool"
 
 
 class Source(Protocol):

@@ -624,20 +624,13 @@ def from_spec(
     from disagg import api
 
     s = api.parse_spec(spec)
-    models = api.stage_bundle(s)
-    threshold = s.placement.split_threshold_tokens
-    if threshold == "auto":
-        from disagg import planner
-
-        threshold = planner.split_threshold_tokens(
-            models, planner.SLO(s.slo.ttft_seconds, s.slo.itl_seconds, s.slo.percentile)
-        )
+    inputs = api.planner_inputs(s)  # the translation the operator's planner uses
     return DeploymentEmulator(
         namespace,
         name,
-        models,
-        placement=s.placement.mode,
-        split_threshold=max(0, min(int(threshold), 10_000_000)),
+        inputs.models,
+        placement=inputs.placement,
+        split_threshold=max(0, min(inputs.split_threshold_tokens(), 10_000_000)),
         chunked=s.kv_transfer.stream_chunks if chunked is None else chunked,
         failure_prob=failure_prob,
         model_name=s.model,

@@ -367,19 +367,32 @@
     );
   }
 
-  function decisionsPanel(dep, axis) {
+  // A {pool: replicas} map as "prefill 2 · decode 4", in pipeline order.
+  function fmtPools(m, pools) {
+    const names = Object.keys(m || {});
+    if (!names.length) return "";
+    const order = pools.filter((p) => names.includes(p)).concat(names.filter((p) => !pools.includes(p)));
+    return order.map((p) => `${p} ${m[p]}`).join(" · ");
+  }
+
+  function decisionsPanel(dep, axis, pools) {
     const decs = (dep.decisions || []).slice(-12).reverse();
+    const same = (a, b) => fmtPools(a, pools) === fmtPools(b, pools);
     return panel(
       "Recent decisions",
       "wide decisions-panel",
       decs.length
-        ? h("table", { class: "decisions" },
-            h("thead", {}, h("tr", {}, h("th", {}, "time"), h("th", {}, "reason"), h("th", {}, "outputs"), h("th", {}, "message"))),
-            h("tbody", {}, decs.map((d) => h("tr", { "data-decision": d.reason || "" },
-              h("td", {}, fmtTime(d.time, axis)),
-              h("td", { class: "reason" }, d.reason || ""),
-              h("td", {}, Object.entries(d.outputs || {}).map(([k, v]) => `${k} ${v}`).join(", ")),
-              h("td", { class: "msg" }, d.message || "")))))
+        ? h("div", { class: "table-scroll" },
+            h("table", { class: "decisions" },
+              h("thead", {}, h("tr", {}, h("th", {}, "time"), h("th", {}, "reason"), h("th", {}, "targets"),
+                h("th", {}, "next step"), h("th", {}, "planned"), h("th", {}, "notes"))),
+              h("tbody", {}, decs.map((d) => h("tr", { "data-decision": d.reason || "" },
+                h("td", { class: "time" }, fmtTime(d.time, axis)),
+                h("td", { class: "reason" }, d.reason || ""),
+                h("td", { class: "pools", "data-targets": "" }, fmtPools(d.targets, pools)),
+                h("td", { class: "pools" }, same(d.next_step, d.targets) ? "" : fmtPools(d.next_step, pools)),
+                h("td", { class: "pools" }, fmtPools(d.planned, pools)),
+                h("td", { class: "msg" }, d.message || ""))))))
         : h("div", { class: "nodata" }, "no decisions recorded"),
     );
   }
@@ -414,7 +427,7 @@
           stagesPanel(dep),
           drainsPanel(dep, pools),
           latencyPanel(dep, axis),
-          decisionsPanel(dep, axis),
+          decisionsPanel(dep, axis, pools),
         ] : null,
         summaryPanel(dep)),
     );

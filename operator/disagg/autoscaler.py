@@ -1,0 +1,681 @@
+"""The autoscaling decision, pure: one `decide(config, observation, state) -> Outcome`.
+
+The operator's loop (disagg.loop) reads the cluster and Prometheus into an
+`Observation`, calls `decide`, and applies the `Outcome`; `disagg evaluate`'s
+`disagg` policy builds an `Observation` from the simulation and calls the same
+`decide`. Both build the `Config` with `config_from_spec`.
+
+One decision:
+
+1. current replicas per pool: the Deployment's replicas minus the pods being
+   drained (they are on their way out); pending pods are capacity already asked for;
+2. calibration: fresh metrics add samples to the fitted stage models;
+3. the rate to plan for (`policy.sizing_rate`): fast attack from the short
+   window (`SHORT_WINDOW_SCRAPES` scrapes), forecast one observed start-up
+   ahead, counting noise, backlog, observed-TTFT feedback;
+4. the plan for that rate, and the floor (the plan for the observed rate: a
+   budget rebalance never shrinks a donor below it);
+5. `policy.decide`: stabilization, steps, budget;
+6. what to do: pods to re-admit first on the way up, growth that fits the GPU
+   budget now (the rest deferred while drained pods still hold GPUs), drains to
+   start on the way down (victims with the least work).
+
+Missing, stale or invalid metrics, or a plan the planner refuses, hold every pool.
+`ScalerState` is everything remembered between decisions; it round-trips through
+a bounded plain dict so the operator persists it in `status.scalerState`.
+
+Pure: no Kopf, no Kubernetes client, no HTTP.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from disagg import api, drain, names, planner, policy, status
+from disagg.calibration import Calibrator
+from disagg.metrics import back_pool
+
+__all__ = [
+    "DEFAULT_LEAD_S",
+    "SHORT_WINDOW_SCRAPES",
+    "Config",
+    "DecisionRecord",
+    "DrainOrder",
+    "Observation",
+    "Outcome",
+    "PoolObservation",
+    "ScalerState",
+    "Tuning",
+    "config_from_spec",
+    "decide",
+    "lead_time",
+    "pool_observation",
+    "startup_seconds",
+]
+
+#: The short rate window (fast attack on a real step up) spans this many scrape intervals.
+SHORT_WINDOW_SCRAPES = 3
+#: Forecast horizon before any pod start-up has been observed.
+DEFAULT_LEAD_S = 60.0
+LEAD_MIN_S, LEAD_MAX_S = 5.0, 600.0
+#: Start-up figures kept (the most recent pods').
+MAX_STARTUP_SAMPLES = 50
+#: Calibration samples kept per stage.
+MAX_CALIBRATION_SAMPLES = 240
+#: Token-shape keys remembered between windows that show no finished request.
+SHAPE_KEYS = ("prompt_tokens_mean", "output_tokens_mean")
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Sizing-rate knobs that are not part of the spec (`disagg evaluate` can vary them).
+
+    The defaults are `policy.sizing_rate`'s, which is what the operator runs.
+    """
+
+    z: float = 1.645  # standard deviations of Poisson counting noise planned for
+    backlog_drain_s: float = 60.0  # clear an observed queue within this time
+    backlog_lead_s: float | None = None  # project queue growth this far (None: the lead time)
+    ttft_feedback: bool = True  # observed TTFT well below target: plan for the observation
+    ttft_comfort: float = 0.5  # ... "well below" = at most this fraction of the target
+
+
+@dataclass(frozen=True)
+class Config:
+    """What `decide` needs from a DisaggDeployment spec (built by `config_from_spec`)."""
+
+    pools: tuple[str, ...]
+    planning: api.PlannerInputs
+    base_policy: policy.PolicyConfig  # forecast horizon set per decision from observed start-ups
+    window_s: float
+    scrape_s: float
+    short_window_s: float
+    ttft_target_s: float
+    drain_timeout_s: dict[str, float]
+    custom_queries: tuple[str, ...] = ()
+    tuning: Tuning = field(default_factory=Tuning)
+
+    def policy_config(self, lead_s: float) -> policy.PolicyConfig:
+        return replace(self.base_policy, forecast_horizon_s=lead_s)
+
+
+def config_from_spec(spec: api.DisaggDeploymentSpec, tuning: Tuning | None = None) -> Config:
+    """The one translation of a spec into the decision's configuration."""
+    pools = api.pools(spec)
+    a = spec.autoscaling
+    base = policy.PolicyConfig(
+        scale_down_stabilization_s=float(a.scale_down_stabilization_seconds),
+        max_step_up=a.max_scale_up_step,
+        max_step_down=a.max_scale_down_step,
+        min_replicas={k: p.min_replicas for k, p in pools.items()},
+        max_replicas={k: p.max_replicas for k, p in pools.items()},
+        gpus_per_replica={k: p.gpus_per_replica for k, p in pools.items()},
+        gpu_budget=a.gpu_budget,
+        forecast_horizon_s=DEFAULT_LEAD_S,
+        headroom=float(a.headroom),
+        paused=a.paused,
+    )
+    return Config(
+        pools=tuple(pools),
+        planning=api.planner_inputs(spec),
+        base_policy=base,
+        window_s=float(a.metric_window_seconds),
+        scrape_s=float(a.scrape_interval_seconds),
+        short_window_s=float(SHORT_WINDOW_SCRAPES * a.scrape_interval_seconds),
+        ttft_target_s=spec.slo.ttft_seconds,
+        drain_timeout_s={k: float(p.drain.timeout_seconds) for k, p in pools.items()},
+        custom_queries=tuple(sorted(a.queries or {})),
+        tuning=tuning or Tuning(),
+    )
+
+
+# --------------------------------------------------------------------------- observation
+
+
+@dataclass(frozen=True)
+class PoolObservation:
+    """One pool: its Deployment's replicas and its pods."""
+
+    replicas: int  # the Deployment's spec.replicas (0 when it does not exist yet)
+    pods: tuple[drain.PodView, ...] = ()
+    pending: int | None = None  # pods that cannot start; None: count the Pending pods
+
+    @property
+    def pending_pods(self) -> int:
+        if self.pending is not None:
+            return self.pending
+        return sum(1 for p in self.pods if p.active and p.phase == "Pending")
+
+    @property
+    def leaving(self) -> list[drain.PodView]:
+        return [p for p in self.pods if p.leaving]
+
+    @property
+    def held(self) -> int:
+        """Replicas holding GPUs on the cluster now: drained pods count until they are removed."""
+        return max(self.replicas, sum(1 for p in self.pods if p.active))
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one decision sees: a metrics snapshot, the pools, the time.
+
+    A metric value is None when missing; `metrics_ok` False holds every pool.
+    """
+
+    now: float
+    metrics_ok: bool
+    pools: dict[str, PoolObservation]
+    metrics_problem: str = ""
+    arrival_rps: float | None = None  # over the metric window
+    arrival_rps_short: float | None = None  # over SHORT_WINDOW_SCRAPES scrape intervals
+    prompt_tokens_mean: float | None = None
+    prompt_tokens_std: float | None = None
+    output_tokens_mean: float | None = None
+    output_tokens_std: float | None = None
+    # Multimodal demand: the fraction of requests carrying media and the items per such
+    # request. Absent (None) until media metrics are read; the planner then assumes none.
+    media_fraction: float | None = None
+    media_items_per_request: float | None = None
+    queued: dict[str, float] = field(default_factory=dict)  # waiting requests per pool
+    running: dict[str, float] = field(default_factory=dict)  # running requests per pool
+    in_flight: dict[str, dict[str, float]] = field(default_factory=dict)  # pool -> pod -> work
+    ttft_observed_s: float | None = None  # at the SLO percentile
+    itl_observed_s: float | None = None  # mean
+    prefill_time_mean_s: float | None = None  # for calibration
+    custom: dict[str, float] = field(default_factory=dict)  # user-defined queries
+    startups: dict[str, float] = field(default_factory=dict)  # observed pod start-up s, by pod
+
+
+def _gate(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for c in pod.get("status", {}).get("conditions", []) or []:
+        if c.get("type") == names.READINESS_GATE:
+            return c
+    return None
+
+
+def pool_observation(
+    deployment: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]
+) -> PoolObservation:
+    replicas = int(((deployment or {}).get("spec") or {}).get("replicas", 0) or 0)
+    return PoolObservation(replicas=replicas, pods=tuple(drain.pod_view(p) for p in pods))
+
+
+def startup_seconds(pods: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Observed pod start-up by pod name: creation to first admission (the routable gate set True)."""
+    out: dict[str, float] = {}
+    for p in pods:
+        c = _gate(p)
+        if c and c.get("status") == "True" and c.get("reason") == names.GATE_ADMITTED:
+            t0 = status.parse_time(p["metadata"].get("creationTimestamp"))
+            t1 = status.parse_time(c.get("lastTransitionTime"))
+            if t0 is not None and t1 is not None and t1 >= t0:
+                out[p["metadata"]["name"]] = t1 - t0
+    return out
+
+
+def lead_time(samples: Sequence[float]) -> float:
+    """Forecast horizon: the median observed start-up within [5 s, 600 s]; 60 s before any is seen."""
+    xs = sorted(samples)
+    if not xs:
+        return DEFAULT_LEAD_S
+    return min(LEAD_MAX_S, max(LEAD_MIN_S, xs[len(xs) // 2]))
+
+
+# --------------------------------------------------------------------------- state
+
+
+def _pairs(raw: Any, limit: int) -> tuple[tuple[float, float], ...]:
+    out = []
+    for x in list(raw or [])[-limit:]:
+        a, b = float(x[0]), float(x[1])
+        if math.isfinite(a) and math.isfinite(b):
+            out.append((a, b))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ScalerState:
+    """Everything one DisaggDeployment's autoscaler remembers between decisions."""
+
+    policy: policy.PolicyState = field(default_factory=policy.PolicyState)
+    decode_samples: tuple[tuple[float, float], ...] = ()  # (batch, step ms)
+    prefill_samples: tuple[tuple[float, float], ...] = ()  # (prompt tokens, prefill ms)
+    shape: dict[str, float] = field(default_factory=dict)  # last measured token means
+    startups: dict[str, float] = field(default_factory=dict)  # observed start-up s by pod
+
+    def calibrator(self) -> Calibrator:
+        c = Calibrator(max_samples=MAX_CALIBRATION_SAMPLES)
+        c.decode.extend(self.decode_samples)
+        c.prefill.extend(self.prefill_samples)
+        return c
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain, bounded dict (JSON-ready): at most MAX_CALIBRATION_SAMPLES samples per stage,
+        MAX_STARTUP_SAMPLES start-ups, and the policy's windows (which it prunes itself)."""
+        return {
+            "policy": self.policy.to_dict(),
+            "calibration": {
+                "decode": [[round(x, 4), round(y, 4)] for x, y in self.decode_samples],
+                "prefill": [[round(x, 4), round(y, 4)] for x, y in self.prefill_samples],
+            },
+            "shape": {k: round(v, 4) for k, v in self.shape.items()},
+            # pairs, not a map: a merge patch of status replaces a list whole (a map would keep
+            # the names it does not mention, and grow without bound)
+            "startups": [[k, round(v, 3)] for k, v in self.startups.items()],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> ScalerState:
+        """Rebuild from `to_dict` output; a missing or damaged part starts fresh."""
+        if not isinstance(d, Mapping):
+            return cls()
+        try:
+            cal = d.get("calibration") or {}
+            decode = _pairs(cal.get("decode"), MAX_CALIBRATION_SAMPLES)
+            prefill = _pairs(cal.get("prefill"), MAX_CALIBRATION_SAMPLES)
+        except (TypeError, ValueError, IndexError, AttributeError):
+            decode, prefill = (), ()
+        try:
+            shape = {
+                str(k): float(v)
+                for k, v in (d.get("shape") or {}).items()
+                if k in SHAPE_KEYS and math.isfinite(float(v)) and float(v) > 0
+            }
+        except (TypeError, ValueError, AttributeError):
+            shape = {}
+        try:
+            items = list(d.get("startups") or [])[-MAX_STARTUP_SAMPLES:]
+            startups = {str(k): float(v) for k, v in items if math.isfinite(float(v)) and float(v) >= 0}
+        except (TypeError, ValueError, AttributeError):
+            startups = {}
+        pol = d.get("policy")
+        return cls(
+            policy=policy.PolicyState.from_dict(pol if isinstance(pol, dict) else None),
+            decode_samples=decode,
+            prefill_samples=prefill,
+            shape=shape,
+            startups=startups,
+        )
+
+
+# --------------------------------------------------------------------------- outcome
+
+
+@dataclass(frozen=True)
+class DrainOrder:
+    """Start draining `pod` of `pool`. `idle`: it never received work (pending or never admitted)."""
+
+    pool: str
+    pod: str
+    in_flight: float | None
+    idle: bool
+
+
+@dataclass(frozen=True)
+class StageFigures:
+    arrival_rps: float
+    wait_s: float  # W = queueing + service
+    utilization: float
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(float(x), nd)
+
+
+def _iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _without_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: _without_none(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """One decision and the figures behind it: what `status.lastDecision` and the dashboard show."""
+
+    time: float
+    reason: str
+    metrics_ok: bool
+    metrics_problem: str | None
+    arrival_rps: float | None
+    planned_rps: float | None
+    lead_time_s: float
+    prompt_tokens_mean: float | None
+    output_tokens_mean: float | None
+    observed_ttft_s: float | None
+    observed_itl_s: float | None
+    custom: dict[str, float]
+    current: dict[str, int]
+    pending: dict[str, int]
+    stages: dict[str, StageFigures]
+    predicted_ttft_s: float | None
+    predicted_itl_s: float | None
+    targets: dict[str, int]
+    next_step: dict[str, int]
+    planned: dict[str, int]
+    feasible: bool | None
+    budget_limited: bool
+    sacrificed: str | None
+    notes: tuple[str, ...]
+
+    def to_status(self) -> dict[str, Any]:
+        """The dict written to `status.lastDecision` (camelCase keys; pool maps are {pool: n}).
+
+        Unknown figures are left out (a merge patch would delete a null anyway)."""
+        return _without_none(self._status())
+
+    def _status(self) -> dict[str, Any]:
+        return {
+            "time": _iso(self.time),
+            "reason": self.reason,
+            "inputs": {
+                "metricsOk": self.metrics_ok,
+                "metricsProblem": self.metrics_problem,
+                "arrivalRps": _r(self.arrival_rps),
+                "plannedRps": _r(self.planned_rps),
+                "custom": {k: _r(v) for k, v in self.custom.items()},
+                "leadTimeSeconds": _r(self.lead_time_s, 1),
+                "promptTokensMean": _r(self.prompt_tokens_mean),
+                "outputTokensMean": _r(self.output_tokens_mean),
+                "observedTtftSeconds": _r(self.observed_ttft_s),
+                "observedItlSeconds": _r(self.observed_itl_s),
+                "current": dict(self.current),
+                "pending": dict(self.pending),
+                "stages": {
+                    k: {
+                        "lambda": _r(v.arrival_rps),
+                        "W": _r(v.wait_s),
+                        "L": _r(v.arrival_rps * v.wait_s),
+                        "utilization": _r(v.utilization),
+                    }
+                    for k, v in self.stages.items()
+                },
+                "predicted": {"ttft_s": _r(self.predicted_ttft_s), "itl_s": _r(self.predicted_itl_s)},
+                "observed": {"ttft_s": _r(self.observed_ttft_s), "itl_s": _r(self.observed_itl_s)},
+            },
+            "outputs": {
+                "targets": dict(self.targets),
+                "nextStep": dict(self.next_step),
+                "planned": dict(self.planned),
+                "predictedTtftSeconds": _r(self.predicted_ttft_s),
+                "predictedItlSeconds": _r(self.predicted_itl_s),
+                "feasible": self.feasible,
+                "budgetLimited": self.budget_limited,
+                "notes": list(self.notes),
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Outcome:
+    targets: dict[str, int]  # where each pool is headed
+    next_step: dict[str, int]  # what to write now (the first make-before-break step)
+    current: dict[str, int]  # replicas requested before this decision (draining pods excluded)
+    changed: bool
+    reason: str
+    notes: tuple[str, ...]
+    readmit: dict[str, list[str]]  # pool -> draining pods to make routable again
+    grow: dict[str, int]  # pool -> new Deployment replicas that fit the GPU budget now
+    deferred: dict[str, int]  # pool -> replicas of growth waiting for drained pods' GPUs
+    drains: list[DrainOrder]
+    plan: planner.Plan | None
+    record: DecisionRecord
+    state: ScalerState
+    calibration: dict[str, Any]  # fitted stage-model parameters (status.calibration)
+
+
+# --------------------------------------------------------------------------- decide
+
+
+def demand_for(obs: Observation, rate: float, shape: dict[str, float]) -> planner.Demand:
+    """The planner's demand at `rate` with the observed request shape.
+
+    A token mean the window does not show (no request finished in it) keeps its last
+    measured value in `shape`, which is updated in place; with none ever measured it is
+    1 token, the smallest valid value, never a guess. Media: absent means no media.
+    """
+
+    def pos(key: str, v: float | None) -> float:
+        if v is not None and math.isfinite(v) and v > 0:
+            shape[key] = v
+            return v
+        return shape.get(key, 1.0)
+
+    def spread(v: float | None) -> float:
+        return v if v is not None and math.isfinite(v) and v >= 0 else 0.0
+
+    media = obs.media_fraction
+    items = obs.media_items_per_request
+    return planner.Demand(
+        arrival_rps=max(rate, 0.0),
+        prompt_tokens_mean=pos("prompt_tokens_mean", obs.prompt_tokens_mean),
+        prompt_tokens_std=spread(obs.prompt_tokens_std),
+        output_tokens_mean=pos("output_tokens_mean", obs.output_tokens_mean),
+        output_tokens_std=spread(obs.output_tokens_std),
+        media_fraction=media if media is not None and 0 <= media <= 1 else 0.0,
+        items_per_request=items if items is not None and math.isfinite(items) and items >= 0 else 1.0,
+    )
+
+
+def _pooled(plan: planner.Plan, pools: Sequence[str]) -> dict[str, int]:
+    """The plan's replicas for this deployment's pools (a plan names every stage)."""
+    return {k: v for k, v in plan.replicas.items() if k in pools}
+
+
+def fit_growth_in_budget(
+    config: Config, obs: Observation, grow: dict[str, int]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Trim new replica counts so that GPUs requested on the cluster never exceed the budget.
+
+    The policy counts a draining pod as gone; the cluster does not until it is removed.
+    Growth that would only fit once drains finish waits for the next decision
+    (make-before-break within the budget). Returns (the growth that fits, what was deferred).
+    """
+    budget = config.base_policy.gpu_budget
+    if budget is None:
+        return dict(grow), {}
+    gpr = {p: config.base_policy.gpr(p) for p in config.pools}
+    held = {p: obs.pools[p].held if p in obs.pools else 0 for p in config.pools}
+    used = sum(held[p] * gpr[p] for p in config.pools)
+    fits: dict[str, int] = {}
+    deferred: dict[str, int] = {}
+    for name in sorted(grow, key=lambda n: gpr[n]):
+        room = max(0, (budget - used) // gpr[name])
+        add = min(max(0, grow[name] - held[name]), room)
+        if add > 0:
+            fits[name] = held[name] + add
+            used += add * gpr[name]
+        if grow[name] - held[name] > add:
+            deferred[name] = grow[name] - held[name] - add
+    return fits, deferred
+
+
+def _format_pools(counts: Mapping[str, int], pools: Sequence[str]) -> str:
+    return ", ".join(f"{p} {counts[p]}" for p in pools if p in counts)
+
+
+def summary(outcome: Outcome, pools: Sequence[str]) -> str:
+    """One human line: 'targets prefill 2, decode 4 (was prefill 1, decode 2)'."""
+    line = f"targets {_format_pools(outcome.targets, pools)} (was {_format_pools(outcome.current, pools)})"
+    if outcome.next_step != outcome.targets:
+        line += f"; next step {_format_pools(outcome.next_step, pools)}"
+    return line
+
+
+def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
+    """One autoscaling decision. See the module docstring."""
+    pools = config.pools
+    now = obs.now
+    empty = PoolObservation(replicas=0)
+    pobs = {p: obs.pools.get(p, empty) for p in pools}
+    leaving = {p: pobs[p].leaving for p in pools}
+    current = {p: pobs[p].replicas - len(leaving[p]) for p in pools}
+    pending = {p: pobs[p].pending_pods for p in pools}
+
+    startups = {**state.startups, **obs.startups}
+    while len(startups) > MAX_STARTUP_SAMPLES:  # keep the most recent pods' figures
+        startups.pop(next(iter(startups)))
+    lead = lead_time(list(startups.values()))
+    pcfg = config.policy_config(lead)
+    tn = config.tuning
+
+    # Calibration: fresh metrics add one sample per stage.
+    calibrator = state.calibrator()
+    base_models = config.planning.models
+    if obs.metrics_ok:
+        back = back_pool(pools)
+        serving = [p for p in pobs[back].pods if p.routable]
+        values: dict[str, float] = {}
+        for key, v in (
+            ("itl_mean", obs.itl_observed_s),
+            ("prefill_time_mean", obs.prefill_time_mean_s),
+            ("prompt_tokens_mean", obs.prompt_tokens_mean),
+        ):
+            if v is not None:
+                values[key] = v
+        running = obs.running.get(back)
+        batch = running / max(len(serving), 1) if running is not None else None
+        calibrator.observe(values, batch)
+    models = calibrator.models(base_models)
+
+    shape = dict(state.shape)
+    pstate = state.policy
+    observed = obs.arrival_rps if obs.metrics_ok else None
+    plan: planner.Plan | None = None
+    planned = dict(current)
+    floor: dict[str, int] = {}
+    plan_rate: float | None = None
+    notes: list[str] = []
+    if observed is not None:
+        queued = sum(v for v in obs.queued.values() if v is not None and math.isfinite(v))
+        rate, pstate = policy.sizing_rate(
+            pstate,
+            now,
+            pcfg,
+            observed,
+            window_s=config.window_s,
+            rate_short=obs.arrival_rps_short,
+            short_window_s=config.short_window_s,
+            queued=queued,
+            z=tn.z,
+            backlog_drain_s=tn.backlog_drain_s,
+            backlog_lead_s=tn.backlog_lead_s,
+            ttft_observed=obs.ttft_observed_s if tn.ttft_feedback else None,
+            ttft_target=config.ttft_target_s,
+            ttft_comfort=tn.ttft_comfort,
+        )
+        plan_rate = rate
+        try:
+            plan = config.planning.plan(demand_for(obs, rate, shape), models)
+            planned = _pooled(plan, pools)
+            # What the current load needs: a budget rebalance never shrinks a donor below it.
+            if pcfg.gpu_budget is not None and rate > observed:
+                floor = _pooled(config.planning.plan(demand_for(obs, observed, shape), models), pools)
+            else:
+                floor = dict(planned)
+        except ValueError as exc:
+            plan = None
+            notes.append(f"planner refused the input: {exc}")
+    d = policy.decide(
+        now,
+        current,
+        planned,
+        pstate,
+        pcfg,
+        metrics_ok=bool(obs.metrics_ok and plan is not None),
+        pending=pending,
+        floor=floor,
+    )
+    notes = [*d.notes, *notes]
+    step = dict(d.steps[0]) if d.steps else dict(d.targets)
+
+    # What to do: re-admit drained pods first on the way up, then grow; shrink through drains.
+    readmit: dict[str, list[str]] = {}
+    grow: dict[str, int] = {}
+    drains: list[DrainOrder] = []
+    for p in pools:
+        want = int(step.get(p, current[p]))
+        if want > current[p]:
+            back_in = [v.name for v in leaving[p][: want - current[p]]]
+            if back_in:
+                readmit[p] = back_in
+            extra = want - current[p] - len(back_in)
+            if extra > 0:
+                grow[p] = pobs[p].replicas + extra
+        elif want < current[p]:
+            flight = obs.in_flight.get(p, {})
+            views = {v.name: v for v in pobs[p].pods}
+            for name in drain.choose_victims(pobs[p].pods, flight, current[p] - want):
+                drains.append(DrainOrder(p, name, flight.get(name), idle=not views[name].routable))
+    deferred: dict[str, int] = {}
+    if grow:
+        grow, deferred = fit_growth_in_budget(config, obs, grow)
+        if deferred:
+            notes.append(
+                f"growth of {_format_pools(deferred, pools)} deferred: draining pods still hold their GPUs"
+            )
+    if plan is not None and plan.budget_limited and d.reason in ("Hold", "ScaleUp", "ScaleDown", "Rebalance"):
+        notes.append(f"budget limited: {plan.sacrificed}")
+
+    new_state = ScalerState(
+        policy=d.state,
+        decode_samples=tuple(calibrator.decode),
+        prefill_samples=tuple(calibrator.prefill),
+        shape=shape,
+        startups=startups,
+    )
+    record = DecisionRecord(
+        time=now,
+        reason=d.reason,
+        metrics_ok=obs.metrics_ok,
+        metrics_problem=None if obs.metrics_ok else obs.metrics_problem,
+        arrival_rps=observed,
+        planned_rps=plan_rate,
+        lead_time_s=lead,
+        prompt_tokens_mean=obs.prompt_tokens_mean,
+        output_tokens_mean=obs.output_tokens_mean,
+        observed_ttft_s=obs.ttft_observed_s,
+        observed_itl_s=obs.itl_observed_s,
+        custom={k: v for k, v in obs.custom.items() if k in config.custom_queries},
+        current=dict(current),
+        pending=dict(pending),
+        stages={
+            k: StageFigures(v.arrival_rps, v.wait_mean_s + v.service_s, v.utilization)
+            for k, v in (plan.pools.items() if plan else [])
+            if k in pools
+        },
+        predicted_ttft_s=plan.ttft_s if plan else None,
+        predicted_itl_s=plan.itl_s if plan else None,
+        targets=dict(d.targets),
+        next_step=step,
+        planned=dict(planned),
+        feasible=plan.feasible if plan else None,
+        budget_limited=bool(plan and plan.budget_limited),
+        sacrificed=(plan.sacrificed or None) if plan and plan.budget_limited else None,
+        notes=tuple(n for n in notes if n),
+    )
+    return Outcome(
+        targets=dict(d.targets),
+        next_step=step,
+        current=dict(current),
+        changed=d.changed,
+        reason=d.reason,
+        notes=record.notes,
+        readmit=readmit,
+        grow=grow,
+        deferred=deferred,
+        drains=drains,
+        plan=plan,
+        record=record,
+        state=new_state,
+        calibration=calibrator.status(base_models),
+    )

@@ -1,0 +1,77 @@
+"""The operator's vocabulary: labels, annotations, the readiness gate, condition types,
+Event reasons and pool names, each defined once.
+
+Pure (standard library only). Other modules import these names instead of spelling the
+strings out, so a rename happens in one place and a typo is an import error.
+"""
+
+from __future__ import annotations
+
+# --------------------------------------------------------------------------- pools
+
+#: Every pool a DisaggDeployment can have, in pipeline order.
+POOL_ENCODER = "encoder"
+POOL_PREFILL = "prefill"
+POOL_DECODE = "decode"
+POOL_COLOCATED = "colocated"
+POOL_NAMES = (POOL_ENCODER, POOL_PREFILL, POOL_DECODE, POOL_COLOCATED)
+
+# --------------------------------------------------------------------------- labels and annotations
+
+#: Label on every child (and pod) naming the DisaggDeployment it belongs to.
+LABEL_DEPLOYMENT = "disagg.dev/deployment"
+#: Label on every child (and pod) naming its pool.
+LABEL_POOL = "disagg.dev/pool"
+#: Annotation on a pool Deployment: hash of its pod template.
+ANNOTATION_TEMPLATE_HASH = "disagg.dev/template-hash"
+#: Annotation on every child: hash of what the operator last applied.
+ANNOTATION_APPLIED = "disagg.dev/applied-hash"
+#: Annotation on a pod being drained: its drain record (JSON).
+ANNOTATION_DRAIN = "disagg.dev/drain"
+#: Kubernetes' annotation that orders a ReplicaSet's choice of pods to delete.
+ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: Pod condition (readiness gate) the operator sets: False on a worker being drained.
+READINESS_GATE = "disagg.dev/routable"
+#: Field manager, Event source and `app.kubernetes.io/managed-by` value.
+MANAGER = "disagg-operator"
+
+# --------------------------------------------------------------------------- conditions
+
+COND_READY = "Ready"
+COND_PROGRESSING = "Progressing"
+COND_DEGRADED = "Degraded"
+COND_METRICS_AVAILABLE = "MetricsAvailable"
+COND_DRAINING = "Draining"
+COND_BUDGET_LIMITED = "BudgetLimited"
+COND_INVALID_SPEC = "InvalidSpec"
+#: Every condition type written to status.conditions, in display order.
+CONDITION_TYPES = (
+    COND_READY,
+    COND_PROGRESSING,
+    COND_DEGRADED,
+    COND_METRICS_AVAILABLE,
+    COND_DRAINING,
+    COND_BUDGET_LIMITED,
+    COND_INVALID_SPEC,
+)
+
+# --------------------------------------------------------------------------- readiness-gate reasons
+
+GATE_ADMITTED = "Admitted"  # a new pod became routable (its start-up ends here)
+GATE_READMITTED = "Readmitted"  # a drain was cancelled
+GATE_DRAINING = "Draining"
+
+# --------------------------------------------------------------------------- Event reasons
+
+EVENT_INVALID_SPEC = "InvalidSpec"
+EVENT_POOL_CREATED = "PoolCreated"
+EVENT_POOL_UPDATED = "PoolUpdated"
+EVENT_POOL_DELETED = "PoolDeleted"
+EVENT_PAUSED = "Paused"
+EVENT_DRAIN_STARTED = "DrainStarted"
+EVENT_DRAIN_COMPLETED = "DrainCompleted"
+EVENT_DRAIN_CANCELLED = "DrainCancelled"
+EVENT_DRAIN_TIMEOUT = "DrainTimeout"
+EVENT_WRONG_VICTIM = "WrongVictim"
+EVENT_PENDING_PODS_REMOVED = "PendingPodsRemoved"
+#: Autoscaling decisions use the decision's own reason (policy.REASONS) as the Event reason.

@@ -1,0 +1,259 @@
+"""The operator and `disagg evaluate` run the same autoscaler: one table of observations goes
+through the operator's loop (a fake Kubernetes and a fake Prometheus, no cluster) and through
+the evaluator's `disagg` policy, and every decision's targets and next step are identical.
+
+Each sequence steps virtual time by the decision interval. A row sets the cluster the way it
+is at that moment (the Deployments' replicas, pending pods, pods being drained, every pod
+admitted 60 s after creation) and the metrics (arrival rate over the window and over the short
+window, token means, queue, observed TTFT, stale samples); the evaluator gets the same
+moment as its `Obs`. The scaler state carries over from row to row on both paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field, replace
+
+import pytest
+from fakes import FakeKube, FakePrometheus, deployment, disagg_deployment, pod
+
+from disagg import autoscaler, drain, evaluate, loop, reconcile
+from disagg.evaluate import EvalSettings, Obs
+
+NS, NAME = "ns", "llm"
+STARTUP_S = 60.0
+SETTINGS = EvalSettings(startup_s=STARTUP_S, stabilization_s=120.0, scrape_s=15.0, window_s=60.0)
+
+
+@dataclass
+class Row:
+    rate: float | None  # arrival rate over the metric window (None: the series is missing)
+    replicas: dict[str, int]  # the Deployments' replicas
+    short: float | None = None  # arrival rate over the short window
+    prompt: float = 1000.0
+    output: float = 200.0
+    queued: float = 0.0
+    ttft: float | None = None
+    pending: dict[str, int] = field(default_factory=dict)
+    draining: dict[str, int] = field(default_factory=dict)
+    stale: bool = False
+
+
+def _row_cluster(kube: FakeKube, prom: FakePrometheus, row: Row, now: float, pools: tuple[str, ...]) -> None:
+    for kind, _, name in list(kube.objects):
+        if kind in ("Deployment", "Pod"):
+            kube.remove(kind, NS, name)
+    prom.now = now
+    prom.per_pod = {}
+    prom.scalars = {}
+    prom.sample_age_s = 2.5 * SETTINGS.scrape_s if row.stale else 1.0
+    for p in pools:
+        n = row.replicas[p]
+        kube.put(deployment(NAME, p, n))
+        pending = row.pending.get(p, 0)
+        leaving = row.draining.get(p, 0)
+        rec = drain.DrainRecord(now - 10, now + 3600, "readmit").to_annotation()
+        prom.per_pod[p] = {}
+        for i in range(n):
+            created = now - 1000 - i
+            if i < pending:
+                kube.put(pod(NAME, p, i, created=created, admitted=None, phase="Pending"))
+                continue
+            is_leaving = i < pending + leaving
+            kube.put(
+                pod(
+                    NAME,
+                    p,
+                    i,
+                    created=created,
+                    admitted=created + STARTUP_S,
+                    drain=rec if is_leaving else None,
+                )
+            )
+            prom.per_pod[p][f"{NAME}-{p}-5f7c9-{i:05d}"] = (1.0, 0.0)
+    front = pools[0]
+    first = next(iter(prom.per_pod[front]), None)
+    if first is not None:
+        prom.per_pod[front][first] = (1.0, row.queued)
+    for key, v in (
+        ("arrival_rps", row.rate),
+        ("arrival_rps_short", row.short),
+        ("prompt_tokens_mean", row.prompt),
+        ("output_tokens_mean", row.output),
+        ("ttft_p", row.ttft),
+    ):
+        if v is not None:
+            prom.scalars[key] = v
+
+
+def _obs(row: Row, now: float, pools: tuple[str, ...]) -> Obs:
+    return Obs(
+        now=now,
+        rate=row.rate or 0.0,
+        count=0,
+        prompt_mean=row.prompt,
+        prompt_std=0.0,
+        output_mean=row.output,
+        output_std=0.0,
+        util={},
+        ready={},
+        requested={p: row.replicas[p] - row.draining.get(p, 0) for p in pools},
+        pending={p: row.pending.get(p, 0) for p in pools},
+        ttft_p=row.ttft,
+        queued=int(row.queued),
+        rate_short=row.short,
+        metrics_ok=not row.stale and row.rate is not None,
+    )
+
+
+def run_both(rows: list[Row], settings: EvalSettings = SETTINGS, placement: str = "disaggregated"):
+    """(operator decisions, evaluator decisions), each a list of (targets, next step, reason)."""
+    loop.TRACKERS.clear()  # a fresh operator for each table
+    spec = evaluate.spec_for(settings, placement)
+    pools = autoscaler.config_from_spec(spec).pools
+    kube = FakeKube()
+    prom = FakePrometheus()
+    kube.put(disagg_deployment(NAME, spec.to_dict(), NS))
+    opts = loop.LoopOptions(metrics_source=prom)
+    policy = evaluate.DisaggPolicy(settings, None, None, spec=spec)
+    ops, evs = [], []
+    t0 = 1_800_000_000.0
+    for i, row in enumerate(rows):
+        now = t0 + i * 30.0
+        _row_cluster(kube, prom, row, now, pools)
+        asyncio.run(loop.step(kube, kube.obj("DisaggDeployment", NS, NAME), opts, now))
+        out = loop.TRACKERS[(NS, NAME)].last_outcome
+        assert out is not None and out.record.time == now
+        ops.append((out.targets, out.next_step, out.reason))
+        assert reconcile.DESIRED[(NS, NAME)] == out.targets
+        step, reason = policy.decide(_obs(row, now, pools))
+        evs.append((policy.last.targets, step, reason))
+    return ops, evs
+
+
+@pytest.fixture(autouse=True)
+def _fresh_memory():
+    loop.TRACKERS.clear()
+    reconcile.DESIRED.clear()
+    yield
+    loop.TRACKERS.clear()
+    reconcile.DESIRED.clear()
+
+
+PD = {"prefill": 1, "decode": 1}
+
+LOAD_STEPS = [
+    Row(2.0, PD),
+    Row(8.0, PD, short=8.0),
+    Row(8.0, {"prefill": 2, "decode": 3}, short=8.0),
+    Row(8.0, {"prefill": 3, "decode": 4}),
+    Row(2.0, {"prefill": 3, "decode": 4}, short=1.0),
+    Row(2.0, {"prefill": 3, "decode": 4}, short=2.0),
+    Row(2.0, {"prefill": 3, "decode": 4}, ttft=0.05),
+    Row(2.0, {"prefill": 3, "decode": 4}, ttft=0.05),
+    Row(2.0, {"prefill": 3, "decode": 4}, ttft=0.05),
+    Row(2.0, {"prefill": 3, "decode": 4}, ttft=0.05),
+]
+BURST = [
+    Row(3.0, {"prefill": 2, "decode": 2}, short=3.0),
+    Row(3.0, {"prefill": 2, "decode": 2}, short=3.0),
+    Row(3.5, {"prefill": 2, "decode": 2}, short=12.0),  # the short window sees the burst first
+    Row(6.0, {"prefill": 2, "decode": 2}, short=14.0, queued=40),
+    Row(10.0, {"prefill": 4, "decode": 5}, short=12.0, queued=10),
+]
+STALE = [
+    Row(6.0, {"prefill": 2, "decode": 3}),
+    Row(1.0, {"prefill": 2, "decode": 3}, stale=True),
+    Row(None, {"prefill": 2, "decode": 3}),
+    Row(12.0, {"prefill": 2, "decode": 3}, short=12.0, stale=True),
+    Row(6.0, {"prefill": 2, "decode": 3}),
+]
+DRAINS = [
+    Row(8.0, {"prefill": 3, "decode": 5}),
+    Row(2.0, {"prefill": 3, "decode": 5}, draining={"decode": 1}),
+    Row(2.0, {"prefill": 3, "decode": 5}, draining={"decode": 2, "prefill": 1}),
+    Row(9.0, {"prefill": 3, "decode": 5}, short=9.0, draining={"decode": 2}),
+    Row(9.0, {"prefill": 3, "decode": 6}, pending={"decode": 1}),
+    Row(12.0, {"prefill": 3, "decode": 6}, short=12.0, pending={"decode": 2}),
+]
+BUDGET = [  # 6 GPUs: the load outgrows them, then its shape moves GPUs from decode to prefill
+    Row(2.0, {"prefill": 1, "decode": 2}),
+    Row(8.0, {"prefill": 1, "decode": 2}, short=8.0),
+    Row(12.0, {"prefill": 2, "decode": 4}, short=14.0, queued=30),
+    Row(6.0, {"prefill": 2, "decode": 4}, prompt=3000.0, output=60.0),
+    Row(6.0, {"prefill": 3, "decode": 3}, prompt=3000.0, output=60.0, draining={"decode": 1}),
+    Row(3.0, {"prefill": 3, "decode": 3}, short=2.0),
+]
+
+CASES = {
+    "load steps": (LOAD_STEPS, SETTINGS),
+    "burst": (BURST, SETTINGS),
+    "stale metrics": (STALE, SETTINGS),
+    "drains in flight": (DRAINS, SETTINGS),
+    "budget pressure": (BUDGET, replace(SETTINGS, gpu_budget=6)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_disaggregated_decisions_are_identical(case: str) -> None:
+    rows, settings = CASES[case]
+    ops, evs = run_both(rows, settings)
+    assert ops == evs
+    assert len({str(t) for t, _, _ in ops}) > 1 or case == "stale metrics"  # the table moves the pools
+
+
+def _colocated(rows: list[Row]) -> list[Row]:
+    def fold(d: dict[str, int]) -> dict[str, int]:
+        return {"colocated": max(d.values())} if d else {}
+
+    return [
+        replace(r, replicas=fold(r.replicas), pending=fold(r.pending), draining=fold(r.draining))
+        for r in rows
+    ]
+
+
+@pytest.mark.parametrize("case", ["load steps", "burst", "drains in flight", "budget pressure"])
+def test_colocated_decisions_are_identical(case: str) -> None:
+    rows, settings = CASES[case]
+    ops, evs = run_both(_colocated(rows), settings, placement="colocated")
+    assert ops == evs
+    assert {p for t, _, _ in ops for p in t} == {"colocated"}
+
+
+def test_the_table_exercises_the_short_window_and_the_budget() -> None:
+    """The cases above are only worth comparing if the short window and the budget matter."""
+    ops, _ = run_both(BURST)
+    no_short = [replace(r, short=None) for r in BURST]
+    ops_without, _ = run_both(no_short)
+    assert ops != ops_without  # the fast attack changes what the burst rows decide
+    budget_rows, budget_settings = CASES["budget pressure"]
+    ops_budget, _ = run_both(budget_rows, budget_settings)
+    reasons = {r for _, _, r in ops_budget}
+    assert reasons & {"BudgetLimited", "Rebalance"}
+    gpus = [sum(t.values()) for t, _, _ in ops_budget]
+    assert max(gpus) <= 6
+
+
+def test_the_evaluator_measures_the_short_rate_over_the_operators_window(monkeypatch) -> None:
+    """`disagg evaluate` reads the short rate over SHORT_WINDOW_SCRAPES scrapes, as the loop asks
+    Prometheus for it (the decision itself is compared above)."""
+    from disagg.workload import Workload
+
+    seen: list[Obs] = []
+    real = evaluate.DisaggPolicy.decide
+
+    def spy(self, o: Obs):
+        seen.append(o)
+        return real(self, o)
+
+    monkeypatch.setattr(evaluate.DisaggPolicy, "decide", spy)
+    # 60 requests in the first 30 s, then one at 200 s: at the decision at t = 60 (metrics of
+    # t = 45), the last scrape interval saw nothing and the short window saw all 60.
+    arrivals = [i * 0.5 for i in range(60)] + [200.0]
+    w = Workload(arrivals, [100] * 61, [10] * 61, name="front-loaded")
+    evaluate.run_policy("disagg", w, replace(SETTINGS, interval_s=30.0))
+    at_60 = next(o for o in seen if o.now == 60.0)
+    short_s = autoscaler.SHORT_WINDOW_SCRAPES * SETTINGS.scrape_s
+    assert at_60.rate_short == pytest.approx(60 / short_s)
+    # and the loop asks Prometheus for the same window
+    assert autoscaler.config_from_spec(evaluate.spec_for(SETTINGS)).short_window_s == short_s

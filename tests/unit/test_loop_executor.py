@@ -1,0 +1,356 @@
+"""The autoscaler's executor (disagg.loop) and the status writer, on a fake Kubernetes and a
+fake Prometheus: conditions, Events, drains, persisted scaler state, forgetting deleted objects."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from fakes import FakeKube, FakePrometheus, deployment, disagg_deployment, pod
+
+from disagg import api, autoscaler, drain, loop, names, reconcile
+
+SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "vllm-disaggregated-70b.yaml"
+NS, NAME = "ns", "llm"
+T0 = 1_800_000_000.0
+SCRAPE = 15.0
+
+
+@pytest.fixture(autouse=True)
+def _fresh_memory():
+    loop.TRACKERS.clear()
+    reconcile.DESIRED.clear()
+    yield
+    loop.TRACKERS.clear()
+    reconcile.DESIRED.clear()
+
+
+def sample_spec(**autoscaling) -> dict:
+    spec = yaml.safe_load(SAMPLE.read_text())["spec"]
+    spec["autoscaling"] = {
+        "intervalSeconds": 30,
+        "scrapeIntervalSeconds": int(SCRAPE),
+        "scaleDownStabilizationSeconds": 300,
+        **autoscaling,
+    }
+    return spec
+
+
+class World:
+    """A DisaggDeployment with its pools and pods on a fake cluster, and its metrics."""
+
+    def __init__(self, spec: dict | None = None, prefill: int = 1, decode: int = 2) -> None:
+        self.kube = FakeKube()
+        self.prom = FakePrometheus()
+        self.opts = loop.LoopOptions(metrics_source=self.prom)
+        self.kube.put(disagg_deployment(NAME, spec or sample_spec(), NS))
+        self.sizes = {"prefill": prefill, "decode": decode}
+        self.now = T0
+        self.pods(prefill=prefill, decode=decode)
+        self.load(2.0)
+
+    def pods(self, **sizes: int) -> None:
+        for pool, n in sizes.items():
+            self.kube.put(deployment(NAME, pool, n))
+            for i in range(n):
+                self.kube.put(pod(NAME, pool, i, created=T0 - 600 - i, admitted=T0 - 540 - i))
+
+    def load(self, rate: float, short: float | None = None, **work: float) -> None:
+        self.prom.scalars = {"arrival_rps": rate, "prompt_tokens_mean": 6000.0, "output_tokens_mean": 400.0}
+        if short is not None:
+            self.prom.scalars["arrival_rps_short"] = short
+        self.prom.per_pod = {}
+        for (kind, _, name), obj in self.kube.objects.items():
+            if kind == "Pod" and obj["status"]["phase"] == "Running":
+                pool = obj["metadata"]["labels"][names.LABEL_POOL]
+                self.prom.per_pod.setdefault(pool, {})[name] = (work.get(name, 1.0), 0.0)
+
+    def body(self) -> dict:
+        return self.kube.obj(api.KIND, NS, NAME)
+
+    def step(self, dt: float = 30.0) -> autoscaler.Outcome | None:
+        self.now += dt
+        self.prom.now = self.now
+        asyncio.run(loop.step(self.kube, self.body(), self.opts, self.now))
+        tr = loop.TRACKERS.get((NS, NAME))
+        return tr.last_outcome if tr else None
+
+    def status(self) -> dict:
+        return self.body().get("status") or {}
+
+    def condition(self, ctype: str) -> dict:
+        cond = self.kube.condition(NS, NAME, ctype)
+        assert cond is not None, f"no {ctype} condition"
+        return cond
+
+    def replicas(self, pool: str) -> int:
+        return self.kube.obj("Deployment", NS, f"{NAME}-{pool}")["spec"]["replicas"]
+
+
+# ---------------------------------------------------------------------------- metrics conditions
+
+
+def test_metrics_available_follows_the_snapshot():
+    w = World()
+    w.step()
+    assert w.condition(names.COND_METRICS_AVAILABLE)["status"] == "True"
+    w.prom.error = ConnectionError("prometheus down")
+    w.step()
+    cond = w.condition(names.COND_METRICS_AVAILABLE)
+    assert cond["status"] == "False" and cond["reason"] == "MetricsMissing"
+    assert "prometheus down" in cond["message"]
+    assert w.status()["lastDecision"]["reason"] == "HoldStaleMetrics"
+    warn = [e for e in w.kube.events if e["type"] == "Warning"]
+    assert warn and warn[-1]["reason"] == "HoldStaleMetrics"
+
+
+def test_the_operator_asks_for_the_short_window_rate():
+    w = World()
+    w.step()
+    assert "arrival_rps_short" in w.prom.asked
+
+
+@pytest.mark.parametrize(("age_scrapes", "fresh"), [(1.9, True), (2.1, False), (3.0, False)])
+def test_a_sample_older_than_two_scrapes_is_stale(age_scrapes: float, fresh: bool):
+    w = World()
+    w.prom.sample_age_s = age_scrapes * SCRAPE
+    w.step()
+    assert w.condition(names.COND_METRICS_AVAILABLE)["status"] == ("True" if fresh else "False")
+    if not fresh:
+        assert f"old (max {2 * SCRAPE:.0f} s)" in w.condition(names.COND_METRICS_AVAILABLE)["message"]
+        assert w.status()["lastDecision"]["reason"] == "HoldStaleMetrics"
+
+
+def test_stale_metrics_never_scale_down():
+    w = World(prefill=4, decode=8)
+    w.load(0.1)
+    w.prom.sample_age_s = 5 * SCRAPE
+    for _ in range(20):  # far past the stabilization window
+        w.step()
+    assert (w.replicas("prefill"), w.replicas("decode")) == (4, 8)
+    assert not any(e["reason"] == names.EVENT_DRAIN_STARTED for e in w.kube.events)
+
+
+# ---------------------------------------------------------------------------- apply, events, status
+
+
+def test_scale_up_writes_replicas_a_human_event_and_one_ratio():
+    w = World(prefill=1, decode=2)
+    w.load(8.0, short=8.0)
+    out = w.step()
+    assert out is not None and out.reason == "ScaleUp"
+    assert w.replicas("prefill") == out.next_step["prefill"] > 1
+    assert w.replicas("decode") == out.next_step["decode"] > 2
+    ev = next(e for e in w.kube.events if e["reason"] == "ScaleUp")
+    want = (
+        f"targets prefill {out.targets['prefill']}, decode {out.targets['decode']} (was prefill 1, decode 2)"
+    )
+    assert ev["message"].startswith(want)
+    assert "{" not in ev["message"] and "'" not in ev["message"]
+    st = w.status()
+    assert st["lastDecision"] == out.record.to_status()
+    assert st["lastDecision"]["outputs"]["targets"] == out.targets
+    assert st["pools"]["decode"]["desiredReplicas"] == out.targets["decode"]
+    assert st["ratio"] == api.format_ratio(out.targets)
+
+
+def test_scale_down_drains_the_idlest_pod_first():
+    w = World(spec=sample_spec(scaleDownStabilizationSeconds=0), prefill=2, decode=6)
+    busy = {f"{NAME}-decode-5f7c9-{i:05d}": 5.0 for i in range(6)}
+    idle = f"{NAME}-decode-5f7c9-00003"
+    busy[idle] = 0.0
+    w.load(1.0, **busy)
+    out = w.step()
+    assert out is not None and out.next_step["decode"] < 6
+    drained = [o.pod for o in out.drains if o.pool == "decode"]
+    assert drained[0] == idle
+    victim = w.kube.obj("Pod", NS, idle)
+    assert names.ANNOTATION_DRAIN in victim["metadata"]["annotations"]
+    gate = next(c for c in victim["status"]["conditions"] if c["type"] == names.READINESS_GATE)
+    assert gate["status"] == "False"
+    assert w.replicas("decode") == 6  # not lowered before the drain completes
+    assert names.EVENT_DRAIN_STARTED in w.kube.reasons()
+
+
+def _draining(w: World, pool: str, i: int, *, deadline: float, on_timeout: str) -> str:
+    name = f"{NAME}-{pool}-5f7c9-{i:05d}"
+    rec = drain.DrainRecord(w.now - 100, deadline, on_timeout)
+    obj = w.kube.obj("Pod", NS, name)
+    obj["metadata"]["annotations"][names.ANNOTATION_DRAIN] = rec.to_annotation()
+    return name
+
+
+def test_a_drain_past_its_deadline_readmits_with_a_drain_timeout_event():
+    w = World(prefill=1, decode=4)
+    name = _draining(w, "decode", 3, deadline=T0, on_timeout="readmit")
+    w.load(2.0, **{name: 3.0})  # still has work
+    w.step(1.0)
+    ev = [e for e in w.kube.events if e["reason"] == names.EVENT_DRAIN_TIMEOUT]
+    assert ev and ev[0]["type"] == "Warning" and name in ev[0]["message"]
+    pod_now = w.kube.obj("Pod", NS, name)
+    assert names.ANNOTATION_DRAIN not in pod_now["metadata"]["annotations"]
+    gate = next(c for c in pod_now["status"]["conditions"] if c["type"] == names.READINESS_GATE)
+    assert gate["status"] == "True" and gate["reason"] == names.GATE_READMITTED
+    assert w.replicas("decode") == 4
+
+
+def test_a_drain_past_its_deadline_with_proceed_removes_the_pod_with_an_event():
+    w = World(prefill=1, decode=4)
+    name = _draining(w, "decode", 3, deadline=T0, on_timeout="proceed")
+    w.load(2.0, **{name: 3.0})
+    w.step(1.0)
+    assert names.EVENT_DRAIN_TIMEOUT in w.kube.reasons()
+    assert names.EVENT_DRAIN_COMPLETED in w.kube.reasons()
+    assert w.replicas("decode") == 3
+
+
+def test_a_finished_drain_lowers_replicas_by_exactly_the_victim():
+    w = World(prefill=1, decode=4)
+    name = _draining(w, "decode", 3, deadline=T0 + 600, on_timeout="readmit")
+    w.load(2.0, **{name: 0.0})
+    w.step(1.0)
+    assert w.replicas("decode") == 3
+    rec = drain.DrainRecord.from_pod(w.kube.obj("Pod", NS, name))
+    assert rec is not None and rec.removing == w.now
+    assert w.kube.obj("Pod", NS, name)["metadata"]["annotations"][names.ANNOTATION_DELETION_COST]
+
+
+def test_reconcile_reports_an_invalid_spec_as_true_and_a_valid_one_as_false():
+    kube = FakeKube()
+    bad = sample_spec()
+    bad["pools"]["decode"]["minReplicas"] = 20  # above maxReplicas
+    kube.put(disagg_deployment(NAME, bad, NS))
+    asyncio.run(reconcile.reconcile(kube, kube.obj(api.KIND, NS, NAME)))
+    cond = kube.condition(NS, NAME, names.COND_INVALID_SPEC)
+    assert cond is not None and cond["status"] == "True" and "minReplicas" in cond["message"]
+    assert kube.condition(NS, NAME, names.COND_READY)["status"] == "False"
+    assert names.EVENT_INVALID_SPEC in kube.reasons()
+    assert not [k for k in kube.objects if k[0] == "Deployment"]  # nothing created
+    kube.obj(api.KIND, NS, NAME)["spec"] = sample_spec()
+    asyncio.run(reconcile.reconcile(kube, kube.obj(api.KIND, NS, NAME)))
+    assert kube.condition(NS, NAME, names.COND_INVALID_SPEC)["status"] == "False"
+    assert {k[2] for k in kube.objects if k[0] == "Deployment"} == {f"{NAME}-prefill", f"{NAME}-decode"}
+
+
+# ---------------------------------------------------------------------------- state across restarts
+
+
+def _restart() -> None:
+    """A new operator process: nothing in memory."""
+    loop.TRACKERS.clear()
+    reconcile.DESIRED.clear()
+
+
+def test_a_restart_inside_the_stabilization_window_neither_scales_down_early_nor_late():
+    w = World(spec=sample_spec(scaleDownStabilizationSeconds=300), prefill=1, decode=2)
+    w.load(8.0, short=8.0)
+    high = w.step()  # t = 30: up
+    assert high is not None and high.reason == "ScaleUp"
+    grown = {p: w.replicas(p) for p in ("prefill", "decode")}
+    w.pods(**grown)
+    w.load(0.5)
+    for _ in range(4):  # t = 60 .. 150: the load is gone, the window holds the pools
+        out = w.step()
+        assert out is not None and out.reason == "HoldStabilization"
+    saved = w.status()["scalerState"]
+    assert saved["policy"]["recommendations"]
+    _restart()
+    out = w.step()  # t = 180, after the restart: still inside the window begun at t = 30
+    assert out is not None and out.reason == "HoldStabilization"
+    assert {p: w.replicas(p) for p in grown} == grown
+    assert loop.TRACKERS[(NS, NAME)].state.policy.first_seen == T0 + 30  # read back, not fresh
+    for _ in range(5):  # t = 210 .. 330: the window still holds the recommendation of t = 30
+        out = w.step()
+        assert out is not None and out.reason == "HoldStabilization"
+    out = w.step()  # t = 360: the window begun before the restart has passed (a fresh one would
+    assert out is not None and out.reason == "ScaleDown"  # hold until t = 480)
+
+
+def test_calibration_samples_survive_a_restart():
+    w = World(prefill=1, decode=2)
+    w.prom.scalars["itl_mean"] = 0.05
+    for _ in range(6):
+        w.load(2.0)
+        w.prom.scalars["itl_mean"] = 0.05
+        w.step()
+    before = w.status()["calibration"]["decode"]["samples"]
+    assert before == 6
+    _restart()
+    w.load(2.0)
+    w.prom.scalars["itl_mean"] = 0.05
+    w.step()
+    assert w.status()["calibration"]["decode"]["samples"] == before + 1
+
+
+def test_a_deleted_and_recreated_object_starts_fresh():
+    w = World(prefill=1, decode=2)
+    w.load(8.0, short=8.0)
+    w.step()
+    assert (NS, NAME) in loop.TRACKERS and (NS, NAME) in reconcile.DESIRED
+    asyncio.run(reconcile.lock_for(NS, NAME).acquire())
+    reconcile.lock_for(NS, NAME).release()
+    w.kube.remove(api.KIND, NS, NAME)
+    asyncio.run(loop.tick(w.kube, w.opts, w.now + 1))  # the loop sees it gone
+    assert (NS, NAME) not in loop.TRACKERS
+    assert (NS, NAME) not in reconcile.DESIRED
+    assert (NS, NAME) not in reconcile._locks
+    # recreated under the same name (a new uid, no status): nothing carries over
+    w.kube.put(disagg_deployment(NAME, sample_spec(), NS))
+    w.load(0.5)
+    out = w.step()
+    assert out is not None
+    state = loop.TRACKERS[(NS, NAME)].state
+    assert state.policy.first_seen == w.now  # a new stabilization window
+    assert len(state.policy.recommendations) == 1
+
+
+def test_a_recreated_object_is_told_apart_even_before_the_loop_prunes():
+    w = World()
+    w.step()
+    old = loop.TRACKERS[(NS, NAME)]
+    w.kube.remove(api.KIND, NS, NAME)
+    w.kube.put(disagg_deployment(NAME, sample_spec(), NS))  # same name, new uid
+    w.step()
+    assert loop.TRACKERS[(NS, NAME)] is not old
+    assert len(loop.TRACKERS[(NS, NAME)].state.policy.recommendations) == 1
+
+
+def test_the_persisted_state_is_bounded():
+    w = World(spec=sample_spec(scaleDownStabilizationSeconds=3600), prefill=2, decode=4)
+    for i in range(40):
+        for j in range(2):  # new pods keep arriving: start-up figures accumulate
+            w.kube.put(pod(NAME, "decode", 100 + 2 * i + j, created=w.now - 90, admitted=w.now - 30))
+        w.load(2.0 + (i % 7))
+        w.prom.scalars["itl_mean"] = 0.04 + 0.001 * (i % 5)
+        w.step()
+    state = w.status()["scalerState"]
+    assert len(state["startups"]) == autoscaler.MAX_STARTUP_SAMPLES
+    assert len(state["calibration"]["decode"]) == 40
+    assert autoscaler.ScalerState.from_dict(state).to_dict() == state
+    # at the limits (a long stabilization window, full calibration), it stays small
+    cap = autoscaler.MAX_CALIBRATION_SAMPLES
+    full = autoscaler.ScalerState.from_dict(
+        {
+            **state,
+            "calibration": {
+                "decode": [[8.0, 45.5]] * (cap + 100),
+                "prefill": [[6000.0, 230.5]] * (cap + 100),
+            },
+        }
+    )
+    assert len(full.decode_samples) == len(full.prefill_samples) == cap
+    out = w.step()
+    assert out is not None
+    loop.TRACKERS[(NS, NAME)].state = full
+    out = w.step()
+    assert out is not None and len(out.state.decode_samples) == cap
+    assert len(json.dumps(w.status()["scalerState"])) < 40_000
+
+
+def test_damaged_state_starts_fresh():
+    assert autoscaler.ScalerState.from_dict({"policy": "x", "calibration": 3, "startups": [1]}) == (
+        autoscaler.ScalerState()
+    )
