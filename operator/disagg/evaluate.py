@@ -22,9 +22,14 @@ Policies (`POLICIES`):
 * ``throughput``: Dynamo-style, per pool ``ceil(rate / per-replica
   throughput)`` (prefill 1000/prefill_ms(mean prompt), decode
   slots/(mean output x step)), squeezed proportionally under a budget.
-* ``oracle``: every interval the planner's fewest GPUs for that interval's
-  true load, applied at the interval's start with no start-up delay: the
-  GPU-hour lower bound.
+* ``dynamo``: Dynamo's SLA planner at its defaults (`disagg.baselines`).
+* ``keda``: a KEDA-style per-pool rule on queue depth (`disagg.baselines`).
+* ``oracle``: the hindsight oracle - per interval the fewest workers per pool
+  meeting the target attainment, found by search through the simulator and
+  applied instantly (`disagg.yardstick`): the GPU-hour reference.
+* ``planner-foresight``: every interval the planner's fewest GPUs for that
+  interval's true load, applied instantly (the old "oracle": it shows the
+  planner's model error, not a bound).
 
 The baselines scale down the way their systems do: by default they delete
 workers without draining (``baseline_drain=False``); their in-flight requests
@@ -67,7 +72,12 @@ POLICY_HELP = {
     "hpa": "per-pool HPA: ceil(ready x utilisation / 0.7), 10%% tolerance, 300 s scale-down stabilization",
     "throughput": "Dynamo-style: per pool ceil(rate / per-replica throughput) from the stage models, "
     "proportional squeeze under a budget",
-    "oracle": "planner's fewest GPUs for each interval's true load, applied instantly (GPU-hour lower bound)",
+    "dynamo": "Dynamo's SLA planner at its defaults: every 180 s on a 180 s window, prefill/decode sized by "
+    "profiled throughput with TTFT/ITL correction factors, constant predictor, no drain",
+    "keda": "KEDA-style per pool: ceil((in flight + waiting) / target per replica), HPA 300 s scale-down window",
+    "oracle": "hindsight oracle: per interval the fewest workers per pool meeting the target attainment, "
+    "by search through the simulator, applied instantly (GPU-hour reference)",
+    "planner-foresight": "the planner's fewest GPUs for each interval's true load, applied instantly",
 }
 POLICIES = tuple(POLICY_HELP)
 EVAL_PERCENTILE = 0.99  # default planner quantile of the evaluation (see EvalSettings.slo)
@@ -99,6 +109,11 @@ class EvalSettings:
     backlog_lead_s: float | None = None  # disagg: project queue growth this far (None: start-up time)
     ttft_feedback: bool = True  # disagg: observed p90 TTFT well below target drops the headroom
     ttft_comfort: float = 0.5  # ... "well below" = at most this fraction of the target
+    target_attainment: float = 0.99  # oracle and best-static: the attainment they must reach
+    capacity_scale: float = (
+        1.0  # static/throughput/dynamo: size for this multiple of their demand (curve knob)
+    )
+    keda_queue_per_replica: float = 2.0  # keda: target requests per replica beyond its batch (curve knob)
     timeline_points: int = 300
     seed: int = 0
 
@@ -114,6 +129,10 @@ class EvalSettings:
             raise ValueError(f"headroom must be in [0, 4], got {self.headroom!r}")
         if not 0 < self.hpa_target <= 1:
             raise ValueError("hpa_target must be in (0, 1]")
+        if not 0 < self.target_attainment < 1:
+            raise ValueError(f"target_attainment must be in (0, 1), got {self.target_attainment!r}")
+        if not self.capacity_scale > 0 or not self.keda_queue_per_replica > 0:
+            raise ValueError("capacity_scale and keda_queue_per_replica must be > 0")
 
     def bounds(self) -> dict[str, PoolBounds]:
         return {
@@ -133,6 +152,7 @@ class EvalSettings:
             "gpu_budget": self.gpu_budget,
             "baseline_drain": self.baseline_drain,
             "headroom": self.headroom,
+            "target_attainment": self.target_attainment,
             "slo": {"ttft_s": self.slo.ttft_s, "itl_s": self.slo.itl_s, "percentile": self.slo.percentile},
             "models": {
                 "prefill_fixed_ms": m.prefill.fixed_ms,
@@ -306,6 +326,13 @@ class Policy:
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
         raise NotImplementedError
 
+    def attach(self, cluster: Cluster) -> None:
+        """Called once with the simulated cluster (a policy reading served-request metrics keeps it)."""
+
+    def report(self) -> dict[str, Any]:
+        """Extra figures for the policy's result (e.g. a search's cost)."""
+        return {}
+
 
 def spec_for(s: EvalSettings, placement: str = "disaggregated") -> api.DisaggDeploymentSpec:
     """The DisaggDeployment spec these settings describe, so `disagg` runs on the operator's
@@ -438,7 +465,7 @@ class StaticPolicy(Policy):
             return dict.fromkeys(POOLS, self.s.min_replicas)
         win = self.s.window_s
         j = np.searchsorted(t, t + win, side="left")
-        peak = float((j - np.arange(len(t))).max()) / win
+        peak = float((j - np.arange(len(t))).max()) / win * self.s.capacity_scale
         p = self.w.prompt_tokens.astype(float)
         out = self.w.output_tokens.astype(float)
         d = Demand(peak, float(p.mean()), float(p.std()), float(out.mean()), float(out.std()))
@@ -509,11 +536,11 @@ class ThroughputPolicy(Policy):
         return self.sizes(n / self.s.window_s, pm, om)
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
-        return self.sizes(o.rate, o.prompt_mean, o.output_mean), "throughput"
+        return self.sizes(o.rate * self.s.capacity_scale, o.prompt_mean, o.output_mean), "throughput"
 
 
-class OraclePolicy(Policy):
-    name = "oracle"
+class PlannerForesightPolicy(Policy):
+    name = "planner-foresight"
     instant = True
 
     def truth(self, t: float) -> dict[str, int]:
@@ -525,16 +552,23 @@ class OraclePolicy(Policy):
         return self.truth(0.0)
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
-        return self.truth(o.now), "oracle"
+        return self.truth(o.now), "planner-foresight"
 
 
-_CLASSES = {
+_CLASSES: dict[str, Callable[..., Policy]] = {
     "disagg": DisaggPolicy,
     "static": StaticPolicy,
     "hpa": HpaPolicy,
     "throughput": ThroughputPolicy,
-    "oracle": OraclePolicy,
+    "planner-foresight": PlannerForesightPolicy,
 }
+
+
+def _policy_classes() -> dict[str, Callable[..., Policy]]:
+    """Every policy by name; the baselines and the oracle live in modules that import this one."""
+    from disagg import baselines, yardstick
+
+    return {**_CLASSES, **baselines.POLICY_CLASSES, "oracle": yardstick.HindsightOraclePolicy}
 
 
 # --------------------------------------------------------------------------- the loop
@@ -737,17 +771,20 @@ def run_policy(
     w: Workload,
     s: EvalSettings,
     progress: Callable[[str], None] | None = None,
+    make: Callable[[EvalSettings, Workload, Any], Policy] | None = None,
 ) -> PolicyResult:
-    """Replay `w` under policy `name` on virtual time; returns metrics and a timeline."""
-    if name not in _CLASSES:
+    """Replay `w` under policy `name` (or the one `make` builds) on virtual time; metrics and a timeline."""
+    classes = _policy_classes()
+    if make is None and name not in classes:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
     if len(w) and int(w.media_items.max()) > 0:
         raise ValueError("evaluate: workloads with media items (an encoder pool) are not supported yet")
     pre = _Prefix(w)
-    pol = _CLASSES[name](s, w, pre)
+    pol = (make or classes[name])(s, w, pre)
     init = pol.initial()
     lp = _Loop(s, pol, init)
     cl = lp.cl
+    pol.attach(cl)
     arrival = w.arrival_s.tolist()
     prompt = w.prompt_tokens.tolist()
     output = w.output_tokens.tolist()
@@ -835,6 +872,7 @@ def run_policy(
     lp._integrate(end)
     cl.close(end)
     metrics = _metrics(jobs, w, s, lp, end)
+    metrics.update(pol.report())
     return PolicyResult(name, metrics, _downsample(timeline, s.timeline_points))
 
 
@@ -899,11 +937,24 @@ def evaluate(
     policies: list[str] | tuple[str, ...] = POLICIES,
     s: EvalSettings | None = None,
     progress: Callable[[str], None] | None = None,
+    *,
+    curves: bool = False,
+    best_static: bool = True,
 ) -> dict[str, Any]:
-    """Run every policy on `w`; JSON-ready result with gpu_hours_vs_oracle filled in."""
+    """Run every policy on `w`; JSON-ready result measured against the hindsight references.
+
+    The hindsight oracle always runs (``references.oracle``); the best fixed fleet
+    unless `best_static` is False (``references.best_static``). With `curves`, every
+    policy also runs at each setting of its knob (`disagg.yardstick.KNOBS`):
+    ``policies.<name>.curve``; ``gpu_hours_at`` reads the GPU-hours for 95 % and
+    99 % attainment off the curve (off the default run alone without `curves`).
+    """
+    from disagg import yardstick
+
     s = s or EvalSettings()
+    classes = _policy_classes()
     for p in policies:
-        if p not in _CLASSES:
+        if p not in classes:
             raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
     names = list(dict.fromkeys(policies))
     run_names = names if "oracle" in names else [*names, "oracle"]
@@ -912,13 +963,48 @@ def evaluate(
         if progress is not None:
             progress(f"running {p} ...")
         res[p] = run_policy(p, w, s, progress)
-    oracle_h = res["oracle"].metrics["gpu_hours"]
+    om = res["oracle"].metrics
+    oracle_h = om["gpu_hours"]
+    references: dict[str, Any] = {"oracle": _reference(om)}
+    if best_static:
+        if progress is not None:
+            progress("searching the best fixed fleet ...")
+        guess = {q: int(om["replicas_max"][q]) for q in POOLS}
+        sizes, stats = yardstick.best_static(w, s, guess=guess, progress=progress)
+        bm = yardstick.fixed_fleet_metrics(w, s, sizes)
+        references["best_static"] = {**_reference(bm), **stats.to_dict()}
+    points: dict[str, list[dict[str, Any]]] = {}
+    for p in run_names:
+        knob, values = yardstick.KNOBS.get(p, (None, ()))
+        default_point = {
+            "knob": knob,
+            "value": getattr(s, knob) if knob else None,
+            **{k: res[p].metrics.get(k, 0) for k in ("slo_attainment", "gpu_hours", "lost_requests")},
+            "rejected_requests": res[p].metrics.get("rejected_requests", 0),
+            "default": True,
+        }
+        points[p] = [default_point]
+        if curves and knob:
+            others = [v for v in values if v != default_point["value"]]
+            points[p] += yardstick.curve(p, w, s, others, progress)
+            points[p].sort(key=lambda x: x["value"])
+    at = {
+        p: {f"{a:g}": yardstick.gpu_hours_at(points[p], a) for a in yardstick.ATTAINMENT_TARGETS}
+        for p in points
+    }
     out = {}
     for p in names:
         m = dict(res[p].metrics)
         m["gpu_hours_vs_oracle"] = m["gpu_hours"] / oracle_h if oracle_h > 0 else None
+        m["gpu_hours_at"] = at[p]
+        m["gpu_hours_at_vs_oracle"] = {
+            k: (v / at["oracle"][k] if v is not None and at["oracle"][k] else None) for k, v in at[p].items()
+        }
+        if curves:
+            m["curve"] = points[p]
         m["timeline"] = res[p].timeline
         out[p] = m
+    references["oracle"]["gpu_hours_at"] = at["oracle"]
     return {
         "trace": w.name,
         "workload": {
@@ -928,9 +1014,19 @@ def evaluate(
             "prompt_tokens_mean": float(w.prompt_tokens.mean()) if len(w) else None,
             "output_tokens_mean": float(w.output_tokens.mean()) if len(w) else None,
         },
-        "settings": s.to_dict(),
+        "settings": {**s.to_dict(), "curves": curves},
+        "references": references,
         "policies": out,
     }
+
+
+def _reference(m: dict[str, Any]) -> dict[str, Any]:
+    keys = ("slo_attainment", "gpu_hours", "lost_requests", "rejected_requests", "target_attainment")
+    ref = {k: m[k] for k in keys if k in m}
+    for k in ("replicas", "replicas_mean", "replicas_max", "simulations", "search_wall_s"):
+        if k in m:
+            ref[k] = m[k]
+    return ref
 
 
 def with_startup(s: EvalSettings, startup_s: float) -> EvalSettings:

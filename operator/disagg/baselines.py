@@ -1,0 +1,318 @@
+"""Baseline autoscalers for `disagg evaluate`: Dynamo's SLA planner and a KEDA-style queue rule.
+
+Pure (the stage models and the evaluation's `Policy`). Each rule is written as
+pure functions of the observations (tested against hand-computed numbers) and a
+thin `Policy` that feeds them from the simulated cluster.
+
+``dynamo`` follows ai-dynamo/dynamo's SLA planner (components/src/dynamo/planner),
+as read there; docs/evaluation.md lists the facts and files:
+
+* defaults (defaults.py): adjustment interval 180 s, min_endpoint 1 replica per
+  pool, load predictor "arima", correction factors on;
+* every interval it reads, over the last interval, the mean TTFT and ITL, the
+  request count, mean ISL and OSL and mean request duration (planner_core.py);
+  a None or NaN metric skips the interval (Metrics.is_valid);
+* prefill (prefill_planner.py): p_cf = TTFT_obs / TTFT_profile(ISL);
+  replicas = ceil(num_req x ISL / T x min(1, p_cf) / prefill throughput per GPU(ISL)
+  / GPUs per replica), at least min_endpoint;
+* decode (decode_planner.py): d_cf = ITL_obs / ITL_profile(concurrency per worker,
+  context ISL + OSL/2), concurrency = num_req / decode workers x request duration / T;
+  replicas = ceil(num_req x OSL / T / best decode throughput per GPU with ITL at most
+  ITL_target / d_cf / GPUs per replica), at least min_endpoint (min_endpoint when no
+  batch meets the corrected target);
+* a GPU budget squeezes prefill to floor(n_p x B / total) (at least min_endpoint,
+  leaving min_endpoint decode replicas) and gives decode the rest
+  (planner_core._apply_global_gpu_budget);
+* a request made while the deployment is not ready is ignored
+  (kubernetes_connector.set_component_replicas); scale-in deletes replicas, no drain.
+
+Deviation: the load predictor is Dynamo's "constant" one (next = last observed
+interval), not its default ARIMA (pmdarima's auto_arima is not a dependency
+here). Until ARIMA has 5 points Dynamo's ARIMA predictor returns the last value
+too, i.e. for the first 15 minutes at 180 s.
+
+The "profile" is this project's stage models, the planner's own view of the hardware:
+TTFT_profile(ISL) = prefill service time, prefill throughput = ISL / that time,
+ITL_profile(concurrency) = decode step time at that batch (the models ignore context
+length), best decode throughput = the largest batch whose step fits the target,
+divided by its step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from disagg.evaluate import POOLS, EvalSettings, Obs, Policy
+from disagg.model import StageModels
+from disagg.workload import Workload
+
+__all__ = [
+    "DYNAMO_ADJUSTMENT_INTERVAL_S",
+    "DYNAMO_MIN_ENDPOINT",
+    "POLICY_CLASSES",
+    "DynamoMetrics",
+    "DynamoPolicy",
+    "KedaPolicy",
+    "dynamo_budget",
+    "dynamo_corrections",
+    "dynamo_decode_replicas",
+    "dynamo_prefill_replicas",
+    "keda_desired",
+]
+
+DYNAMO_ADJUSTMENT_INTERVAL_S = 180.0  # defaults.py BasePlannerDefaults.adjustment_interval
+DYNAMO_MIN_ENDPOINT = 1  # defaults.py BasePlannerDefaults.min_endpoint
+
+
+@dataclass(frozen=True)
+class DynamoMetrics:
+    """What Dynamo's planner reads over one adjustment interval (None: no data)."""
+
+    num_req: float | None  # requests in the interval
+    isl: float | None  # mean input tokens
+    osl: float | None  # mean output tokens
+    ttft_ms: float | None  # mean TTFT
+    itl_ms: float | None  # mean inter-token latency
+    request_duration_s: float | None  # mean request duration
+
+    def is_valid(self) -> bool:
+        """Dynamo's Metrics.is_valid: TTFT, ITL, ISL and OSL present and not NaN."""
+        return all(
+            v is not None and not math.isnan(v) for v in (self.ttft_ms, self.itl_ms, self.isl, self.osl)
+        )
+
+
+def _ttft_profile_ms(models: StageModels, isl: float) -> float:
+    return float(models.prefill.service_ms(max(isl, 0.0)))
+
+
+def _itl_profile_ms(models: StageModels, concurrency: float) -> float:
+    return float(models.decode.step_ms(max(1.0, min(float(models.decode.slots), concurrency))))
+
+
+def dynamo_corrections(
+    m: DynamoMetrics,
+    models: StageModels,
+    decode_workers: int,
+    interval_s: float,
+    previous: tuple[float, float] = (1.0, 1.0),
+) -> tuple[float, float]:
+    """(p_cf, d_cf): observed / profiled TTFT and ITL; d_cf kept when there is no decode worker."""
+    p_cf = float(m.ttft_ms) / _ttft_profile_ms(models, float(m.isl))
+    d_cf = previous[1]
+    if decode_workers > 0 and m.num_req is not None and m.request_duration_s is not None:
+        concurrency = m.num_req / decode_workers * m.request_duration_s / interval_s
+        d_cf = float(m.itl_ms) / _itl_profile_ms(models, concurrency)
+    return p_cf, d_cf
+
+
+def dynamo_prefill_replicas(
+    num_req: float,
+    isl: float,
+    p_cf: float,
+    interval_s: float,
+    models: StageModels,
+    gpus_per_replica: int = 1,
+    min_endpoint: int = DYNAMO_MIN_ENDPOINT,
+) -> int:
+    """ceil(num_req x ISL / T x min(1, p_cf) / prefill tokens/s per GPU / GPUs per replica)."""
+    tokens_per_s = num_req * isl / interval_s * min(1.0, p_cf)
+    per_gpu = max(isl, 1e-9) * 1000.0 / _ttft_profile_ms(models, isl) / gpus_per_replica
+    n = math.ceil(tokens_per_s / per_gpu / gpus_per_replica - 1e-9)
+    return max(n, min_endpoint)
+
+
+def dynamo_decode_replicas(
+    num_req: float,
+    isl: float,
+    osl: float,
+    d_cf: float,
+    interval_s: float,
+    models: StageModels,
+    itl_target_ms: float,
+    gpus_per_replica: int = 1,
+    min_endpoint: int = DYNAMO_MIN_ENDPOINT,
+) -> int:
+    """ceil(num_req x OSL / T / best tokens/s per GPU with ITL <= target / d_cf / GPUs per replica).
+
+    `isl` only sets the context length (ISL + OSL/2) Dynamo interpolates at; the
+    stage models do not depend on it.
+    """
+    corrected_itl = itl_target_ms / d_cf if d_cf > 0 else itl_target_ms
+    batch = models.decode.max_batch_for_itl(corrected_itl)
+    if batch <= 0:
+        return min_endpoint  # no batch meets the corrected target: Dynamo falls back to min_endpoint
+    per_gpu = batch * 1000.0 / float(models.decode.step_ms(batch)) / gpus_per_replica
+    tokens_per_s = num_req * osl / interval_s
+    n = math.ceil(tokens_per_s / per_gpu / gpus_per_replica - 1e-9)
+    return max(n, min_endpoint)
+
+
+def dynamo_budget(
+    n_p: int,
+    n_d: int,
+    budget: int | None,
+    gpus_p: int = 1,
+    gpus_d: int = 1,
+    min_endpoint: int = DYNAMO_MIN_ENDPOINT,
+) -> tuple[int, int]:
+    """Dynamo's global GPU budget: prefill floor(n_p x B / total), decode the rest; (0, 0) if B is too small."""
+    if budget is None:
+        return n_p, n_d
+    total = n_p * gpus_p + n_d * gpus_d
+    if total <= budget:
+        return n_p, n_d
+    if budget < min_endpoint * (gpus_p + gpus_d):
+        return 0, 0
+    scale = budget / total
+    max_p = math.floor((budget - min_endpoint * gpus_d) / gpus_p)
+    p = max(min_endpoint, min(max_p, math.floor(n_p * scale)))
+    d = max(min_endpoint, math.floor((budget - p * gpus_p) / gpus_d))
+    return p, d
+
+
+class DynamoPolicy(Policy):
+    """`dynamo`: Dynamo's SLA planner at its defaults (see the module docstring)."""
+
+    name = "dynamo"
+
+    def __init__(self, s: EvalSettings, w: Workload, pre: Any) -> None:
+        super().__init__(s, w, pre)
+        self.drains = s.baseline_drain
+        self.interval_s = DYNAMO_ADJUSTMENT_INTERVAL_S
+        self.last_adjust = 0.0  # the planner starts with the deployment
+        self.corrections = (1.0, 1.0)
+        self.last_load: tuple[float, float, float] | None = None  # constant predictor's memory
+        self.cluster: Any = None
+        self.output = w.output_tokens
+        self.skipped = 0
+
+    def attach(self, cluster: Any) -> None:
+        self.cluster = cluster
+
+    def observe(self, now: float) -> DynamoMetrics:
+        """The interval's metrics as Prometheus serves them, one scrape late."""
+        ts = now - self.s.scrape_s
+        lo = ts - self.interval_s
+        n, pm, _ps, om, _os = self.pre.stats(lo, ts)
+        cl = self.cluster
+        done = np.frombuffer(cl.r_done, dtype=np.float64) if len(cl.r_done) else np.zeros(0)
+        sel = (done >= lo) & (done < ts)
+        if n == 0 or not sel.any():
+            return DynamoMetrics(float(n), None, None, None, None, None)
+        ttft = np.frombuffer(cl.r_ttft, dtype=np.float64)[sel]
+        itl = np.frombuffer(cl.r_itl, dtype=np.float64)[sel]
+        arrival = np.frombuffer(cl.r_arrival, dtype=np.float64)[sel]
+        ids = np.frombuffer(cl.r_id, dtype=np.int64)[sel]
+        gaps = np.maximum(self.output[ids].astype(np.float64) - 1.0, 0.0)
+        # the frontend's ITL histogram has one observation per token gap: a token-weighted mean
+        itl_ms = float((itl * gaps).sum() / gaps.sum()) * 1000.0 if gaps.sum() > 0 else None
+        return DynamoMetrics(
+            num_req=float(n),
+            isl=pm,
+            osl=om,
+            ttft_ms=float(ttft.mean()) * 1000.0,
+            itl_ms=itl_ms,
+            request_duration_s=float((done[sel] - arrival).mean()),
+        )
+
+    def decide(self, o: Obs) -> tuple[dict[str, int], str]:
+        if o.now - self.last_adjust < self.interval_s - 1e-9:
+            return dict(o.requested), "dynamo: between adjustments"
+        self.last_adjust = o.now
+        m = self.observe(o.now)
+        if m.num_req is not None and m.isl is not None and m.osl is not None:
+            self.last_load = (m.num_req, m.isl, m.osl)
+        if not m.is_valid():
+            self.skipped += 1
+            return dict(o.requested), "dynamo: metrics None/NaN, skipped"
+        self.corrections = dynamo_corrections(
+            m, self.s.models, o.ready["decode"], self.interval_s, self.corrections
+        )
+        num_req, isl, osl = self.last_load or (0.0, 1.0, 1.0)  # constant predictor: next = last
+        num_req *= self.s.capacity_scale
+        g = self.s.gpus_per_replica
+        n_p = dynamo_prefill_replicas(
+            num_req, isl, self.corrections[0], self.interval_s, self.s.models, g.get("prefill", 1)
+        )
+        n_d = dynamo_decode_replicas(
+            num_req,
+            isl,
+            osl,
+            self.corrections[1],
+            self.interval_s,
+            self.s.models,
+            self.s.slo.itl_s * 1000.0,
+            g.get("decode", 1),
+        )
+        n_p, n_d = dynamo_budget(n_p, n_d, self.s.gpu_budget, g.get("prefill", 1), g.get("decode", 1))
+        if any(o.ready[p] != o.requested[p] or o.pending.get(p, 0) for p in POOLS):
+            return dict(o.requested), "dynamo: deployment not ready, request ignored"
+        return {"prefill": n_p, "decode": n_d}, "dynamo"
+
+    def report(self) -> dict[str, Any]:
+        return {"skipped_intervals": self.skipped}
+
+
+def keda_desired(in_pool: float, per_replica: float, current: int, tolerance: float = 0.1) -> int:
+    """HPA on an AverageValue metric: ceil(total / target per replica), unless within the tolerance."""
+    if current > 0 and abs(in_pool / (current * per_replica) - 1.0) <= tolerance:
+        return current
+    return math.ceil(in_pool / per_replica - 1e-9)
+
+
+class KedaPolicy(Policy):
+    """`keda`: per pool, requests in the pool (running + waiting) over a target per replica.
+
+    Target per replica: what it serves at once (prefill 1, decode the largest
+    batch meeting the ITL target) plus ``keda_queue_per_replica`` waiting. HPA
+    semantics as `hpa`: 10 % tolerance, scale-up limit x2 or +4, 300 s scale-down
+    stabilization; no drain. Gauges read at the decision (KEDA polls every 30 s).
+    """
+
+    name = "keda"
+
+    def __init__(self, s: EvalSettings, w: Workload, pre: Any) -> None:
+        super().__init__(s, w, pre)
+        self.drains = s.baseline_drain
+        self.cluster: Any = None
+        self.hist: list[tuple[float, dict[str, int]]] = []
+        batch = s.models.decode.max_batch_for_itl(s.slo.itl_s * 1000.0) or 1
+        q = s.keda_queue_per_replica
+        self.per_replica = {"prefill": 1.0 + q, "decode": batch + q}
+
+    def attach(self, cluster: Any) -> None:
+        self.cluster = cluster
+
+    def in_pool(self) -> dict[str, int]:
+        cl = self.cluster
+        unplaced = {"prefill": 0, "decode": 0}
+        for what, _job in cl.unplaced:
+            unplaced["prefill" if what in ("arrive", "prefill") else "decode"] += 1
+        return {p: sum(w.in_flight() for w in cl.pools[p]) + unplaced[p] for p in POOLS}
+
+    def decide(self, o: Obs) -> tuple[dict[str, int], str]:
+        s = self.s
+        load = self.in_pool()
+        desired = {}
+        for p in POOLS:
+            cur = o.requested[p]
+            want = keda_desired(load[p], self.per_replica[p], o.ready[p])
+            want = min(want, max(2 * cur, cur + 4))
+            desired[p] = min(s.max_replicas, max(s.min_replicas, want))
+        self.hist = [(t, d) for t, d in self.hist if t > o.now - s.stabilization_s] + [(o.now, desired)]
+        out = {}
+        for p in POOLS:
+            if desired[p] < o.requested[p]:
+                out[p] = min(o.requested[p], max(d[p] for _, d in self.hist))
+            else:
+                out[p] = desired[p]
+        return out, "keda"
+
+
+POLICY_CLASSES: dict[str, Callable[..., Policy]] = {"dynamo": DynamoPolicy, "keda": KedaPolicy}

@@ -1,0 +1,579 @@
+"""The yardstick of `disagg evaluate`: hindsight oracle, best fixed fleet, equal-attainment curves.
+
+Pure (numpy and the simulator). Three references answer "how many GPU-hours does
+a policy need to meet the SLO, compared with what I would otherwise do":
+
+* `oracle_schedule` - the **hindsight oracle**. Every decision interval it picks
+  the fewest workers per pool such that the requests arriving in that interval
+  meet the SLO at the target attainment, by search through the simulator itself,
+  starting from the simulated state at the interval's start (queues carried
+  over), and applies them with no start-up delay. Misses left unspent by earlier
+  intervals may be spent later. It approximates the least GPU-hours for that
+  attainment: greedy (one interval at a time), local (a pair passes when one
+  worker fewer in either pool fails), and blind to what its choice does to
+  requests still in flight from earlier intervals (the replay counts them).
+* `best_static` - the **best fixed fleet in hindsight**: the fewest prefill +
+  decode workers, fixed for the whole trace, that reach the target attainment;
+  found by the same monotone local search over whole-trace simulations.
+  An autoscaler is worth running only where it beats this.
+* `gpu_hours_at` - GPU-hours a policy needs for an attainment, interpolated on
+  the attainment / GPU-hours curve of its own knob (`KNOBS`).
+
+Monotonicity (more workers never lower attainment) is assumed by the searches;
+the simulator's least-loaded routing makes it hold closely but not exactly, and
+every reported figure comes from a replay (`disagg.evaluate.run_policy`), not
+from the search's own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from copy import deepcopy
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from disagg.evaluate import POOLS, EvalSettings, Obs, Policy, infeasible_mask, run_policy
+from disagg.sim.core import DONE, INF, WAITING, Job
+from disagg.sim.engine import Cluster, SimConfig
+from disagg.workload import Workload
+
+__all__ = [
+    "ATTAINMENT_TARGETS",
+    "KNOBS",
+    "FixedPolicy",
+    "HindsightOraclePolicy",
+    "SearchStats",
+    "best_static",
+    "curve",
+    "gpu_hours_at",
+    "oracle_schedule",
+]
+
+# Attainments the equal-attainment comparison reads off every curve.
+ATTAINMENT_TARGETS = (0.95, 0.99)
+# The knob each policy is swept over for its curve: (EvalSettings field, values).
+# Default settings are included, so the curve passes through the default run.
+KNOBS: dict[str, tuple[str, tuple[float, ...]]] = {
+    "disagg": ("headroom", (0.0, 0.25, 0.5, 1.0)),
+    "static": ("capacity_scale", (0.6, 0.8, 1.0, 1.25)),
+    "hpa": ("hpa_target", (0.4, 0.55, 0.7, 0.85)),
+    "throughput": ("capacity_scale", (1.0, 1.5, 2.0, 3.0)),
+    "dynamo": ("capacity_scale", (1.0, 1.5, 2.0, 3.0)),
+    "keda": ("keda_queue_per_replica", (1.0, 2.0, 4.0, 8.0)),
+    "oracle": ("target_attainment", (0.95, 0.99)),
+    "planner-foresight": ("headroom", (0.0,)),
+}
+_EPS = 1e-12
+_CHECK_EVERY = 128  # arrivals between two looks at a trial's misses
+_TAIL_STEP_S = 1.0  # after the last arrival a trial advances this much between looks
+
+
+@dataclass
+class SearchStats:
+    """Cost of a search: simulations run (trials) and wall time."""
+
+    simulations: int = 0
+    wall_s: float = 0.0
+    reached: bool = True  # False: no size tried reached the target (the largest tried is used)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "simulations": self.simulations,
+            "search_wall_s": round(self.wall_s, 3),
+            "target_reached": self.reached,
+        }
+
+
+# --------------------------------------------------------------------------- curves
+
+
+def gpu_hours_at(points: Sequence[dict[str, Any]], target: float) -> float | None:
+    """GPU-hours needed for `target` attainment on a policy's curve; None if never reached.
+
+    `points` carry ``slo_attainment`` and ``gpu_hours``. Only the Pareto frontier
+    counts (a point costing more than another with at least its attainment is
+    ignored). The answer is the cheapest frontier point at or above `target`,
+    linearly interpolated towards the frontier point just below it; no
+    extrapolation below the cheapest point or above the best attainment.
+    """
+    pts = sorted(
+        (float(p["gpu_hours"]), float(p["slo_attainment"]))
+        for p in points
+        if p.get("slo_attainment") is not None and p.get("gpu_hours") is not None
+    )
+    frontier: list[tuple[float, float]] = []
+    for h, a in pts:
+        if not frontier or a > frontier[-1][1] + _EPS:
+            frontier.append((h, a))
+    for j, (h1, a1) in enumerate(frontier):
+        if a1 + _EPS >= target:
+            if j == 0:
+                return h1
+            h0, a0 = frontier[j - 1]
+            return h0 + (target - a0) / (a1 - a0) * (h1 - h0)
+    return None
+
+
+def curve(
+    name: str,
+    w: Workload,
+    s: EvalSettings,
+    values: Sequence[float] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run policy `name` at every setting of its knob; one point per setting."""
+    if name not in KNOBS:
+        raise ValueError(f"no knob to sweep for policy {name!r}")
+    knob, default_values = KNOBS[name]
+    out = []
+    for v in default_values if values is None else values:
+        if progress is not None:
+            progress(f"curve {name}: {knob}={v:g}")
+        m = run_policy(name, w, replace(s, **{knob: v})).metrics
+        out.append(
+            {
+                "knob": knob,
+                "value": v,
+                "slo_attainment": m["slo_attainment"],
+                "gpu_hours": m["gpu_hours"],
+                "lost_requests": m["lost_requests"],
+                "rejected_requests": m.get("rejected_requests", 0),
+            }
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- simulation helpers
+
+
+def _resize(cl: Cluster, sizes: dict[str, int], now: float) -> None:
+    """Set the serving pool sizes at once, as the evaluation loop applies an instant target.
+
+    Growing first un-drains draining workers, then adds new ones; shrinking drains
+    the workers with the least in flight (they finish what they hold).
+    """
+    for p in POOLS:
+        serving = [w for w in cl.pools[p] if not w.draining]
+        diff = int(sizes[p]) - len(serving)
+        if diff > 0:
+            for w in [w for w in cl.pools[p] if w.draining][:diff]:
+                cl.set_draining(w, False, now)
+                diff -= 1
+            for _ in range(diff):
+                cl.add_worker(p, now)
+        elif diff < 0:
+            for w in sorted(serving, key=lambda w: (cl.in_flight(w), w.name))[:-diff]:
+                cl.set_draining(w, True, now)
+
+
+def _reap(cl: Cluster, now: float) -> None:
+    """Delete drained workers (nothing in flight, no KV send pending), as the loop's drain poll does."""
+    for p in POOLS:
+        for w in [w for w in cl.pools[p] if w.draining]:
+            if cl.in_flight(w) == 0 and cl.pending_kv_sends(w) == 0:
+                cl.remove_worker(w, now)
+
+
+class _Tracker:
+    """Which judged requests met the SLO, missed it, or are still open, as a simulation runs.
+
+    A request is a miss once it ended without completing (failed, lost), completed
+    late (TTFT or the simulator's ITL over target), or passed its TTFT deadline
+    with no first token; it is good once it completed within both targets.
+    """
+
+    def __init__(self, cl: Cluster, ttft_s: float, itl_s: float) -> None:
+        self.cl = cl
+        self.ttft_s = ttft_s
+        self.itl_s = itl_s
+        self.open: dict[int, Job] = {}
+        self.misses = 0
+        self.good = 0
+        self.seen = len(cl.r_id)  # completion records already read
+
+    def update(self, now: float) -> None:
+        cl, open_ = self.cl, self.open
+        r_id, r_ttft, r_itl = cl.r_id, cl.r_ttft, cl.r_itl
+        for k in range(self.seen, len(r_id)):
+            job = open_.pop(r_id[k], None)
+            if job is None:
+                continue
+            if r_ttft[k] <= self.ttft_s + _EPS and r_itl[k] <= self.itl_s + _EPS:
+                self.good += 1
+            else:
+                self.misses += 1
+        self.seen = len(r_id)
+        late = [
+            jid
+            for jid, j in open_.items()
+            if (j.state != WAITING and j.state != DONE) or (j.t_first == INF and now > j.deadline)
+        ]
+        for jid in late:
+            del open_[jid]
+        self.misses += len(late)
+
+
+def _clone(cl: Cluster, tracker: _Tracker) -> tuple[Cluster, _Tracker]:
+    """Deep copy of a cluster with a fresh tracker (nothing judged yet).
+
+    Completion records and the model memo tables are not copied (fresh records,
+    shared tables).
+    """
+    memo: dict[int, Any] = {}
+    for name in ("r_id", "r_arrival", "r_ttft", "r_itl", "r_done"):
+        a = getattr(cl, name)
+        memo[id(a)] = array(a.typecode)
+    for name in ("models", "_pf", "_marks", "_wire", "_bytes", "_enc", "step_s"):
+        v = getattr(cl, name)
+        memo[id(v)] = v
+    c2 = deepcopy(cl, memo)
+    return c2, _Tracker(c2, tracker.ttft_s, tracker.itl_s)
+
+
+class _Trace:
+    """The workload as plain lists, the SLO, and which requests count (feasible ones)."""
+
+    def __init__(self, w: Workload, s: EvalSettings) -> None:
+        self.s = s
+        self.arrival = w.arrival_s.tolist()
+        self.prompt = w.prompt_tokens.tolist()
+        self.output = w.output_tokens.tolist()
+        self.feasible = (~infeasible_mask(w, s)).tolist()
+        self.n = len(self.arrival)
+        self.ttft_s = s.slo.ttft_s
+        self.itl_s = s.slo.itl_s
+
+    def cluster(self, sizes: dict[str, int]) -> tuple[Cluster, _Tracker]:
+        cfg = SimConfig(
+            prefill=max(1, sizes["prefill"]),
+            decode=max(1, sizes["decode"]),
+            ttft_ms=self.ttft_s * 1000.0,
+            itl_ms=self.itl_s * 1000.0,
+            seed=self.s.seed,
+        )
+        cl = Cluster(self.s.models, cfg, now=0.0)
+        return cl, _Tracker(cl, self.ttft_s, self.itl_s)
+
+    def run(
+        self,
+        cl: Cluster,
+        tr: _Tracker,
+        lo: int,
+        hi: int,
+        allowed: int | None = None,
+        until: float | None = None,
+    ) -> bool:
+        """Submit requests lo..hi-1 (feasible ones judged), then run on.
+
+        With `until`: advance to that time and stop (True). Otherwise run until every
+        judged request is decided; with `allowed`, stop early once the misses exceed
+        it (False) or no longer can (True); without, count them all (True).
+        """
+        heap = cl.heap
+        arrival, prompt, output, feasible = self.arrival, self.prompt, self.output, self.feasible
+        ttft = self.ttft_s
+        for i in range(lo, hi):
+            t = arrival[i]
+            if heap and heap[0][0] <= t:
+                cl.advance(t)
+            job = Job(i, t, prompt[i], output[i], 0, None, t + ttft)
+            cl.submit(job, t)
+            if feasible[i]:
+                tr.open[i] = job
+            if allowed is not None and (i - lo) % _CHECK_EVERY == _CHECK_EVERY - 1:
+                tr.update(t)
+                if tr.misses > allowed:
+                    return False
+        if until is not None:
+            cl.advance(until)
+            tr.update(until)
+            return True
+        t = arrival[hi - 1] if hi > lo else cl.now
+        limit = math.inf if allowed is None else allowed
+        while True:
+            tr.update(t)
+            if tr.misses > limit:
+                return False
+            if not tr.open or tr.misses + len(tr.open) <= limit:
+                return True
+            nxt = cl.next_event_time()
+            if nxt == INF:  # nothing left to run: the open requests never finish
+                tr.misses += len(tr.open)
+                tr.open.clear()
+                return tr.misses <= limit
+            t = max(t + _TAIL_STEP_S, nxt)
+            cl.advance(t)
+
+
+def _allowed_misses(target: float, judged: int) -> int:
+    return math.floor((1.0 - target) * judged + 1e-9)
+
+
+def _gpus(s: EvalSettings, sizes: dict[str, int]) -> int:
+    return sum(int(sizes[p]) * s.gpus_per_replica.get(p, 1) for p in POOLS)
+
+
+def _min_feasible(ok: Callable[[int], bool], guess: int, cap: int) -> int:
+    """Smallest n in [1, cap] with ok(n), for ok monotone in n; galloping from `guess`.
+
+    Returns cap when even cap fails (the caller then takes the largest size tried).
+    """
+    guess = max(1, min(cap, guess))
+    lo = 0  # largest n known to fail (0: none tried)
+    if ok(guess):
+        hi, step = guess, 1
+        while hi > 1:
+            cand = max(1, hi - step)
+            if not ok(cand):
+                lo = cand
+                break
+            hi, step = cand, step * 2
+    else:
+        lo, step = guess, 1
+        while True:
+            cand = min(cap, lo + step)
+            if ok(cand):
+                hi = cand
+                break
+            if cand >= cap:
+                return cap
+            lo, step = cand, step * 2
+    while hi - lo > 1:  # ok(hi) holds, ok(lo) does not (or lo == 0)
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+# --------------------------------------------------------------------------- hindsight oracle
+
+
+def oracle_schedule(
+    w: Workload,
+    s: EvalSettings,
+    target: float | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[dict[str, int]], SearchStats]:
+    """Per decision interval (``s.interval_s``), the fewest workers per pool meeting `target`.
+
+    Interval k covers arrivals in [k x interval, (k+1) x interval). For each, from the
+    simulated state at its start (queues carried over), a trial simulates the
+    interval's arrivals on candidate pool sizes until each of its feasible arrivals
+    has met or missed the SLO. A pair passes when those misses stay within
+    ``(1 - target)`` x the interval's feasible arrivals, or within the misses the
+    whole run so far may still afford if that is more. Search: `_search_pair` from
+    the previous interval's sizes. The chosen sizes are applied at the interval's
+    start with no start-up delay; the state then advances to the next interval.
+    """
+    target = s.target_attainment if target is None else target
+    t0 = time.perf_counter()
+    stats = SearchStats()
+    tr = _Trace(w, s)
+    if tr.n == 0:
+        return [dict.fromkeys(POOLS, s.min_replicas)], stats
+    iv = s.interval_s
+    end = tr.arrival[-1]
+    n_int = int(end // iv) + 1
+    bounds = np.searchsorted(np.asarray(tr.arrival), np.arange(n_int + 1) * iv, side="left").tolist()
+    bounds[-1] = tr.n
+    lo_n = max(1, s.min_replicas)
+    cap = s.max_replicas
+    base, btr = tr.cluster({"prefill": 1, "decode": 1})
+    judged_total = 0  # feasible arrivals so far
+    schedule: list[dict[str, int]] = []
+    prev = {"prefill": lo_n, "decode": lo_n}
+    for k in range(n_int):
+        t_k = k * iv
+        a, b = bounds[k], bounds[k + 1]
+        base.advance(t_k)
+        _reap(base, t_k)
+        btr.update(t_k)
+        new = sum(tr.feasible[a:b])
+        judged_total += new
+        # the interval's own share of misses, or more while earlier intervals left some unspent
+        allowed = max(_allowed_misses(target, new), _allowed_misses(target, judged_total) - btr.misses)
+
+        def trial(
+            p: int, d: int, limit: int | None, a: int = a, b: int = b, t_k: float = t_k
+        ) -> tuple[bool, int]:
+            cl, ctr = _clone(base, btr)
+            _resize(cl, {"prefill": p, "decode": d}, t_k)
+            stats.simulations += 1
+            return tr.run(cl, ctr, a, b, allowed=limit), ctr.misses
+
+        chosen, reached = _search_pair(trial, prev, lo_n, cap, allowed, s)
+        stats.reached = stats.reached and reached
+        schedule.append(chosen)
+        prev = chosen
+        _resize(base, chosen, t_k)
+        tr.run(base, btr, a, b, until=min((k + 1) * iv, end) if k + 1 < n_int else None)
+        if progress is not None and (k % 20 == 0 or k == n_int - 1):
+            progress(
+                f"oracle: interval {k + 1}/{n_int}, {chosen['prefill']}P+{chosen['decode']}D, "
+                f"{stats.simulations} simulations"
+            )
+    stats.wall_s = time.perf_counter() - t0
+    return schedule, stats
+
+
+def _search_pair(
+    trial: Callable[[int, int, int | None], tuple[bool, int]],
+    start: dict[str, int],
+    lo_n: int,
+    cap: int,
+    allowed: int,
+    s: EvalSettings,
+    max_rounds: int = 5,
+) -> tuple[dict[str, int], bool]:
+    """Fewest (prefill, decode) whose trial has at most `allowed` misses; (sizes, target reached).
+
+    `trial(p, d, limit)` -> (passed, misses); limit None counts every miss. A local
+    search from `start`, for trials monotone in both pools: while the pair fails,
+    grow one pool by a step (the cheaper passing one) or else both, doubling the
+    step (at most `max_rounds` rounds); then shrink prefill, then decode, as far as
+    they pass (galloping, then bisection). The result passes and one worker fewer in
+    either pool does not. If no pair tried passes, the target becomes "no more
+    misses than the largest pair tried" and the search shrinks from there. Pairs
+    over the GPU budget fail.
+    """
+
+    def fits(p: int, d: int) -> bool:
+        return s.gpu_budget is None or _gpus(s, {"prefill": p, "decode": d}) <= s.gpu_budget
+
+    def cost(pair: tuple[int, int]) -> tuple[int, int]:
+        return _gpus(s, {"prefill": pair[0], "decode": pair[1]}), pair[0] + pair[1]
+
+    memo: dict[tuple[int, int], bool] = {}
+    limit = allowed
+
+    def ok(p: int, d: int) -> bool:
+        key = (p, d)
+        if key not in memo:
+            memo[key] = fits(p, d) and trial(p, d, limit)[0]
+        return memo[key]
+
+    p = max(lo_n, min(cap, start["prefill"]))
+    d = max(lo_n, min(cap, start["decode"]))
+    reached = True
+    if not ok(p, d):
+        step, found = 1, False
+        for _ in range(max_rounds):
+            grown = [(min(cap, p + step), d), (p, min(cap, d + step))]
+            passing = [c for c in grown if ok(*c)]
+            if not passing and ok(min(cap, p + step), min(cap, d + step)):
+                passing = [(min(cap, p + step), min(cap, d + step))]
+            p, d = min(cap, p + step), min(cap, d + step)
+            if passing:
+                p, d = min(passing, key=cost)
+                found = True
+                break
+            step *= 2
+        if not found:  # the target is out of reach here: do no worse than the largest pair
+            _passed, misses = trial(p, d, None)
+            reached = misses <= allowed
+            limit = max(allowed, misses)
+            memo = {(p, d): True}
+    p = max(lo_n, _min_feasible(lambda n: ok(n, d), p, p))
+    d = max(lo_n, _min_feasible(lambda n: ok(p, n), d, d))
+    return {"prefill": p, "decode": d}, reached
+
+
+class HindsightOraclePolicy(Policy):
+    """`oracle`: replays the hindsight oracle's schedule (see oracle_schedule), instantly."""
+
+    name = "oracle"
+    instant = True
+
+    def __init__(self, s: EvalSettings, w: Workload, pre: Any) -> None:
+        super().__init__(s, w, pre)
+        self.schedule: list[dict[str, int]] = []
+        self.stats = SearchStats()
+
+    def initial(self) -> dict[str, int]:
+        self.schedule, self.stats = oracle_schedule(self.w, self.s)
+        return dict(self.schedule[0])
+
+    def decide(self, o: Obs) -> tuple[dict[str, int], str]:
+        k = round(o.now / self.s.interval_s)
+        return dict(self.schedule[min(k, len(self.schedule) - 1)]), "oracle"
+
+    def report(self) -> dict[str, Any]:
+        sched = self.schedule
+        return {
+            "target_attainment": self.s.target_attainment,
+            "replicas_mean": {p: round(sum(x[p] for x in sched) / len(sched), 3) for p in POOLS},
+            "replicas_max": {p: max(x[p] for x in sched) for p in POOLS},
+            **self.stats.to_dict(),
+        }
+
+
+# --------------------------------------------------------------------------- best fixed fleet
+
+
+class FixedPolicy(Policy):
+    """Fixed pool sizes for the whole trace (the best fixed fleet's replay)."""
+
+    name = "fixed"
+
+    def __init__(self, s: EvalSettings, w: Workload, pre: Any, sizes: dict[str, int]) -> None:
+        super().__init__(s, w, pre)
+        self.sizes = dict(sizes)
+
+    def initial(self) -> dict[str, int]:
+        return dict(self.sizes)
+
+    def decide(self, o: Obs) -> tuple[dict[str, int], str]:
+        return dict(self.sizes), "fixed"
+
+
+def best_static(
+    w: Workload,
+    s: EvalSettings,
+    target: float | None = None,
+    guess: dict[str, int] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[dict[str, int], SearchStats]:
+    """Fewest fixed (prefill, decode) workers reaching `target` over the whole trace.
+
+    Each trial simulates the whole trace on fixed pools and stops as soon as the
+    misses exceed ``(1 - target)`` x the feasible requests. Search: a generous pair
+    that passes (from `guess`, doubled until it passes), the smallest prefill pool
+    with the generous decode pool and the smallest decode pool with the generous
+    prefill pool (galloping from `guess`), then the cheapest passing pair at or
+    above those two minima. By monotonicity no pair with one worker fewer in
+    either pool passes.
+    """
+    target = s.target_attainment if target is None else target
+    t0 = time.perf_counter()
+    stats = SearchStats()
+    tr = _Trace(w, s)
+    allowed = _allowed_misses(target, sum(tr.feasible))
+
+    def trial(p: int, d: int, limit: int | None) -> tuple[bool, int]:
+        cl, ctr = tr.cluster({"prefill": p, "decode": d})
+        stats.simulations += 1
+        passed = tr.run(cl, ctr, 0, tr.n, allowed=limit)
+        if progress is not None:
+            progress(f"best-static: {p}P+{d}D {'passes' if passed else 'misses'}")
+        return passed, ctr.misses
+
+    g = guess or {"prefill": 2, "decode": 2}
+    lo_n = max(1, s.min_replicas)
+    prev = {"prefill": max(lo_n, g["prefill"]), "decode": max(lo_n, g["decode"])}
+    sizes, reached = _search_pair(trial, prev, lo_n, s.max_replicas, allowed, s)
+    stats.wall_s = time.perf_counter() - t0
+    stats.reached = reached
+    return sizes, stats
+
+
+def fixed_fleet_metrics(w: Workload, s: EvalSettings, sizes: dict[str, int]) -> dict[str, Any]:
+    """Replay fixed pools through the evaluation loop (the same accounting as every policy)."""
+    res = run_policy("fixed", w, s, make=lambda s_, w_, pre: FixedPolicy(s_, w_, pre, sizes))
+    return {**res.metrics, "replicas": dict(sizes)}
