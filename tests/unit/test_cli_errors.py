@@ -83,6 +83,13 @@ def cli_env() -> dict[str, str]:
             "--prefix-cache-tokens needs a trace with prefix hash ids",
         ),
         (["simulate", "--workload", "burst", "--limit", "3"], "--limit applies to --workload trace"),
+        (
+            ["simulate", "--workload", "trace", "--rate", "3"],
+            "--rate applies to --workload poisson, burst or mix",
+        ),
+        (["emulate", "--trace", "t.csv", "--rate", "3"], "--rate does not apply with --trace"),
+        (["emulate", "--time-scale", "0.5"], "--time-scale does not apply without --trace"),
+        (["emulate", "--rate", "3", "--schedule", "0:1,60:4"], "give --rate or --schedule, not both"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(capsys, argv, fragment):

@@ -44,6 +44,16 @@ SIMULATE_WORKLOAD_FLAGS: dict[str, tuple[str, ...]] = {
 # `disagg emulate`: flags of one mode only.
 EMULATE_STANDALONE_ONLY = ("prefill", "decode", "encoder", "colocated", "spec")
 EMULATE_CLUSTER_ONLY = ("kubeconfig", "poll_interval")
+# `disagg emulate`: flags of the generated load, which a replayed --trace replaces.
+EMULATE_GENERATED_LOAD = (
+    "rate",
+    "schedule",
+    "arrivals",
+    "input_tokens",
+    "input_tokens_std",
+    "output_tokens",
+    "output_tokens_std",
+)
 
 
 def flag(dest: str) -> str:
@@ -133,7 +143,9 @@ def check_simulate(args: argparse.Namespace, given: set[str]) -> None:
     workload = args.workload
     for dest, workloads in SIMULATE_WORKLOAD_FLAGS.items():
         if dest in given and workload not in workloads:
-            names = " or ".join(workloads)
+            names = " or ".join(
+                [", ".join(workloads[:-1]), workloads[-1]] if len(workloads) > 2 else workloads
+            )
             raise UsageError(
                 f"{flag(dest)} applies to --workload {names}, not {workload}"
                 + (" (the default)" if "workload" not in given else "")
@@ -210,6 +222,11 @@ def check_emulate(args: argparse.Namespace, given: set[str]) -> None:
         f"--kv-failure-prob must be between 0 and 1, got {args.kv_failure_prob:g}",
     )
     require(args.max_queue >= 0, f"--max-queue must be >= 0, got {args.max_queue}")
+    if args.trace:
+        _not_for(EMULATE_GENERATED_LOAD, given, "with --trace (the trace gives arrivals and token counts)")
+    else:
+        _not_for(("time_scale",), given, "without --trace")
+        require(not ("rate" in given and "schedule" in given), "give --rate or --schedule, not both")
     if not args.standalone:
         _not_for(EMULATE_STANDALONE_ONLY, given, "without --standalone (pods come from the cluster)")
         return
