@@ -14,8 +14,9 @@ an operator restart resumes it:
    gets "removing": <time>); the ReplicaSet deletes it. If the ReplicaSet
    removed another pod instead, the victim is re-admitted.
 
-Timeout: `proceed` removes the pod anyway (an Event says how much work it had),
-`readmit` makes it routable again and cancels that part of the scale-down.
+Timeout: `proceed` removes the pod anyway (an Event says how much work it had), but
+never while its work is unknown (no fresh metrics): the drain is then held until the
+metrics return; `readmit` makes it routable again and cancels that part of the scale-down.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def choose_victims(
 @dataclass(frozen=True)
 class DrainAction:
     pod: str
-    action: str  # wait | remove | readmit | timeout_proceed | verify
+    action: str  # wait | remove | readmit | timeout_proceed | hold | verify
     detail: str = ""
 
 
@@ -168,6 +169,10 @@ def next_action(
         return DrainAction(name, "remove", "no work in flight")
     if now >= record.deadline:
         work = "unknown (no fresh metrics)" if in_flight is None else f"{in_flight:g} in flight"
+        if record.on_timeout == "proceed" and in_flight is None:
+            # Never remove a pod whose work is unknown: hold until the metrics return (then
+            # proceed with what they show) or the user acts.
+            return DrainAction(name, "hold", f"drain timed out with {work}; held until metrics return")
         if record.on_timeout == "proceed":
             return DrainAction(name, "timeout_proceed", f"drain timed out with {work}; removing anyway")
         return DrainAction(name, "readmit", f"drain timed out with {work}; re-admitted")

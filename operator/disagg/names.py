@@ -44,6 +44,7 @@ COND_METRICS_AVAILABLE = "MetricsAvailable"
 COND_DRAINING = "Draining"
 COND_BUDGET_LIMITED = "BudgetLimited"
 COND_INVALID_SPEC = "InvalidSpec"
+COND_DRAIN_HELD = "DrainHeld"  # a timed-out drain waits: its pod's work is unknown
 #: Every condition type written to status.conditions, in display order.
 CONDITION_TYPES = (
     COND_READY,
@@ -53,6 +54,7 @@ CONDITION_TYPES = (
     COND_DRAINING,
     COND_BUDGET_LIMITED,
     COND_INVALID_SPEC,
+    COND_DRAIN_HELD,
 )
 
 # --------------------------------------------------------------------------- readiness-gate reasons
@@ -72,6 +74,7 @@ EVENT_DRAIN_STARTED = "DrainStarted"
 EVENT_DRAIN_COMPLETED = "DrainCompleted"
 EVENT_DRAIN_CANCELLED = "DrainCancelled"
 EVENT_DRAIN_TIMEOUT = "DrainTimeout"
+EVENT_DRAIN_HELD = "DrainHeld"
 EVENT_WRONG_VICTIM = "WrongVictim"
 EVENT_PENDING_PODS_REMOVED = "PendingPodsRemoved"
 #: Autoscaling decisions use the decision's own reason (policy.REASONS) as the Event reason.

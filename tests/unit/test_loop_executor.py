@@ -207,6 +207,26 @@ def test_a_drain_past_its_deadline_with_proceed_removes_the_pod_with_an_event():
     assert w.replicas("decode") == 3
 
 
+def test_a_timed_out_drain_with_unknown_work_is_held_not_removed():
+    w = World(prefill=1, decode=4)
+    name = _draining(w, "decode", 3, deadline=T0, on_timeout="proceed")
+    w.load(2.0, **{name: 3.0})
+    w.prom.error = ConnectionError("prometheus down")  # an outage: nobody knows its work
+    for _ in range(3):
+        w.step(1.0)
+    assert w.replicas("decode") == 4  # nothing removed while the work is unknown
+    assert names.ANNOTATION_DRAIN in w.kube.obj("Pod", NS, name)["metadata"]["annotations"]
+    held = w.condition(names.COND_DRAIN_HELD)
+    assert held["status"] == "True" and f"decode/{name}" in held["message"]
+    assert w.kube.reasons().count(names.EVENT_DRAIN_HELD) == 1  # once, not every tick
+    assert names.EVENT_DRAIN_COMPLETED not in w.kube.reasons()
+    w.prom.error = None  # the metrics return: the timeout proceeds with the work they show
+    w.step(1.0)
+    assert w.replicas("decode") == 3
+    assert names.EVENT_DRAIN_TIMEOUT in w.kube.reasons()
+    assert w.condition(names.COND_DRAIN_HELD)["status"] == "False"
+
+
 def test_a_finished_drain_lowers_replicas_by_exactly_the_victim():
     w = World(prefill=1, decode=4)
     name = _draining(w, "decode", 3, deadline=T0 + 600, on_timeout="readmit")
