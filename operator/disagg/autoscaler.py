@@ -610,6 +610,9 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
             if extra > 0:
                 grow[p] = pobs[p].replicas + extra
         elif want < current[p]:
+            if drain.rolling_out(pobs[p].pods):
+                notes.append(f"scale-down of {p} waits for its rollout (pods of several ReplicaSets)")
+                continue
             flight = obs.in_flight.get(p, {})
             views = {v.name: v for v in pobs[p].pods}
             for name in drain.choose_victims(pobs[p].pods, flight, current[p] - want):

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from disagg.names import ANNOTATION_DRAIN, READINESS_GATE
+from disagg.names import ANNOTATION_DRAIN, LABEL_POD_TEMPLATE_HASH, READINESS_GATE
 from disagg.status import is_draining, parse_time, pod_condition
 
 MIN_DELETION_COST = "-2147483648"
@@ -94,6 +94,7 @@ class PodView:
     gate_open: bool  # the routable readiness gate is True
     drain: DrainRecord | None  # its drain record, when being drained
     created: float | None = None  # creation time (unix seconds)
+    revision: str | None = None  # its ReplicaSet's pod-template-hash
 
     @property
     def draining(self) -> bool:
@@ -120,7 +121,16 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         gate_open=pod_condition(pod, READINESS_GATE) == "True",
         drain=DrainRecord.from_pod(pod) if is_draining(pod) else None,
         created=parse_time(meta.get("creationTimestamp")),
+        revision=(meta.get("labels") or {}).get(LABEL_POD_TEMPLATE_HASH),
     )
+
+
+def rolling_out(pods: Sequence[PodView | Mapping[str, Any]]) -> bool:
+    """Active pods of more than one ReplicaSet: the pool's Deployment is rolling out. Lowering its
+    replicas now lets the Deployment controller pick which ReplicaSet shrinks, so the drained pod
+    (whose deletion cost only orders pods within its own ReplicaSet) may not be the one removed."""
+    views = [p if isinstance(p, PodView) else pod_view(p) for p in pods]
+    return len({p.revision for p in views if p.active and p.revision}) > 1
 
 
 def choose_victims(

@@ -288,6 +288,8 @@ async def drain_step(
                 ready_to_remove.append(pod)
         if not ready_to_remove:
             continue
+        if drain.rolling_out(pp):
+            continue  # the drained pods wait (unroutable, idle) until one ReplicaSet is left
         companions = drain.pending_companions(pp, victims)
         dep = deployments.get(pool)
         if dep is None:

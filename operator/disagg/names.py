@@ -30,6 +30,8 @@ ANNOTATION_APPLIED = "disagg.dev/applied-hash"
 ANNOTATION_DRAIN = "disagg.dev/drain"
 #: Kubernetes' annotation that orders a ReplicaSet's choice of pods to delete.
 ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: Label the Deployment controller puts on a pod: which ReplicaSet (template revision) owns it.
+LABEL_POD_TEMPLATE_HASH = "pod-template-hash"
 #: Pod condition (readiness gate) the operator sets: False on a worker being drained.
 READINESS_GATE = "disagg.dev/routable"
 #: Field manager, Event source and `app.kubernetes.io/managed-by` value.

@@ -175,6 +175,36 @@ def test_scale_down_drains_the_idlest_pod_first():
     assert names.EVENT_DRAIN_STARTED in w.kube.reasons()
 
 
+def _revision(w: World, pool: str, revisions: list[str]) -> None:
+    """Label the pool's pods as the ReplicaSets of `revisions` own them, in turn."""
+    pods = sorted(n for (k, _, n) in w.kube.objects if k == "Pod" and f"-{pool}-" in n)
+    for i, name in enumerate(pods):
+        w.kube.obj("Pod", NS, name)["metadata"]["labels"][names.LABEL_POD_TEMPLATE_HASH] = revisions[
+            i % len(revisions)
+        ]
+
+
+def test_no_scale_down_drain_starts_or_completes_during_a_rollout():
+    w = World(spec=sample_spec(scaleDownStabilizationSeconds=0), prefill=2, decode=6)
+    _revision(w, "decode", ["old", "new"])  # two ReplicaSets: the Deployment is rolling out
+    w.load(1.0)
+    out = w.step()
+    assert out is not None and out.targets["decode"] < 6
+    assert not [o for o in out.drains if o.pool == "decode"]
+    assert any("decode waits for its rollout" in n for n in out.notes)
+    assert [o.pool for o in out.drains] == ["prefill"] * len(out.drains)
+    # a drain begun before the rollout finishes its work but is not removed until it is over
+    name = _draining(w, "decode", 5, deadline=w.now + 600, on_timeout="readmit")
+    w.load(1.0, **{name: 0.0})
+    w.step(1.0)
+    assert w.replicas("decode") == 6
+    _revision(w, "decode", ["new"])  # rollout done
+    w.step(1.0)
+    assert w.replicas("decode") == 5
+    out = w.step()
+    assert out is not None and [o for o in out.drains if o.pool == "decode"]
+
+
 def _draining(w: World, pool: str, i: int, *, deadline: float, on_timeout: str) -> str:
     name = f"{NAME}-{pool}-5f7c9-{i:05d}"
     rec = drain.DrainRecord(w.now - 100, deadline, on_timeout)
