@@ -98,7 +98,6 @@ class Config:
     scrape_s: float
     short_window_s: float
     ttft_target_s: float
-    drain_timeout_s: dict[str, float]
     custom_queries: tuple[str, ...] = ()
     tuning: Tuning = field(default_factory=Tuning)
 
@@ -130,7 +129,6 @@ def config_from_spec(spec: api.DisaggDeploymentSpec, tuning: Tuning | None = Non
         scrape_s=float(a.scrape_interval_seconds),
         short_window_s=float(SHORT_WINDOW_SCRAPES * a.scrape_interval_seconds),
         ttft_target_s=spec.slo.ttft_seconds,
-        drain_timeout_s={k: float(p.drain.timeout_seconds) for k, p in pools.items()},
         custom_queries=tuple(sorted(a.queries or {})),
         tuning=tuning or Tuning(),
     )
@@ -612,6 +610,9 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
             if extra > 0:
                 grow[p] = pobs[p].replicas + extra
         elif want < current[p]:
+            if drain.rolling_out(pobs[p].pods):
+                notes.append(f"scale-down of {p} waits for its rollout (pods of several ReplicaSets)")
+                continue
             flight = obs.in_flight.get(p, {})
             views = {v.name: v for v in pobs[p].pods}
             for name in drain.choose_victims(pobs[p].pods, flight, current[p] - want):

@@ -14,8 +14,9 @@ an operator restart resumes it:
    gets "removing": <time>); the ReplicaSet deletes it. If the ReplicaSet
    removed another pod instead, the victim is re-admitted.
 
-Timeout: `proceed` removes the pod anyway (an Event says how much work it had),
-`readmit` makes it routable again and cancels that part of the scale-down.
+Timeout: `proceed` removes the pod anyway (an Event says how much work it had), but
+never while its work is unknown (no fresh metrics): the drain is then held until the
+metrics return; `readmit` makes it routable again and cancels that part of the scale-down.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from disagg.names import ANNOTATION_DRAIN, READINESS_GATE
+from disagg.names import ANNOTATION_DRAIN, LABEL_POD_TEMPLATE_HASH, READINESS_GATE
 from disagg.status import is_draining, parse_time, pod_condition
 
 MIN_DELETION_COST = "-2147483648"
@@ -93,6 +94,7 @@ class PodView:
     gate_open: bool  # the routable readiness gate is True
     drain: DrainRecord | None  # its drain record, when being drained
     created: float | None = None  # creation time (unix seconds)
+    revision: str | None = None  # its ReplicaSet's pod-template-hash
 
     @property
     def draining(self) -> bool:
@@ -119,7 +121,16 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         gate_open=pod_condition(pod, READINESS_GATE) == "True",
         drain=DrainRecord.from_pod(pod) if is_draining(pod) else None,
         created=parse_time(meta.get("creationTimestamp")),
+        revision=(meta.get("labels") or {}).get(LABEL_POD_TEMPLATE_HASH),
     )
+
+
+def rolling_out(pods: Sequence[PodView | Mapping[str, Any]]) -> bool:
+    """Active pods of more than one ReplicaSet: the pool's Deployment is rolling out. Lowering its
+    replicas now lets the Deployment controller pick which ReplicaSet shrinks, so the drained pod
+    (whose deletion cost only orders pods within its own ReplicaSet) may not be the one removed."""
+    views = [p if isinstance(p, PodView) else pod_view(p) for p in pods]
+    return len({p.revision for p in views if p.active and p.revision}) > 1
 
 
 def choose_victims(
@@ -148,7 +159,7 @@ def choose_victims(
 @dataclass(frozen=True)
 class DrainAction:
     pod: str
-    action: str  # wait | remove | readmit | timeout_proceed | verify
+    action: str  # wait | remove | readmit | timeout_proceed | hold | verify
     detail: str = ""
 
 
@@ -168,6 +179,10 @@ def next_action(
         return DrainAction(name, "remove", "no work in flight")
     if now >= record.deadline:
         work = "unknown (no fresh metrics)" if in_flight is None else f"{in_flight:g} in flight"
+        if record.on_timeout == "proceed" and in_flight is None:
+            # Never remove a pod whose work is unknown: hold until the metrics return (then
+            # proceed with what they show) or the user acts.
+            return DrainAction(name, "hold", f"drain timed out with {work}; held until metrics return")
         if record.on_timeout == "proceed":
             return DrainAction(name, "timeout_proceed", f"drain timed out with {work}; removing anyway")
         return DrainAction(name, "readmit", f"drain timed out with {work}; re-admitted")

@@ -242,6 +242,7 @@ async def drain_step(
     removed: dict[str, int] = {}
     scrape = float(spec.autoscaling.scrape_interval_seconds)
     deployments = await list_deployments(kube, ns, name)
+    held: list[str] = []
     for pool in api.pool_names(spec):
         pp = pool_pods(pods, pool)
         draining = [p for p in pp if status.is_draining(p) and drain.is_active(p)]
@@ -266,6 +267,9 @@ async def drain_step(
                         type_="Warning",
                     )
                 continue
+            if act.action == "hold":
+                held.append(f"{pool}/{act.pod}")
+                continue
             if act.action == "readmit":
                 await set_drain(kube, pod, None)
                 await kube.event(
@@ -284,6 +288,8 @@ async def drain_step(
                 ready_to_remove.append(pod)
         if not ready_to_remove:
             continue
+        if drain.rolling_out(pp):
+            continue  # the drained pods wait (unroutable, idle) until one ReplicaSet is left
         companions = drain.pending_companions(pp, victims)
         dep = deployments.get(pool)
         if dep is None:
@@ -317,7 +323,35 @@ async def drain_step(
             removed[pool] = current - new
             fresh = await kube.get(api.KIND, ns, name)
             await reconcile.reconcile(kube, fresh, replicas={pool: new})
+    await report_held_drains(kube, body, held)
     return removed
+
+
+async def report_held_drains(kube: Kube, body: Mapping[str, Any], held: list[str]) -> None:
+    """`DrainHeld` while a timed-out drain waits for its pod's work to be known (an Event when
+    the set of held pods changes); False again once none is held."""
+    old = next(
+        (c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == names.COND_DRAIN_HELD),
+        None,
+    )
+    if not held and (old is None or old.get("status") != "True"):
+        return  # never held: no condition at all
+    message = (
+        "drain timed out and the pods' in-flight work is unknown (no fresh metrics); held until "
+        "the metrics return: " + ", ".join(sorted(held))
+        if held
+        else "no drain is held"
+    )[:1000]
+    cond = status.condition(
+        names.COND_DRAIN_HELD, bool(held), "WorkUnknown" if held else "NoneHeld", message, None
+    )
+    if old is not None and old.get("status") == cond["status"] and old.get("message") == message:
+        return
+    fresh = await kube.get(api.KIND, body["metadata"]["namespace"], body["metadata"]["name"])
+    conds = status.merge_conditions((fresh.get("status") or {}).get("conditions"), [cond])
+    await reconcile.write_status(kube, fresh, {"conditions": conds})
+    if held:
+        await kube.event(body, names.EVENT_DRAIN_HELD, message, type_="Warning", action="Drain")
 
 
 async def cancel_all_drains(kube: Kube, body: Mapping[str, Any], pods: list[dict], why: str) -> None:

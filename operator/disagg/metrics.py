@@ -302,6 +302,7 @@ class Snapshot:
     spreads: dict[str, float] = field(default_factory=dict)
     by_pod: dict[str, dict[str, float]] = field(default_factory=dict)  # e.g. "in_flight.prefill" -> {pod: n}
     problems: list[MetricError] = field(default_factory=list)
+    failed: set[str] = field(default_factory=set)  # optional queries that failed (unknown, not empty)
 
     @property
     def ok(self) -> bool:
@@ -353,6 +354,8 @@ def build_snapshot(
         except MetricError as err:
             if q.required:
                 snap.problems.append(err)
+            else:
+                snap.failed.add(q.name)
     # Freshness and completeness per pool: every routable pod must have a recent sample.
     for pool, pods in routable_pods.items():
         times = snap.by_pod.get(f"sample_time_by_pod.{pool}", {})
@@ -388,8 +391,20 @@ def build_snapshot(
 
 
 def pod_in_flight_fresh(snap: Snapshot, pool: str, pod: str, scrape_interval_s: float) -> float | None:
-    """In-flight work of one pod, or None when its sample is missing or stale (never read as zero)."""
+    """In-flight work of one pod (running + waiting + pending KV sends), or None when it is not
+    known: a stale or missing sample, the pod absent from the running or waiting series, or from
+    a pending-KV series that reports other pods, or a pending-KV query that failed. Never read as
+    zero. (A pending-KV series empty for every pod is an engine that does not export it.)"""
     t = snap.by_pod.get(f"sample_time_by_pod.{pool}", {}).get(pod)
     if t is None or snap.time - t > 2 * scrape_interval_s:
         return None
-    return snap.in_flight(pool).get(pod, None)
+    pending_name = f"pending_kv_by_pod.{pool}"
+    if pending_name in snap.failed:
+        return None
+    parts = [snap.by_pod.get(f"running_by_pod.{pool}", {}), snap.by_pod.get(f"waiting_by_pod.{pool}", {})]
+    pending = snap.by_pod.get(pending_name)
+    if pending:
+        parts.append(pending)
+    if any(pod not in part for part in parts):
+        return None
+    return sum(part[pod] for part in parts)

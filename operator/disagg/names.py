@@ -30,6 +30,8 @@ ANNOTATION_APPLIED = "disagg.dev/applied-hash"
 ANNOTATION_DRAIN = "disagg.dev/drain"
 #: Kubernetes' annotation that orders a ReplicaSet's choice of pods to delete.
 ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: Label the Deployment controller puts on a pod: which ReplicaSet (template revision) owns it.
+LABEL_POD_TEMPLATE_HASH = "pod-template-hash"
 #: Pod condition (readiness gate) the operator sets: False on a worker being drained.
 READINESS_GATE = "disagg.dev/routable"
 #: Field manager, Event source and `app.kubernetes.io/managed-by` value.
@@ -44,6 +46,7 @@ COND_METRICS_AVAILABLE = "MetricsAvailable"
 COND_DRAINING = "Draining"
 COND_BUDGET_LIMITED = "BudgetLimited"
 COND_INVALID_SPEC = "InvalidSpec"
+COND_DRAIN_HELD = "DrainHeld"  # a timed-out drain waits: its pod's work is unknown
 #: Every condition type written to status.conditions, in display order.
 CONDITION_TYPES = (
     COND_READY,
@@ -53,6 +56,7 @@ CONDITION_TYPES = (
     COND_DRAINING,
     COND_BUDGET_LIMITED,
     COND_INVALID_SPEC,
+    COND_DRAIN_HELD,
 )
 
 # --------------------------------------------------------------------------- readiness-gate reasons
@@ -72,6 +76,7 @@ EVENT_DRAIN_STARTED = "DrainStarted"
 EVENT_DRAIN_COMPLETED = "DrainCompleted"
 EVENT_DRAIN_CANCELLED = "DrainCancelled"
 EVENT_DRAIN_TIMEOUT = "DrainTimeout"
+EVENT_DRAIN_HELD = "DrainHeld"
 EVENT_WRONG_VICTIM = "WrongVictim"
 EVENT_PENDING_PODS_REMOVED = "PendingPodsRemoved"
 #: Autoscaling decisions use the decision's own reason (policy.REASONS) as the Event reason.

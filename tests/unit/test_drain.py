@@ -64,7 +64,11 @@ def test_actions_wait_for_zero_work_and_never_read_missing_as_zero():
 def test_timeouts_follow_the_policy():
     p = pod("p", routable=False)
     assert next_action(p, DrainRecord(0, 100, "readmit"), 2, now=101).action == "readmit"
-    assert next_action(p, DrainRecord(0, 100, "proceed"), None, now=101).action == "timeout_proceed"
+    assert next_action(p, DrainRecord(0, 100, "proceed"), 2, now=101).action == "timeout_proceed"
+    # unknown work (no fresh metrics) is never removed: held; re-admitting is always safe
+    held = next_action(p, DrainRecord(0, 100, "proceed"), None, now=101)
+    assert held.action == "hold" and "unknown" in held.detail
+    assert next_action(p, DrainRecord(0, 100, "readmit"), None, now=101).action == "readmit"
 
 
 def test_idle_or_pending_victims_are_removed_at_once_and_removing_is_verified():

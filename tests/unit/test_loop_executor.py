@@ -175,6 +175,36 @@ def test_scale_down_drains_the_idlest_pod_first():
     assert names.EVENT_DRAIN_STARTED in w.kube.reasons()
 
 
+def _revision(w: World, pool: str, revisions: list[str]) -> None:
+    """Label the pool's pods as the ReplicaSets of `revisions` own them, in turn."""
+    pods = sorted(n for (k, _, n) in w.kube.objects if k == "Pod" and f"-{pool}-" in n)
+    for i, name in enumerate(pods):
+        w.kube.obj("Pod", NS, name)["metadata"]["labels"][names.LABEL_POD_TEMPLATE_HASH] = revisions[
+            i % len(revisions)
+        ]
+
+
+def test_no_scale_down_drain_starts_or_completes_during_a_rollout():
+    w = World(spec=sample_spec(scaleDownStabilizationSeconds=0), prefill=2, decode=6)
+    _revision(w, "decode", ["old", "new"])  # two ReplicaSets: the Deployment is rolling out
+    w.load(1.0)
+    out = w.step()
+    assert out is not None and out.targets["decode"] < 6
+    assert not [o for o in out.drains if o.pool == "decode"]
+    assert any("decode waits for its rollout" in n for n in out.notes)
+    assert [o.pool for o in out.drains] == ["prefill"] * len(out.drains)
+    # a drain begun before the rollout finishes its work but is not removed until it is over
+    name = _draining(w, "decode", 5, deadline=w.now + 600, on_timeout="readmit")
+    w.load(1.0, **{name: 0.0})
+    w.step(1.0)
+    assert w.replicas("decode") == 6
+    _revision(w, "decode", ["new"])  # rollout done
+    w.step(1.0)
+    assert w.replicas("decode") == 5
+    out = w.step()
+    assert out is not None and [o for o in out.drains if o.pool == "decode"]
+
+
 def _draining(w: World, pool: str, i: int, *, deadline: float, on_timeout: str) -> str:
     name = f"{NAME}-{pool}-5f7c9-{i:05d}"
     rec = drain.DrainRecord(w.now - 100, deadline, on_timeout)
@@ -205,6 +235,26 @@ def test_a_drain_past_its_deadline_with_proceed_removes_the_pod_with_an_event():
     assert names.EVENT_DRAIN_TIMEOUT in w.kube.reasons()
     assert names.EVENT_DRAIN_COMPLETED in w.kube.reasons()
     assert w.replicas("decode") == 3
+
+
+def test_a_timed_out_drain_with_unknown_work_is_held_not_removed():
+    w = World(prefill=1, decode=4)
+    name = _draining(w, "decode", 3, deadline=T0, on_timeout="proceed")
+    w.load(2.0, **{name: 3.0})
+    w.prom.error = ConnectionError("prometheus down")  # an outage: nobody knows its work
+    for _ in range(3):
+        w.step(1.0)
+    assert w.replicas("decode") == 4  # nothing removed while the work is unknown
+    assert names.ANNOTATION_DRAIN in w.kube.obj("Pod", NS, name)["metadata"]["annotations"]
+    held = w.condition(names.COND_DRAIN_HELD)
+    assert held["status"] == "True" and f"decode/{name}" in held["message"]
+    assert w.kube.reasons().count(names.EVENT_DRAIN_HELD) == 1  # once, not every tick
+    assert names.EVENT_DRAIN_COMPLETED not in w.kube.reasons()
+    w.prom.error = None  # the metrics return: the timeout proceeds with the work they show
+    w.step(1.0)
+    assert w.replicas("decode") == 3
+    assert names.EVENT_DRAIN_TIMEOUT in w.kube.reasons()
+    assert w.condition(names.COND_DRAIN_HELD)["status"] == "False"
 
 
 def test_a_finished_drain_lowers_replicas_by_exactly_the_victim():

@@ -88,6 +88,30 @@ def test_fresh_complete_snapshot_is_ok():
     assert m.pod_in_flight_fresh(snap, "prefill", "p1", 1.0) == 2.0
 
 
+def test_a_pod_missing_from_a_work_series_has_unknown_work():
+    def snap_with(waiting=None, pending=None):
+        qs = m.build_queries("vllm", "n", "d", ["prefill", "decode"], 60, 0.9)
+        results = {q.name: [] for q in qs}
+        results["arrival_rps"] = [sample(4.0)]
+        results["running_by_pod.prefill"] = [sample(0, pod="p1"), sample(0, pod="p2")]
+        results["waiting_by_pod.prefill"] = waiting if waiting is not None else [sample(0, pod="p1")]
+        results["sample_time_by_pod.prefill"] = [sample(NOW, pod="p1"), sample(NOW, pod="p2")]
+        if pending is not None:
+            results["pending_kv_by_pod.prefill"] = pending
+        return m.build_snapshot(qs, results, NOW, 1.0, {"prefill": ["p1", "p2"]})
+
+    s = snap_with()
+    assert m.pod_in_flight_fresh(s, "prefill", "p1", 1.0) == 0.0  # every series reports it
+    assert m.pod_in_flight_fresh(s, "prefill", "p2", 1.0) is None  # no waiting figure: unknown
+    s = snap_with(
+        waiting=[sample(0, pod="p1"), sample(0, pod="p2")], pending=[sample(2, pod="p1")]
+    )  # the pending-KV series reports p1 but not p2
+    assert m.pod_in_flight_fresh(s, "prefill", "p1", 1.0) == 2.0
+    assert m.pod_in_flight_fresh(s, "prefill", "p2", 1.0) is None
+    s = snap_with(waiting=[sample(0, pod="p1"), sample(0, pod="p2")], pending=RuntimeError("query failed"))
+    assert m.pod_in_flight_fresh(s, "prefill", "p1", 1.0) is None  # failed, not empty: unknown
+
+
 def test_stale_pod_makes_the_snapshot_not_ok_and_its_in_flight_unknown():
     snap = routable_snapshot({"p1": 0}, {"p1": NOW - 30}, ["p1"])
     assert not snap.ok
