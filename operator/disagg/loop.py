@@ -208,6 +208,7 @@ def plan_for(spec: api.DisaggDeploymentSpec, demand: planner.Demand, models: Any
         spec.autoscaling.gpu_budget,
         placement_of(spec),
         chunked=chunked,
+        split_threshold=None if (t := spec.placement.split_threshold_tokens) == "auto" else float(t),
     )
 
 

@@ -102,3 +102,34 @@ def test_growth_waits_while_draining_pods_still_hold_the_budget():
         spec, deps, pods("prefill", 2) + pods("decode", 6), {"prefill": 3}
     )
     assert fits == {"prefill": 3} and deferred == {}
+
+
+def _conditional_spec(**placement):
+    raw = yaml.safe_load(SAMPLE.read_text())["spec"]
+    raw["placement"] = {"mode": "conditional", **placement}
+    return api.parse_spec(raw)
+
+
+def test_conditional_spec_gets_planned_sizes_for_its_own_pools():
+    # 8 req/s of 6,000-token prompts on the vLLM sample in conditional placement: every prompt
+    # is above the split threshold, so the plan is the disaggregated one, keyed by the spec's pools.
+    spec = _conditional_spec()
+    snap = metrics.Snapshot(time=0.0, values={"prompt_tokens_mean": 6000.0, "output_tokens_mean": 400.0})
+    plan = loop.plan_for(spec, loop.demand_from(snap, 8.0, {}))
+    planned = loop._pooled(plan, api.pools(spec))
+    assert set(planned) == {"prefill", "decode"}
+    raw = yaml.safe_load(SAMPLE.read_text())["spec"]
+    disagg = loop.plan_for(api.parse_spec(raw), loop.demand_from(snap, 8.0, {}))
+    assert planned == loop._pooled(disagg, api.pools(spec))
+    assert planned["prefill"] > spec.pools.prefill.min_replicas  # a real plan, not the minimum
+
+
+def test_conditional_spec_threshold_moves_short_prompts_to_decode():
+    snap = metrics.Snapshot(time=0.0, values={"prompt_tokens_mean": 1500.0, "output_tokens_mean": 400.0})
+    demand = loop.demand_from(snap, 16.0, {})
+    local = loop.plan_for(_conditional_spec(splitThresholdTokens=4000), demand)
+    remote = loop.plan_for(_conditional_spec(splitThresholdTokens=1000), demand)
+    assert local.remote_fraction == 0.0 and remote.remote_fraction == 1.0
+    assert local.split_threshold_tokens == 4000 and remote.split_threshold_tokens == 1000
+    assert local.replicas["prefill"] < remote.replicas["prefill"]
+    assert local.replicas["decode"] > remote.replicas["decode"]
