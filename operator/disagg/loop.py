@@ -97,12 +97,15 @@ def demand_from(snap: metrics.Snapshot, rate: float, last: dict[str, float] | No
             return x
         return last.get(key, 1.0)
 
+    media_fraction, items_per_request = metrics.media_mix(v, last)
     return planner.Demand(
         arrival_rps=max(rate, 0.0),
         prompt_tokens_mean=pos("prompt_tokens_mean"),
         prompt_tokens_std=s.get("prompt_tokens_std", 0.0),
         output_tokens_mean=pos("output_tokens_mean"),
         output_tokens_std=s.get("output_tokens_std", 0.0),
+        media_fraction=media_fraction,
+        items_per_request=items_per_request,
     )
 
 
@@ -229,6 +232,7 @@ async def snapshot(
         a.metric_window_seconds,
         spec.slo.percentile,
         a.queries,
+        placement=spec.placement.mode,
     )
     need = {pool: [p["metadata"]["name"] for p in pool_pods(pods, pool) if routable(p)] for pool in pools}
     try:

@@ -133,3 +133,46 @@ def test_conditional_spec_threshold_moves_short_prompts_to_decode():
     assert local.split_threshold_tokens == 4000 and remote.split_threshold_tokens == 1000
     assert local.replicas["prefill"] < remote.replicas["prefill"]
     assert local.replicas["decode"] > remote.replicas["decode"]
+
+
+def test_demand_takes_the_media_mix_from_the_encoder_metrics():
+    snap = metrics.Snapshot(
+        time=0.0,
+        values={
+            "arrival_rps": 8.0,
+            "prompt_tokens_mean": 1000.0,
+            "output_tokens_mean": 200.0,
+            "media_rps": 2.0,
+            "media_items_rps": 6.0,
+        },
+    )
+    last: dict[str, float] = {}
+    d = loop.demand_from(snap, 10.0, last)
+    assert d.arrival_rps == 10.0 and d.media_fraction == 0.25 and d.items_per_request == 3.0
+    del snap.values["media_rps"], snap.values["media_items_rps"]  # encoder pods not reporting
+    d = loop.demand_from(snap, 10.0, last)
+    assert d.media_fraction == 0.25 and d.items_per_request == 3.0
+
+
+def test_multimodal_sample_plans_the_encoder_with_the_media_load():
+    sample = SAMPLE.parent / "multimodal-epd.yaml"
+    spec = api.parse_spec(yaml.safe_load(sample.read_text())["spec"])
+
+    def planned(rate: float, media_rps: float) -> dict[str, int]:
+        snap = metrics.Snapshot(
+            time=0.0,
+            values={
+                "arrival_rps": rate,
+                "prompt_tokens_mean": 1000.0,
+                "output_tokens_mean": 200.0,
+                "media_rps": media_rps,
+                "media_items_rps": 4 * media_rps,
+            },
+        )
+        return loop._pooled(loop.plan_for(spec, loop.demand_from(snap, rate, {})), api.pools(spec))
+
+    text = planned(8.0, 0.0)
+    media = planned(8.0, 8.0)
+    assert set(media) == {"encoder", "prefill", "decode"}
+    assert text["encoder"] == spec.pools.encoder.min_replicas
+    assert media["encoder"] > text["encoder"]  # 8 req/s x 4 images x 35 ms: more than one encoder
