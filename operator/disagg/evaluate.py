@@ -26,6 +26,12 @@ Policies (`POLICIES`):
   true load, applied at the interval's start with no start-up delay: the
   GPU-hour lower bound.
 
+A workload with media items adds the encoder pool (media requests are encoded
+before prefill; every policy sizes it too). ``EvalSettings.placement``
+``conditional`` prefills prompts below the split threshold on the decode
+worker that serves them (the simulator's conditional placement; the planner's
+conditional plan); the throughput baseline keeps sizing prefill for every request.
+
 The baselines scale down the way their systems do: by default they delete
 workers without draining (``baseline_drain=False``); their in-flight requests
 are lost and count as SLO misses.
@@ -42,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from disagg.model import StageModels
-from disagg.planner import SLO, Demand, PoolBounds, plan
+from disagg.planner import SLO, Demand, PoolBounds, plan, split_threshold_tokens
 from disagg.policy import PolicyConfig, PolicyState, decide, sizing_rate
 from disagg.sim.core import DONE, INF, Job
 from disagg.sim.engine import Cluster, SimConfig
@@ -58,7 +64,16 @@ __all__ = [
     "run_policy",
 ]
 
-POOLS = ("prefill", "decode")
+POOLS = ("prefill", "decode")  # the pools of a text-only workload
+MEDIA_POOLS = ("encoder", "prefill", "decode")  # with media items: the encoder pool first
+PLACEMENTS = ("disaggregated", "conditional")
+
+
+def pools_for(w: Workload) -> tuple[str, ...]:
+    """The pools a workload needs: the encoder pool only when some request carries media."""
+    return MEDIA_POOLS if len(w) and int(w.media_items.max()) > 0 else POOLS
+
+
 POLICY_HELP = {
     "disagg": "this project: joint queueing planner on the observed demand (forecast one start-up ahead) "
     "+ policy.decide (300 s stabilization, drains, budget rebalance)",
@@ -100,8 +115,16 @@ class EvalSettings:
     ttft_comfort: float = 0.5  # ... "well below" = at most this fraction of the target
     timeline_points: int = 300
     seed: int = 0
+    placement: str = "disaggregated"  # or "conditional"
+    split_threshold: float | None = (
+        None  # conditional: prompt tokens from which prefill is remote; None: auto
+    )
 
     def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
+        if self.split_threshold is not None and not self.split_threshold > 0:
+            raise ValueError(f"split_threshold must be > 0, got {self.split_threshold!r}")
         for name in ("interval_s", "window_s", "scrape_s", "drain_poll_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
@@ -117,8 +140,14 @@ class EvalSettings:
     def bounds(self) -> dict[str, PoolBounds]:
         return {
             p: PoolBounds(self.min_replicas, self.max_replicas, self.gpus_per_replica.get(p, 1))
-            for p in POOLS
+            for p in MEDIA_POOLS
         }
+
+    def threshold(self) -> float:
+        """Conditional placement's split threshold: the given one, or the planner's for these models."""
+        if self.split_threshold is not None:
+            return float(self.split_threshold)
+        return split_threshold_tokens(self.models, self.slo)
 
     def to_dict(self) -> dict[str, Any]:
         m = self.models
@@ -132,8 +161,12 @@ class EvalSettings:
             "gpu_budget": self.gpu_budget,
             "baseline_drain": self.baseline_drain,
             "headroom": self.headroom,
+            "placement": self.placement,
+            "split_threshold_tokens": self.threshold() if self.placement == "conditional" else None,
             "slo": {"ttft_s": self.slo.ttft_s, "itl_s": self.slo.itl_s, "percentile": self.slo.percentile},
             "models": {
+                "encoder_fixed_ms": m.encoder.fixed_ms,
+                "encoder_ms_per_item": m.encoder.ms_per_item,
                 "prefill_fixed_ms": m.prefill.fixed_ms,
                 "prefill_ms_per_token": m.prefill.ms_per_token,
                 "kv_bytes_per_token": m.transfer.kv_bytes_per_token,
@@ -195,7 +228,12 @@ def diurnal(w: Workload, k: int = 1, seed: int = 0, duration_s: float = 7200.0) 
     arrivals = piecewise_poisson([(seg, float(r)) for r in rate], rng)
     idx = rng.integers(0, len(w), size=arrivals.shape[0])
     return Workload(
-        arrivals, w.prompt_tokens[idx], w.output_tokens[idx], None, None, name=f"diurnal({w.name}) x{k}"
+        arrivals,
+        w.prompt_tokens[idx],
+        w.output_tokens[idx],
+        w.media_items[idx],
+        None,
+        name=f"diurnal({w.name}) x{k}",
     )
 
 
@@ -221,6 +259,8 @@ class Obs:
     queued: int = 0  # requests waiting for a prefill worker or a decode slot (num_requests_waiting)
     rate_short: float | None = None  # arrival rate over the last scrape interval only
     metrics_ok: bool = True
+    media_fraction: float = 0.0  # share of the window's requests with media (encoder pods' rate / arrivals)
+    items_per_request: float = 1.0  # media items per media request
 
     def demand(self, rate: float | None = None) -> Demand:
         return Demand(
@@ -229,6 +269,8 @@ class Obs:
             prompt_tokens_std=self.prompt_std,
             output_tokens_mean=max(1.0, self.output_mean),
             output_tokens_std=self.output_std,
+            media_fraction=self.media_fraction,
+            items_per_request=self.items_per_request,
         )
 
 
@@ -244,6 +286,14 @@ class _Prefix:
         self.p2 = np.concatenate([z, np.cumsum(p * p)])
         self.o1 = np.concatenate([z, np.cumsum(o)])
         self.o2 = np.concatenate([z, np.cumsum(o * o)])
+        media = w.media_items.astype(np.float64)
+        self.m_req = np.concatenate([z, np.cumsum(media > 0)])
+        self.m_items = np.concatenate([z, np.cumsum(media)])
+        n_media = float((media > 0).sum())
+        self.media_default = (
+            n_media / len(media) if len(media) else 0.0,
+            float(media.sum()) / n_media if n_media else 1.0,
+        )
         self.default = (
             float(p.mean()) if len(p) else 1.0,
             float(p.std()) if len(p) else 0.0,
@@ -261,6 +311,22 @@ class _Prefix:
         ps = math.sqrt(max(0.0, (self.p2[j] - self.p2[i]) / n - pm * pm))
         os_ = math.sqrt(max(0.0, (self.o2[j] - self.o2[i]) / n - om * om))
         return n, pm, ps, om, os_
+
+    def media(self, a: float, b: float) -> tuple[float, float]:
+        """(share of requests with media, items per media request) of the arrivals in [a, b)."""
+        i, j = np.searchsorted(self.t, [a, b], side="left")
+        n = int(j - i)
+        if n <= 0:
+            return self.media_default
+        req = float(self.m_req[j] - self.m_req[i])
+        items = float(self.m_items[j] - self.m_items[i])
+        return req / n, (items / req if req else self.media_default[1])
+
+    def demand(self, a: float, b: float, rate: float) -> Demand:
+        """The demand of the arrivals in [a, b) at `rate` (token shape and media mix of the window)."""
+        _n, pm, ps, om, os_ = self.stats(a, b)
+        mf, items = self.media(a, b)
+        return Demand(rate, pm, ps, max(1.0, om), os_, mf, max(1.0, items))
 
 
 def _hist_quantile(values: list[float], q: float) -> float | None:
@@ -292,15 +358,17 @@ class Policy:
         self.s = s
         self.w = w
         self.pre = pre
+        self.pools = pools_for(w)
 
     def _plan(self, d: Demand, budget: int | None = None) -> dict[str, int]:
-        p = plan(d, self.s.models, self.s.slo, self.s.bounds(), budget=budget)
-        return {k: int(p.replicas[k]) for k in POOLS}
+        s = self.s
+        split = s.threshold() if s.placement == "conditional" else None
+        p = plan(d, s.models, s.slo, s.bounds(), budget, s.placement, split_threshold=split)  # type: ignore[arg-type]
+        return {k: int(p.replicas[k]) for k in self.pools}
 
     def initial(self) -> dict[str, int]:
-        n, pm, ps, om, os_ = self.pre.stats(0.0, self.s.window_s)
-        d = Demand(n / self.s.window_s, pm, ps, max(1.0, om), os_)
-        return self._plan(d, self.s.gpu_budget)
+        n = self.pre.stats(0.0, self.s.window_s)[0]
+        return self._plan(self.pre.demand(0.0, self.s.window_s, n / self.s.window_s), self.s.gpu_budget)
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
         raise NotImplementedError
@@ -313,9 +381,9 @@ class DisaggPolicy(Policy):
         super().__init__(s, w, pre)
         self.cfg = PolicyConfig(
             scale_down_stabilization_s=s.stabilization_s,
-            min_replicas=dict.fromkeys(POOLS, s.min_replicas),
-            max_replicas=dict.fromkeys(POOLS, s.max_replicas),
-            gpus_per_replica={p: s.gpus_per_replica.get(p, 1) for p in POOLS},
+            min_replicas=dict.fromkeys(self.pools, s.min_replicas),
+            max_replicas=dict.fromkeys(self.pools, s.max_replicas),
+            gpus_per_replica={p: s.gpus_per_replica.get(p, 1) for p in self.pools},
             gpu_budget=s.gpu_budget,
             forecast_horizon_s=s.startup_s,
             headroom=s.headroom,
@@ -364,13 +432,11 @@ class StaticPolicy(Policy):
     def initial(self) -> dict[str, int]:
         t = self.w.arrival_s
         if len(t) == 0:
-            return dict.fromkeys(POOLS, self.s.min_replicas)
+            return dict.fromkeys(self.pools, self.s.min_replicas)
         win = self.s.window_s
         j = np.searchsorted(t, t + win, side="left")
         peak = float((j - np.arange(len(t))).max()) / win
-        p = self.w.prompt_tokens.astype(float)
-        out = self.w.output_tokens.astype(float)
-        d = Demand(peak, float(p.mean()), float(p.std()), float(out.mean()), float(out.std()))
+        d = self.pre.demand(-math.inf, math.inf, peak)  # the whole trace's shape and media mix
         return self._plan(d, self.s.gpu_budget)
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
@@ -388,7 +454,7 @@ class HpaPolicy(Policy):
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
         s = self.s
         desired = {}
-        for p in POOLS:
+        for p in self.pools:
             cur = o.requested[p]
             u = o.util.get(p, 0.0)
             ratio = u / s.hpa_target
@@ -400,7 +466,7 @@ class HpaPolicy(Policy):
             desired[p] = min(s.max_replicas, max(s.min_replicas, want))
         self.hist = [(t, d) for t, d in self.hist if t > o.now - s.stabilization_s] + [(o.now, desired)]
         out = {}
-        for p in POOLS:
+        for p in self.pools:
             if desired[p] < o.requested[p]:
                 out[p] = min(o.requested[p], max(d[p] for _, d in self.hist))
             else:
@@ -415,7 +481,9 @@ class ThroughputPolicy(Policy):
         super().__init__(s, w, pre)
         self.drains = s.baseline_drain
 
-    def sizes(self, rate: float, prompt_mean: float, output_mean: float) -> dict[str, int]:
+    def sizes(
+        self, rate: float, prompt_mean: float, output_mean: float, media: float = 0.0, items: float = 1.0
+    ) -> dict[str, int]:
         m, s = self.s.models, self.s
         pf_rps = 1000.0 / float(m.prefill.service_ms(max(prompt_mean, 0.0)))
         batch = m.decode.max_batch_for_itl(s.slo.itl_s * 1000.0) or 1
@@ -425,20 +493,26 @@ class ThroughputPolicy(Policy):
             "prefill": max(s.min_replicas, math.ceil(rate / pf_rps - 1e-9)),
             "decode": max(s.min_replicas, math.ceil(rate / dec_rps - 1e-9)),
         }
+        if "encoder" in self.pools:
+            enc_rps = 1000.0 / float(m.encoder.service_ms(max(items, 1.0)))
+            out["encoder"] = max(s.min_replicas, math.ceil(rate * media / enc_rps - 1e-9))
         out = {p: min(s.max_replicas, n) for p, n in out.items()}
         g = s.gpus_per_replica
-        total = sum(out[p] * g.get(p, 1) for p in POOLS)
+        total = sum(out[p] * g.get(p, 1) for p in self.pools)
         if s.gpu_budget is not None and total > s.gpu_budget:
             f = s.gpu_budget / total
-            out = {p: max(s.min_replicas, int(out[p] * f)) for p in POOLS}
+            out = {p: max(s.min_replicas, int(out[p] * f)) for p in self.pools}
         return out
 
     def initial(self) -> dict[str, int]:
         n, pm, _ps, om, _os = self.pre.stats(0.0, self.s.window_s)
-        return self.sizes(n / self.s.window_s, pm, om)
+        return self.sizes(n / self.s.window_s, pm, om, *self.pre.media(0.0, self.s.window_s))
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
-        return self.sizes(o.rate, o.prompt_mean, o.output_mean), "throughput"
+        return (
+            self.sizes(o.rate, o.prompt_mean, o.output_mean, o.media_fraction, o.items_per_request),
+            "throughput",
+        )
 
 
 class OraclePolicy(Policy):
@@ -447,8 +521,8 @@ class OraclePolicy(Policy):
 
     def truth(self, t: float) -> dict[str, int]:
         i = self.s.interval_s
-        n, pm, ps, om, os_ = self.pre.stats(t, t + i)
-        return self._plan(Demand(n / i, pm, ps, max(1.0, om), os_), self.s.gpu_budget)
+        n = self.pre.stats(t, t + i)[0]
+        return self._plan(self.pre.demand(t, t + i, n / i), self.s.gpu_budget)
 
     def initial(self) -> dict[str, int]:
         return self.truth(0.0)
@@ -487,9 +561,13 @@ class _Loop:
     def __init__(self, s: EvalSettings, pol: Policy, init: dict[str, int]) -> None:
         self.s = s
         self.pol = pol
+        self.pools = pol.pools
         cfg = SimConfig(
+            placement=s.placement,
             prefill=max(1, init["prefill"]),
             decode=max(1, init["decode"]),
+            encoder=max(1, init["encoder"]) if "encoder" in self.pools else 0,
+            split_threshold=_sim_threshold(s) if s.placement == "conditional" else 2048,
             ttft_ms=s.slo.ttft_s * 1000.0,
             itl_ms=s.slo.itl_s * 1000.0,
             seed=s.seed,
@@ -498,10 +576,10 @@ class _Loop:
         self.startup = 0.0 if pol.instant else s.startup_s
         self.ctrl: list[tuple[float, int, str, Any]] = []
         self.seq = 0
-        self.starting: dict[str, list[int]] = {p: [] for p in POOLS}  # tokens of starting workers
-        self.waiting: dict[str, int] = dict.fromkeys(POOLS, 0)  # requested, no GPU free (budget)
+        self.starting: dict[str, list[int]] = {p: [] for p in self.pools}  # tokens of starting workers
+        self.waiting: dict[str, int] = dict.fromkeys(self.pools, 0)  # requested, no GPU free (budget)
         self.draining: list[Any] = []
-        self.alloc = {p: len(self.cl.pools[p]) for p in POOLS}  # workers holding GPUs
+        self.alloc = {p: len(self.cl.pools[p]) for p in self.pools}  # workers holding GPUs
         self.gpu_s = 0.0
         self.t_last = 0.0
         self.actions = 0
@@ -514,16 +592,18 @@ class _Loop:
     def queued(self) -> int:
         cl = self.cl
         n = len(cl.unplaced)
+        for w in cl.pools["encoder"]:
+            n += len(w.queue)
         for w in cl.pools["prefill"]:
             n += len(w.queue)
         for w in cl.pools["decode"]:
-            n += len(w.waiting)
+            n += len(w.waiting) + len(w.pq)  # waiting for a slot, or for a local prefill
         return n
 
     # ---- bookkeeping
     def _integrate(self, now: float) -> None:
         g = self.s.gpus_per_replica
-        self.gpu_s += sum(self.alloc[p] * g.get(p, 1) for p in POOLS) * (now - self.t_last)
+        self.gpu_s += sum(self.alloc[p] * g.get(p, 1) for p in self.pools) * (now - self.t_last)
         self.t_last = now
 
     def push(self, t: float, kind: str, data: Any = None) -> None:
@@ -534,11 +614,11 @@ class _Loop:
         return [w for w in self.cl.pools[p] if not w.draining]
 
     def requested(self) -> dict[str, int]:
-        return {p: len(self.serving(p)) + len(self.starting[p]) + self.waiting[p] for p in POOLS}
+        return {p: len(self.serving(p)) + len(self.starting[p]) + self.waiting[p] for p in self.pools}
 
     def used_gpus(self) -> int:
         g = self.s.gpus_per_replica
-        return sum(self.alloc[p] * g.get(p, 1) for p in POOLS)
+        return sum(self.alloc[p] * g.get(p, 1) for p in self.pools)
 
     def _start(self, p: str, now: float) -> None:
         self._integrate(now)
@@ -558,7 +638,7 @@ class _Loop:
 
     def _admit_waiting(self, now: float) -> None:
         b = self.s.gpu_budget
-        for p in POOLS:
+        for p in self.pools:
             while self.waiting[p] > 0 and (
                 b is None or self.used_gpus() + self.s.gpus_per_replica.get(p, 1) <= b
             ):
@@ -568,7 +648,7 @@ class _Loop:
     # ---- applying targets
     def apply(self, targets: dict[str, int], now: float) -> None:
         changed = False
-        for p in POOLS:
+        for p in self.pools:
             diff = int(targets[p]) - self.requested()[p]
             if diff > 0:
                 changed = True
@@ -625,7 +705,7 @@ class _Loop:
     def utilisation(self, now: float) -> dict[str, float]:
         out = {}
         dt = max(1e-9, now - self.t_prev_util)
-        for p in POOLS:
+        for p in self.pools:
             ws = self.cl.pools[p]
             if not ws:
                 out[p] = 0.0
@@ -670,8 +750,6 @@ def run_policy(
     """Replay `w` under policy `name` on virtual time; returns metrics and a timeline."""
     if name not in _CLASSES:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
-    if len(w) and int(w.media_items.max()) > 0:
-        raise ValueError("evaluate: workloads with media items (an encoder pool) are not supported yet")
     pre = _Prefix(w)
     pol = _CLASSES[name](s, w, pre)
     init = pol.initial()
@@ -680,6 +758,7 @@ def run_policy(
     arrival = w.arrival_s.tolist()
     prompt = w.prompt_tokens.tolist()
     output = w.output_tokens.tolist()
+    media = w.media_items.tolist()
     n = len(arrival)
     jobs: list[Job] = []
     ttft_target = s.slo.ttft_s
@@ -700,7 +779,7 @@ def run_policy(
         if t_arr <= t_ctrl:
             if heap and heap[0][0] <= t_arr:
                 cl.advance(t_arr)
-            job = Job(i, t_arr, prompt[i], output[i], 0, None, t_arr + ttft_target)
+            job = Job(i, t_arr, prompt[i], output[i], media[i], None, t_arr + ttft_target)
             cl.submit(job, t_arr)
             jobs.append(job)
             i += 1
@@ -730,6 +809,7 @@ def run_policy(
             # the replay starts at t=0: early windows are divided by the part they cover
             # (the load is taken to have been running before), not read as a ramp from zero
             covered = min(s.window_s, max(ts, s.scrape_s))
+            media_fraction, items_per_request = pre.media(lo, ts)
             obs = Obs(
                 now=t,
                 rate=cnt / covered,
@@ -739,12 +819,14 @@ def run_policy(
                 output_mean=om,
                 output_std=os_,
                 util=lp.utilisation(t),
-                ready={p: len(lp.serving(p)) for p in POOLS},
+                ready={p: len(lp.serving(p)) for p in lp.pools},
                 requested=lp.requested(),
                 pending=dict(lp.waiting),
                 ttft_p=_hist_quantile([x[1] for x in ttft_window if x[0] < ts], s.slo.percentile),
                 rate_short=pre.stats(ts - s.scrape_s, ts)[0] / s.scrape_s,
                 queued=next((q for tq, q in reversed(lp.queue_samples) if tq <= ts + 1e-9), 0),
+                media_fraction=media_fraction,
+                items_per_request=items_per_request,
             )
             targets, _reason = pol.decide(obs)
             lp.apply(targets, t)
@@ -773,12 +855,25 @@ def _downsample(tl: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
     return [tl[j] for j in idx]
 
 
+def _sim_threshold(s: EvalSettings) -> int:
+    """The simulator's split threshold (whole tokens) for conditional placement."""
+    return max(0, min(10_000_000, math.ceil(s.threshold())))
+
+
 def infeasible_mask(w: Workload, s: EvalSettings) -> np.ndarray:
-    """Requests whose bare prefill + serial transfer + one decode step exceeds the TTFT target."""
+    """Requests whose bare path (encoder for media, prefill, serial transfer if remote, one decode
+    step) exceeds the TTFT target."""
     m = s.models
     p = w.prompt_tokens.astype(np.float64)
+    items = w.media_items.astype(np.float64)
+    remote = np.ones(len(p), dtype=bool)
+    if s.placement == "conditional":
+        remote = w.prompt_tokens >= _sim_threshold(s)
     bare = (
-        np.asarray(m.prefill.service_ms(p)) + np.asarray(m.transfer.serial_ms(p)) + float(m.decode.step_ms(1))
+        np.asarray(m.prefill.service_ms(p))
+        + np.where(remote, np.asarray(m.transfer.serial_ms(p)), 0.0)
+        + np.where(items > 0, np.asarray(m.encoder.service_ms(items)), 0.0)
+        + float(m.decode.step_ms(1))
     )
     return bare > s.slo.ttft_s * 1000.0 + 1e-9
 
@@ -855,6 +950,7 @@ def evaluate(
             "mean_rate": w.mean_rate,
             "prompt_tokens_mean": float(w.prompt_tokens.mean()) if len(w) else None,
             "output_tokens_mean": float(w.output_tokens.mean()) if len(w) else None,
+            "media_fraction": float((w.media_items > 0).mean()) if len(w) else 0.0,
         },
         "settings": s.to_dict(),
         "policies": out,
