@@ -1198,8 +1198,8 @@ def _solve_conditional(
                 sol = _CondSol(cost, r0e + i, r0p + j, r_d, w_e, wpp[j], w_d, w_l, u)
                 best = (key, sol)
             found = True
-        if not found and w_d <= 0.0 and w_l <= 0.0 and u <= 0.0:
-            break  # no waits left to shrink on the decode side: more decode workers cannot help
+        if not found and w_d <= 0.0 and w_l <= 0.0:
+            break  # no decode-side wait left to shrink (and ITL fits): more decode workers cannot help
     return None if best is None else best[1]
 
 

@@ -490,3 +490,19 @@ def test_output_records_equal_regular_construction():
         for pool in pl.pools.values():
             assert set(vars(pool)) == set(PoolPlan.__dataclass_fields__)
             assert PoolPlan(**vars(pool)) == pool
+
+
+@PROPS
+@given(d=demands, slo=slos, dm=decode_models, budget=st.one_of(st.none(), st.integers(3, 40)))
+def test_conditional_and_colocated_plans_meet_targets_within_the_budget(d, slo, dm, budget):
+    m = StageModels(decode=dm)
+    for placement in ("conditional", "colocated"):
+        p = plan(d, m, slo, budget=budget, placement=placement)
+        assert "encoder" in p.pools  # never dropped
+        assert p.total_gpus == sum(pp.gpus for pp in p.pools.values())
+        if budget is not None:
+            assert p.total_gpus <= budget
+        if p.feasible:
+            assert p.ttft_s <= slo.ttft_s + EPS and p.itl_s <= slo.itl_s + EPS
+        else:
+            assert p.reason != "ok"
