@@ -1158,7 +1158,8 @@ def _solve_conditional(
         return None
     neg_p = [-w for w in wpp]  # prefill waits fall along the table: bisect on the negated list
     eps = 1e-12
-    itl_ms = ctx.slo.itl_s * 1000.0
+    # ITL below one step at batch 1 is reported by the caller; the plan then ignores it
+    itl_ms = ctx.slo.itl_s * 1000.0 if ctx.itl_ok else math.inf
     floor_ep = ge * r0e + gp * r0p
     best: tuple[tuple[int, int, float], _CondSol] | None = None
     load_l = lam_l * st_l.prefill_s
