@@ -176,3 +176,23 @@ def test_multimodal_sample_plans_the_encoder_with_the_media_load():
     assert set(media) == {"encoder", "prefill", "decode"}
     assert text["encoder"] == spec.pools.encoder.min_replicas
     assert media["encoder"] > text["encoder"]  # 8 req/s x 4 images x 35 ms: more than one encoder
+
+
+def test_colocated_spec_keeps_its_encoder_pool_in_the_plan():
+    raw = yaml.safe_load((SAMPLE.parent / "colocated.yaml").read_text())["spec"]
+    encoder = yaml.safe_load((SAMPLE.parent / "multimodal-epd.yaml").read_text())["spec"]["pools"]["encoder"]
+    raw["pools"]["encoder"] = encoder
+    spec = api.parse_spec(raw)
+    snap = metrics.Snapshot(
+        time=0.0,
+        values={
+            "arrival_rps": 8.0,
+            "prompt_tokens_mean": 1000.0,
+            "output_tokens_mean": 200.0,
+            "media_rps": 8.0,
+            "media_items_rps": 32.0,
+        },
+    )
+    planned = loop._pooled(loop.plan_for(spec, loop.demand_from(snap, 8.0, {})), api.pools(spec))
+    assert set(planned) == {"encoder", "colocated"}
+    assert planned["encoder"] > spec.pools.encoder.min_replicas  # 8 req/s x 4 images x 35 ms
