@@ -718,6 +718,7 @@ class PlannerInputs:
             self.budget,
             self.placement,
             chunked=self.chunked,
+            split_threshold=None if self.split_threshold == "auto" else float(self.split_threshold),
         )
 
     def split_threshold_tokens(self) -> int:

@@ -67,7 +67,7 @@ MAX_STARTUP_SAMPLES = 50
 #: Calibration samples kept per stage.
 MAX_CALIBRATION_SAMPLES = 240
 #: Token-shape keys remembered between windows that show no finished request.
-SHAPE_KEYS = ("prompt_tokens_mean", "output_tokens_mean")
+SHAPE_KEYS = ("prompt_tokens_mean", "output_tokens_mean", "media_fraction", "media_items_per_request")
 
 
 # --------------------------------------------------------------------------- config
@@ -451,16 +451,21 @@ def demand_for(obs: Observation, rate: float, shape: dict[str, float]) -> planne
     def spread(v: float | None) -> float:
         return v if v is not None and math.isfinite(v) and v >= 0 else 0.0
 
-    media = obs.media_fraction
-    items = obs.media_items_per_request
+    def remembered(key: str, v: float | None, default: float) -> float:
+        if v is not None and math.isfinite(v) and v >= 0:
+            shape[key] = v
+        return shape.get(key, default)
+
+    media = remembered("media_fraction", obs.media_fraction, 0.0)
+    items = remembered("media_items_per_request", obs.media_items_per_request, 1.0)
     return planner.Demand(
         arrival_rps=max(rate, 0.0),
         prompt_tokens_mean=pos("prompt_tokens_mean", obs.prompt_tokens_mean),
         prompt_tokens_std=spread(obs.prompt_tokens_std),
         output_tokens_mean=pos("output_tokens_mean", obs.output_tokens_mean),
         output_tokens_std=spread(obs.output_tokens_std),
-        media_fraction=media if media is not None and 0 <= media <= 1 else 0.0,
-        items_per_request=items if items is not None and math.isfinite(items) and items >= 0 else 1.0,
+        media_fraction=min(media, 1.0),
+        items_per_request=max(items, 1.0),
     )
 
 

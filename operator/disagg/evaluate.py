@@ -31,6 +31,12 @@ Policies (`POLICIES`):
   interval's true load, applied instantly (the old "oracle": it shows the
   planner's model error, not a bound).
 
+A workload with media items adds the encoder pool (media requests are encoded
+before prefill; every policy sizes it too). ``EvalSettings.placement``
+``conditional`` prefills prompts below the split threshold on the decode
+worker that serves them (the simulator's conditional placement; the planner's
+conditional plan); the throughput baseline keeps sizing prefill for every request.
+
 The baselines scale down the way their systems do: by default they delete
 workers without draining (``baseline_drain=False``); their in-flight requests
 are lost and count as SLO misses.
@@ -49,7 +55,7 @@ from pydantic import ValidationError
 
 from disagg import api, autoscaler, names
 from disagg.model import StageModels
-from disagg.planner import SLO, Demand, PoolBounds, plan
+from disagg.planner import SLO, Demand, PoolBounds, plan, split_threshold_tokens
 from disagg.sim.core import DONE, INF, Job
 from disagg.sim.engine import Cluster, SimConfig
 from disagg.workload import Workload, piecewise_poisson
@@ -64,7 +70,20 @@ __all__ = [
     "run_policy",
 ]
 
-POOLS = (names.POOL_PREFILL, names.POOL_DECODE)
+POOLS = (names.POOL_PREFILL, names.POOL_DECODE)  # the pools of a text-only workload
+MEDIA_POOLS = (
+    names.POOL_ENCODER,
+    names.POOL_PREFILL,
+    names.POOL_DECODE,
+)  # with media items: the encoder pool first
+PLACEMENTS = ("disaggregated", "conditional")
+
+
+def pools_for(w: Workload | None) -> tuple[str, ...]:
+    """The pools a workload needs: the encoder pool only when some request carries media."""
+    return MEDIA_POOLS if w is not None and len(w) and int(w.media_items.max()) > 0 else POOLS
+
+
 POLICY_HELP = {
     "disagg": "this project: joint queueing planner on the observed demand (forecast one start-up ahead) "
     "+ policy.decide (300 s stabilization, drains, budget rebalance)",
@@ -116,8 +135,16 @@ class EvalSettings:
     keda_queue_per_replica: float = 2.0  # keda: target requests per replica beyond its batch (curve knob)
     timeline_points: int = 300
     seed: int = 0
+    placement: str = "disaggregated"  # or "conditional"
+    split_threshold: float | None = (
+        None  # conditional: prompt tokens from which prefill is remote; None: auto
+    )
 
     def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
+        if self.split_threshold is not None and not self.split_threshold > 0:
+            raise ValueError(f"split_threshold must be > 0, got {self.split_threshold!r}")
         for name in ("interval_s", "window_s", "scrape_s", "drain_poll_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
@@ -137,8 +164,14 @@ class EvalSettings:
     def bounds(self) -> dict[str, PoolBounds]:
         return {
             p: PoolBounds(self.min_replicas, self.max_replicas, self.gpus_per_replica.get(p, 1))
-            for p in POOLS
+            for p in MEDIA_POOLS
         }
+
+    def threshold(self) -> float:
+        """Conditional placement's split threshold: the given one, or the planner's for these models."""
+        if self.split_threshold is not None:
+            return float(self.split_threshold)
+        return split_threshold_tokens(self.models, self.slo)
 
     def to_dict(self) -> dict[str, Any]:
         m = self.models
@@ -153,8 +186,12 @@ class EvalSettings:
             "baseline_drain": self.baseline_drain,
             "headroom": self.headroom,
             "target_attainment": self.target_attainment,
+            "placement": self.placement,
+            "split_threshold_tokens": self.threshold() if self.placement == "conditional" else None,
             "slo": {"ttft_s": self.slo.ttft_s, "itl_s": self.slo.itl_s, "percentile": self.slo.percentile},
             "models": {
+                "encoder_fixed_ms": m.encoder.fixed_ms,
+                "encoder_ms_per_item": m.encoder.ms_per_item,
                 "prefill_fixed_ms": m.prefill.fixed_ms,
                 "prefill_ms_per_token": m.prefill.ms_per_token,
                 "kv_bytes_per_token": m.transfer.kv_bytes_per_token,
@@ -216,7 +253,12 @@ def diurnal(w: Workload, k: int = 1, seed: int = 0, duration_s: float = 7200.0) 
     arrivals = piecewise_poisson([(seg, float(r)) for r in rate], rng)
     idx = rng.integers(0, len(w), size=arrivals.shape[0])
     return Workload(
-        arrivals, w.prompt_tokens[idx], w.output_tokens[idx], None, None, name=f"diurnal({w.name}) x{k}"
+        arrivals,
+        w.prompt_tokens[idx],
+        w.output_tokens[idx],
+        w.media_items[idx],
+        None,
+        name=f"diurnal({w.name}) x{k}",
     )
 
 
@@ -242,6 +284,8 @@ class Obs:
     queued: int = 0  # requests waiting for a prefill worker or a decode slot (num_requests_waiting)
     rate_short: float | None = None  # arrival rate over the short window (autoscaler.SHORT_WINDOW_SCRAPES)
     metrics_ok: bool = True
+    media_fraction: float = 0.0  # share of the window's requests with media (encoder pods' rate / arrivals)
+    items_per_request: float = 1.0  # media items per media request
 
     def demand(self, rate: float | None = None) -> Demand:
         return Demand(
@@ -250,6 +294,8 @@ class Obs:
             prompt_tokens_std=self.prompt_std,
             output_tokens_mean=max(1.0, self.output_mean),
             output_tokens_std=self.output_std,
+            media_fraction=self.media_fraction,
+            items_per_request=self.items_per_request,
         )
 
 
@@ -265,6 +311,14 @@ class _Prefix:
         self.p2 = np.concatenate([z, np.cumsum(p * p)])
         self.o1 = np.concatenate([z, np.cumsum(o)])
         self.o2 = np.concatenate([z, np.cumsum(o * o)])
+        media = w.media_items.astype(np.float64)
+        self.m_req = np.concatenate([z, np.cumsum(media > 0)])
+        self.m_items = np.concatenate([z, np.cumsum(media)])
+        n_media = float((media > 0).sum())
+        self.media_default = (
+            n_media / len(media) if len(media) else 0.0,
+            float(media.sum()) / n_media if n_media else 1.0,
+        )
         self.default = (
             float(p.mean()) if len(p) else 1.0,
             float(p.std()) if len(p) else 0.0,
@@ -282,6 +336,22 @@ class _Prefix:
         ps = math.sqrt(max(0.0, (self.p2[j] - self.p2[i]) / n - pm * pm))
         os_ = math.sqrt(max(0.0, (self.o2[j] - self.o2[i]) / n - om * om))
         return n, pm, ps, om, os_
+
+    def media(self, a: float, b: float) -> tuple[float, float]:
+        """(share of requests with media, items per media request) of the arrivals in [a, b)."""
+        i, j = np.searchsorted(self.t, [a, b], side="left")
+        n = int(j - i)
+        if n <= 0:
+            return self.media_default
+        req = float(self.m_req[j] - self.m_req[i])
+        items = float(self.m_items[j] - self.m_items[i])
+        return req / n, (items / req if req else self.media_default[1])
+
+    def demand(self, a: float, b: float, rate: float) -> Demand:
+        """The demand of the arrivals in [a, b) at `rate` (token shape and media mix of the window)."""
+        _n, pm, ps, om, os_ = self.stats(a, b)
+        mf, items = self.media(a, b)
+        return Demand(rate, pm, ps, max(1.0, om), os_, mf, max(1.0, items))
 
 
 def _hist_quantile(values: list[float], q: float) -> float | None:
@@ -313,15 +383,17 @@ class Policy:
         self.s = s
         self.w = w
         self.pre = pre
+        self.pools = pools_for(w)
 
     def _plan(self, d: Demand, budget: int | None = None) -> dict[str, int]:
-        p = plan(d, self.s.models, self.s.slo, self.s.bounds(), budget=budget)
-        return {k: int(p.replicas[k]) for k in POOLS}
+        s = self.s
+        split = s.threshold() if s.placement == "conditional" else None
+        p = plan(d, s.models, s.slo, s.bounds(), budget, s.placement, split_threshold=split)  # type: ignore[arg-type]
+        return {k: int(p.replicas[k]) for k in self.pools}
 
     def initial(self) -> dict[str, int]:
-        n, pm, ps, om, os_ = self.pre.stats(0.0, self.s.window_s)
-        d = Demand(n / self.s.window_s, pm, ps, max(1.0, om), os_)
-        return self._plan(d, self.s.gpu_budget)
+        n = self.pre.stats(0.0, self.s.window_s)[0]
+        return self._plan(self.pre.demand(0.0, self.s.window_s, n / self.s.window_s), self.s.gpu_budget)
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
         raise NotImplementedError
@@ -334,7 +406,9 @@ class Policy:
         return {}
 
 
-def spec_for(s: EvalSettings, placement: str = "disaggregated") -> api.DisaggDeploymentSpec:
+def spec_for(
+    s: EvalSettings, placement: str = "disaggregated", pools: tuple[str, ...] | None = None
+) -> api.DisaggDeploymentSpec:
     """The DisaggDeployment spec these settings describe, so `disagg` runs on the operator's
     configuration (`autoscaler.config_from_spec`). Seconds must be whole, as in a spec."""
 
@@ -355,8 +429,15 @@ def spec_for(s: EvalSettings, placement: str = "disaggregated") -> api.DisaggDep
         "stepMsPerSequence": m.decode.step_ms_per_seq,
         "slots": m.decode.slots,
     }
-    models = {"prefill": prefill, "decode": decode, "colocated": {**prefill, **decode}}
-    pools = (names.POOL_COLOCATED,) if placement == "colocated" else POOLS
+    models = {
+        "prefill": prefill,
+        "decode": decode,
+        "colocated": {**prefill, **decode},
+        "encoder": {"fixedMs": m.encoder.fixed_ms, "msPerItem": m.encoder.ms_per_item},
+    }
+    pools = pools or POOLS
+    if placement == "colocated":
+        pools = (*(p for p in pools if p == names.POOL_ENCODER), names.POOL_COLOCATED)
     autoscaling: dict[str, Any] = {
         "scrapeIntervalSeconds": whole("scrape_s", s.scrape_s),
         "metricWindowSeconds": whole("window_s", s.window_s),
@@ -370,7 +451,12 @@ def spec_for(s: EvalSettings, placement: str = "disaggregated") -> api.DisaggDep
             {
                 "engine": "vllm",
                 "model": "evaluated",
-                "placement": {"mode": placement},
+                "placement": {"mode": placement}
+                | (
+                    {"splitThresholdTokens": int(s.split_threshold)}
+                    if placement == "conditional" and s.split_threshold is not None
+                    else {}
+                ),
                 "pools": {
                     p: {
                         "minReplicas": s.min_replicas,
@@ -428,6 +514,8 @@ def observation_from(o: Obs, startup_s: float, pools: tuple[str, ...] = POOLS) -
         prompt_tokens_std=o.prompt_std,
         output_tokens_mean=max(1.0, o.output_mean),
         output_tokens_std=o.output_std,
+        media_fraction=o.media_fraction,
+        media_items_per_request=o.items_per_request,
         queued={pools[0]: float(o.queued)},
         ttft_observed_s=o.ttft_p,
         startups={"simulated": startup_s},
@@ -443,7 +531,8 @@ class DisaggPolicy(Policy):
         self, s: EvalSettings, w: Workload, pre: _Prefix, spec: api.DisaggDeploymentSpec | None = None
     ) -> None:
         super().__init__(s, w, pre)
-        self.config = autoscaler.config_from_spec(spec or spec_for(s), tuning_for(s))
+        self.config = autoscaler.config_from_spec(spec or spec_for(s, s.placement, self.pools), tuning_for(s))
+        self.pools = tuple(p for p in self.config.pools if p != names.POOL_COLOCATED) or self.config.pools
         self.state = autoscaler.ScalerState()
         self.last: autoscaler.Outcome | None = None
 
@@ -462,13 +551,11 @@ class StaticPolicy(Policy):
     def initial(self) -> dict[str, int]:
         t = self.w.arrival_s
         if len(t) == 0:
-            return dict.fromkeys(POOLS, self.s.min_replicas)
+            return dict.fromkeys(self.pools, self.s.min_replicas)
         win = self.s.window_s
         j = np.searchsorted(t, t + win, side="left")
         peak = float((j - np.arange(len(t))).max()) / win * self.s.capacity_scale
-        p = self.w.prompt_tokens.astype(float)
-        out = self.w.output_tokens.astype(float)
-        d = Demand(peak, float(p.mean()), float(p.std()), float(out.mean()), float(out.std()))
+        d = self.pre.demand(-math.inf, math.inf, peak)  # the whole trace's shape and media mix
         return self._plan(d, self.s.gpu_budget)
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
@@ -486,7 +573,7 @@ class HpaPolicy(Policy):
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
         s = self.s
         desired = {}
-        for p in POOLS:
+        for p in self.pools:
             cur = o.requested[p]
             u = o.util.get(p, 0.0)
             ratio = u / s.hpa_target
@@ -498,7 +585,7 @@ class HpaPolicy(Policy):
             desired[p] = min(s.max_replicas, max(s.min_replicas, want))
         self.hist = [(t, d) for t, d in self.hist if t > o.now - s.stabilization_s] + [(o.now, desired)]
         out = {}
-        for p in POOLS:
+        for p in self.pools:
             if desired[p] < o.requested[p]:
                 out[p] = min(o.requested[p], max(d[p] for _, d in self.hist))
             else:
@@ -513,7 +600,9 @@ class ThroughputPolicy(Policy):
         super().__init__(s, w, pre)
         self.drains = s.baseline_drain
 
-    def sizes(self, rate: float, prompt_mean: float, output_mean: float) -> dict[str, int]:
+    def sizes(
+        self, rate: float, prompt_mean: float, output_mean: float, media: float = 0.0, items: float = 1.0
+    ) -> dict[str, int]:
         m, s = self.s.models, self.s
         pf_rps = 1000.0 / float(m.prefill.service_ms(max(prompt_mean, 0.0)))
         batch = m.decode.max_batch_for_itl(s.slo.itl_s * 1000.0) or 1
@@ -523,20 +612,32 @@ class ThroughputPolicy(Policy):
             "prefill": max(s.min_replicas, math.ceil(rate / pf_rps - 1e-9)),
             "decode": max(s.min_replicas, math.ceil(rate / dec_rps - 1e-9)),
         }
+        if "encoder" in self.pools:
+            enc_rps = 1000.0 / float(m.encoder.service_ms(max(items, 1.0)))
+            out["encoder"] = max(s.min_replicas, math.ceil(rate * media / enc_rps - 1e-9))
         out = {p: min(s.max_replicas, n) for p, n in out.items()}
         g = s.gpus_per_replica
-        total = sum(out[p] * g.get(p, 1) for p in POOLS)
+        total = sum(out[p] * g.get(p, 1) for p in self.pools)
         if s.gpu_budget is not None and total > s.gpu_budget:
             f = s.gpu_budget / total
-            out = {p: max(s.min_replicas, int(out[p] * f)) for p in POOLS}
+            out = {p: max(s.min_replicas, int(out[p] * f)) for p in self.pools}
         return out
 
     def initial(self) -> dict[str, int]:
         n, pm, _ps, om, _os = self.pre.stats(0.0, self.s.window_s)
-        return self.sizes(n / self.s.window_s, pm, om)
+        return self.sizes(n / self.s.window_s, pm, om, *self.pre.media(0.0, self.s.window_s))
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
-        return self.sizes(o.rate * self.s.capacity_scale, o.prompt_mean, o.output_mean), "throughput"
+        return (
+            self.sizes(
+                o.rate * self.s.capacity_scale,
+                o.prompt_mean,
+                o.output_mean,
+                o.media_fraction,
+                o.items_per_request,
+            ),
+            "throughput",
+        )
 
 
 class PlannerForesightPolicy(Policy):
@@ -545,8 +646,8 @@ class PlannerForesightPolicy(Policy):
 
     def truth(self, t: float) -> dict[str, int]:
         i = self.s.interval_s
-        n, pm, ps, om, os_ = self.pre.stats(t, t + i)
-        return self._plan(Demand(n / i, pm, ps, max(1.0, om), os_), self.s.gpu_budget)
+        n = self.pre.stats(t, t + i)[0]
+        return self._plan(self.pre.demand(t, t + i, n / i), self.s.gpu_budget)
 
     def initial(self) -> dict[str, int]:
         return self.truth(0.0)
@@ -592,9 +693,13 @@ class _Loop:
     def __init__(self, s: EvalSettings, pol: Policy, init: dict[str, int]) -> None:
         self.s = s
         self.pol = pol
+        self.pools = pol.pools
         cfg = SimConfig(
+            placement=s.placement,
             prefill=max(1, init["prefill"]),
             decode=max(1, init["decode"]),
+            encoder=max(1, init["encoder"]) if "encoder" in self.pools else 0,
+            split_threshold=_sim_threshold(s) if s.placement == "conditional" else 2048,
             ttft_ms=s.slo.ttft_s * 1000.0,
             itl_ms=s.slo.itl_s * 1000.0,
             seed=s.seed,
@@ -603,10 +708,10 @@ class _Loop:
         self.startup = 0.0 if pol.instant else s.startup_s
         self.ctrl: list[tuple[float, int, str, Any]] = []
         self.seq = 0
-        self.starting: dict[str, list[int]] = {p: [] for p in POOLS}  # tokens of starting workers
-        self.waiting: dict[str, int] = dict.fromkeys(POOLS, 0)  # requested, no GPU free (budget)
+        self.starting: dict[str, list[int]] = {p: [] for p in self.pools}  # tokens of starting workers
+        self.waiting: dict[str, int] = dict.fromkeys(self.pools, 0)  # requested, no GPU free (budget)
         self.draining: list[Any] = []
-        self.alloc = {p: len(self.cl.pools[p]) for p in POOLS}  # workers holding GPUs
+        self.alloc = {p: len(self.cl.pools[p]) for p in self.pools}  # workers holding GPUs
         self.gpu_s = 0.0
         self.t_last = 0.0
         self.actions = 0
@@ -619,16 +724,18 @@ class _Loop:
     def queued(self) -> int:
         cl = self.cl
         n = len(cl.unplaced)
+        for w in cl.pools["encoder"]:
+            n += len(w.queue)
         for w in cl.pools["prefill"]:
             n += len(w.queue)
         for w in cl.pools["decode"]:
-            n += len(w.waiting)
+            n += len(w.waiting) + len(w.pq)  # waiting for a slot, or for a local prefill
         return n
 
     # ---- bookkeeping
     def _integrate(self, now: float) -> None:
         g = self.s.gpus_per_replica
-        self.gpu_s += sum(self.alloc[p] * g.get(p, 1) for p in POOLS) * (now - self.t_last)
+        self.gpu_s += sum(self.alloc[p] * g.get(p, 1) for p in self.pools) * (now - self.t_last)
         self.t_last = now
 
     def push(self, t: float, kind: str, data: Any = None) -> None:
@@ -639,11 +746,11 @@ class _Loop:
         return [w for w in self.cl.pools[p] if not w.draining]
 
     def requested(self) -> dict[str, int]:
-        return {p: len(self.serving(p)) + len(self.starting[p]) + self.waiting[p] for p in POOLS}
+        return {p: len(self.serving(p)) + len(self.starting[p]) + self.waiting[p] for p in self.pools}
 
     def used_gpus(self) -> int:
         g = self.s.gpus_per_replica
-        return sum(self.alloc[p] * g.get(p, 1) for p in POOLS)
+        return sum(self.alloc[p] * g.get(p, 1) for p in self.pools)
 
     def _start(self, p: str, now: float) -> None:
         self._integrate(now)
@@ -663,7 +770,7 @@ class _Loop:
 
     def _admit_waiting(self, now: float) -> None:
         b = self.s.gpu_budget
-        for p in POOLS:
+        for p in self.pools:
             while self.waiting[p] > 0 and (
                 b is None or self.used_gpus() + self.s.gpus_per_replica.get(p, 1) <= b
             ):
@@ -673,7 +780,7 @@ class _Loop:
     # ---- applying targets
     def apply(self, targets: dict[str, int], now: float) -> None:
         changed = False
-        for p in POOLS:
+        for p in self.pools:
             diff = int(targets[p]) - self.requested()[p]
             if diff > 0:
                 changed = True
@@ -730,7 +837,7 @@ class _Loop:
     def utilisation(self, now: float) -> dict[str, float]:
         out = {}
         dt = max(1e-9, now - self.t_prev_util)
-        for p in POOLS:
+        for p in self.pools:
             ws = self.cl.pools[p]
             if not ws:
                 out[p] = 0.0
@@ -777,8 +884,6 @@ def run_policy(
     classes = _policy_classes()
     if make is None and name not in classes:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
-    if len(w) and int(w.media_items.max()) > 0:
-        raise ValueError("evaluate: workloads with media items (an encoder pool) are not supported yet")
     pre = _Prefix(w)
     pol = (make or classes[name])(s, w, pre)
     init = pol.initial()
@@ -788,6 +893,7 @@ def run_policy(
     arrival = w.arrival_s.tolist()
     prompt = w.prompt_tokens.tolist()
     output = w.output_tokens.tolist()
+    media = w.media_items.tolist()
     n = len(arrival)
     jobs: list[Job] = []
     ttft_target = s.slo.ttft_s
@@ -809,7 +915,7 @@ def run_policy(
         if t_arr <= t_ctrl:
             if heap and heap[0][0] <= t_arr:
                 cl.advance(t_arr)
-            job = Job(i, t_arr, prompt[i], output[i], 0, None, t_arr + ttft_target)
+            job = Job(i, t_arr, prompt[i], output[i], media[i], None, t_arr + ttft_target)
             cl.submit(job, t_arr)
             jobs.append(job)
             i += 1
@@ -839,6 +945,7 @@ def run_policy(
             # the replay starts at t=0: early windows are divided by the part they cover
             # (the load is taken to have been running before), not read as a ramp from zero
             covered = min(s.window_s, max(ts, s.scrape_s))
+            media_fraction, items_per_request = pre.media(lo, ts)
             obs = Obs(
                 now=t,
                 rate=cnt / covered,
@@ -848,12 +955,14 @@ def run_policy(
                 output_mean=om,
                 output_std=os_,
                 util=lp.utilisation(t),
-                ready={p: len(lp.serving(p)) for p in POOLS},
+                ready={p: len(lp.serving(p)) for p in lp.pools},
                 requested=lp.requested(),
                 pending=dict(lp.waiting),
                 ttft_p=_hist_quantile([x[1] for x in ttft_window if x[0] < ts], s.slo.percentile),
                 rate_short=pre.stats(ts - short_s, ts)[0] / min(short_s, max(ts, s.scrape_s)),
                 queued=next((q for tq, q in reversed(lp.queue_samples) if tq <= ts + 1e-9), 0),
+                media_fraction=media_fraction,
+                items_per_request=items_per_request,
             )
             targets, _reason = pol.decide(obs)
             lp.apply(targets, t)
@@ -883,12 +992,25 @@ def _downsample(tl: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
     return [tl[j] for j in idx]
 
 
+def _sim_threshold(s: EvalSettings) -> int:
+    """The simulator's split threshold (whole tokens) for conditional placement."""
+    return max(0, min(10_000_000, math.ceil(s.threshold())))
+
+
 def infeasible_mask(w: Workload, s: EvalSettings) -> np.ndarray:
-    """Requests whose bare prefill + serial transfer + one decode step exceeds the TTFT target."""
+    """Requests whose bare path (encoder for media, prefill, serial transfer if remote, one decode
+    step) exceeds the TTFT target."""
     m = s.models
     p = w.prompt_tokens.astype(np.float64)
+    items = w.media_items.astype(np.float64)
+    remote = np.ones(len(p), dtype=bool)
+    if s.placement == "conditional":
+        remote = w.prompt_tokens >= _sim_threshold(s)
     bare = (
-        np.asarray(m.prefill.service_ms(p)) + np.asarray(m.transfer.serial_ms(p)) + float(m.decode.step_ms(1))
+        np.asarray(m.prefill.service_ms(p))
+        + np.where(remote, np.asarray(m.transfer.serial_ms(p)), 0.0)
+        + np.where(items > 0, np.asarray(m.encoder.service_ms(items)), 0.0)
+        + float(m.decode.step_ms(1))
     )
     return bare > s.slo.ttft_s * 1000.0 + 1e-9
 
@@ -1013,6 +1135,7 @@ def evaluate(
             "mean_rate": w.mean_rate,
             "prompt_tokens_mean": float(w.prompt_tokens.mean()) if len(w) else None,
             "output_tokens_mean": float(w.output_tokens.mean()) if len(w) else None,
+            "media_fraction": float((w.media_items > 0).mean()) if len(w) else 0.0,
         },
         "settings": {**s.to_dict(), "curves": curves},
         "references": references,

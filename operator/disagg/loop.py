@@ -136,6 +136,8 @@ def observation(
         ttft_observed_s=val("ttft_p"),
         itl_observed_s=val("itl_mean"),
         prefill_time_mean_s=val("prefill_time_mean"),
+        media_fraction=metrics.media_fraction(v),
+        media_items_per_request=metrics.media_items_per_request(v),
         custom={k: v[k] for k in config.custom_queries if val(k) is not None},
         startups=autoscaler.startup_seconds(pods),
     )
@@ -161,6 +163,7 @@ async def snapshot(
         spec.slo.percentile,
         a.queries,
         short_window_s=autoscaler.SHORT_WINDOW_SCRAPES * a.scrape_interval_seconds,
+        placement=spec.placement.mode,
     )
     need = {pool: [p["metadata"]["name"] for p in pool_pods(pods, pool) if routable(p)] for pool in pools}
     try:

@@ -32,6 +32,10 @@ class Preset:
     kv_transfer: str | None  # histogram, seconds
     kv_usage: str | None  # gauge, fraction 0..1
     prefill_time: str | None = None  # histogram, seconds of prefill per request (for calibration)
+    # Encoder pool (multimodal E/P/D), counted on the encoder pods: series whose rate() is the
+    # media requests they take and the media items (images, frames, clips) in them.
+    media_requests: str | None = None
+    media_items: str | None = None
 
 
 VLLM = Preset(
@@ -48,6 +52,12 @@ VLLM = Preset(
     kv_transfer="vllm:nixl_xfer_time_seconds",
     kv_usage="vllm:kv_cache_usage_perc",
     prefill_time="vllm:request_prefill_time_seconds",
+    # A vLLM encoder instance (disaggregated encoder, --ec-transfer-config) takes one request per
+    # media request from the proxy, counted like any other by its prompt-tokens histogram; the
+    # multimodal processor cache counts the items it looks up ("in terms of number of queried
+    # items"), one per item of every request.
+    media_requests="vllm:request_prompt_tokens_count",
+    media_items="vllm:mm_cache_queries_total",
 )
 
 SGLANG = Preset(
@@ -61,6 +71,10 @@ SGLANG = Preset(
     pending_kv="sglang:num_prefill_inflight_queue_reqs",
     kv_transfer=None,
     kv_usage="sglang:token_usage",
+    # SGLang's encoder server (--encoder-only) observes the items of every request it takes
+    # in one histogram: its count is the requests, its sum the items.
+    media_requests="sglang:encoder_mm_items_per_request_count",
+    media_items="sglang:encoder_mm_items_per_request_sum",
 )
 
 PRESETS = {"vllm": VLLM, "sglang": SGLANG}
@@ -89,6 +103,9 @@ class Query:
     kind: str  # "scalar" | "by_pod" | "buckets"
     required: bool = True
     pool: str | None = None
+    # Required only while `pool` has routable pods: a pool with none reports nothing, which is
+    # then no problem (the value is simply absent and its last measurement stands).
+    required_with_pods: bool = False
 
 
 def front_pool(pools: Sequence[str]) -> str:
@@ -97,6 +114,17 @@ def front_pool(pools: Sequence[str]) -> str:
 
 def back_pool(pools: Sequence[str]) -> str:
     return "decode" if "decode" in pools else ("colocated" if "colocated" in pools else pools[-1])
+
+
+def arrival_pool(pools: Sequence[str], placement: str = "disaggregated") -> str:
+    """The pool whose prompt-tokens histogram counts every request once.
+
+    Disaggregated and colocated: the front pool (every request is prefilled there). Conditional:
+    the decode pool, which serves every request; short prompts never reach the prefill pool.
+    An engine's decode instance counts each request it serves (vLLM and SGLang record the
+    prompt-tokens histogram per finished request; the emulator when the KV lands).
+    """
+    return back_pool(pools) if placement == "conditional" else front_pool(pools)
 
 
 def build_queries(
@@ -108,31 +136,36 @@ def build_queries(
     percentile: float,
     custom: Mapping[str, str] | None = None,
     short_window_s: int | None = None,
+    placement: str = "disaggregated",
 ) -> list[Query]:
     """Every query one autoscaling step needs. `custom` overrides a query by name.
 
     `short_window_s` adds `arrival_rps_short`, the rate over a few scrapes only, so a real
-    step up is seen before the main window catches up.
+    step up is seen before the main window catches up. `placement` picks the pool that
+    counts arrivals and prompt lengths (`arrival_pool`). With an encoder pool, `media_rps`
+    and `media_items_rps` are the media requests and items its pods take.
     """
     p = preset(engine)
     w = f"{int(window_s)}s"
     front, back = front_pool(pools), back_pool(pools)
+    arr = arrival_pool(pools, placement)
     fs, bs = pool_selector(namespace, deployment, front), pool_selector(namespace, deployment, back)
+    as_ = pool_selector(namespace, deployment, arr)
     q: list[Query] = [
-        Query("arrival_rps", f"sum(rate({p.prompt_tokens}_count{{{fs}}}[{w}]))", "scalar", pool=front),
+        Query("arrival_rps", f"sum(rate({p.prompt_tokens}_count{{{as_}}}[{w}]))", "scalar", pool=arr),
         Query(
             "prompt_tokens_mean",
-            f"sum(rate({p.prompt_tokens}_sum{{{fs}}}[{w}])) / sum(rate({p.prompt_tokens}_count{{{fs}}}[{w}]))",
+            f"sum(rate({p.prompt_tokens}_sum{{{as_}}}[{w}])) / sum(rate({p.prompt_tokens}_count{{{as_}}}[{w}]))",
             "scalar",
             required=False,
-            pool=front,
+            pool=arr,
         ),
         Query(
             "prompt_tokens_buckets",
-            f"sum by (le) (rate({p.prompt_tokens}_bucket{{{fs}}}[{w}]))",
+            f"sum by (le) (rate({p.prompt_tokens}_bucket{{{as_}}}[{w}]))",
             "buckets",
             required=False,
-            pool=front,
+            pool=arr,
         ),
         Query(
             "output_tokens_mean",
@@ -167,12 +200,32 @@ def build_queries(
         q.append(
             Query(
                 "arrival_rps_short",
-                f"sum(rate({p.prompt_tokens}_count{{{fs}}}[{int(short_window_s)}s]))",
+                f"sum(rate({p.prompt_tokens}_count{{{as_}}}[{int(short_window_s)}s]))",
                 "scalar",
                 required=False,
-                pool=front,
+                pool=arr,
             )
         )
+    if "encoder" in pools and p.media_requests and p.media_items:
+        es = pool_selector(namespace, deployment, "encoder")
+        q += [
+            Query(
+                "media_rps",
+                f"sum(rate({p.media_requests}{{{es}}}[{w}]))",
+                "scalar",
+                required=False,
+                pool="encoder",
+                required_with_pods=True,
+            ),
+            Query(
+                "media_items_rps",
+                f"sum(rate({p.media_items}{{{es}}}[{w}]))",
+                "scalar",
+                required=False,
+                pool="encoder",
+                required_with_pods=True,
+            ),
+        ]
     for pool in pools:
         sel = pool_selector(namespace, deployment, pool)
         q += [
@@ -213,7 +266,12 @@ def build_queries(
         names = {x.name for x in q}
         for name, promql in custom.items():
             if name in names:
-                q = [Query(x.name, promql, x.kind, x.required, x.pool) if x.name == name else x for x in q]
+                q = [
+                    Query(x.name, promql, x.kind, x.required, x.pool, x.required_with_pods)
+                    if x.name == name
+                    else x
+                    for x in q
+                ]
             else:
                 q.append(Query(name, promql, "scalar", required=False))
     return q
@@ -352,7 +410,7 @@ def build_snapshot(
             else:
                 snap.by_pod[q.name] = parse_by_pod(res, q.name)
         except MetricError as err:
-            if q.required:
+            if q.required or (q.required_with_pods and routable_pods.get(q.pool or "")):
                 snap.problems.append(err)
             else:
                 snap.failed.add(q.name)
@@ -388,6 +446,30 @@ def build_snapshot(
             )
         )
     return snap
+
+
+def _nonneg(values: Mapping[str, float], key: str) -> float | None:
+    x = values.get(key)
+    return x if x is not None and math.isfinite(x) and x >= 0 else None
+
+
+def media_fraction(values: Mapping[str, float]) -> float | None:
+    """Share of requests carrying media: the encoder pods' media request rate over the arrival
+    rate, both over the same window; None when the window cannot give it (no encoder query, no
+    encoder pod reporting, no traffic). An engine that takes one request per item counts more
+    media requests than arrivals, so the share is capped at 1."""
+    arrival, media = _nonneg(values, "arrival_rps"), _nonneg(values, "media_rps")
+    if media is None or arrival is None or arrival <= 0:
+        return None
+    return min(1.0, media / arrival)
+
+
+def media_items_per_request(values: Mapping[str, float]) -> float | None:
+    """Media items per media request (at least 1); None when the window shows no media request."""
+    media, items = _nonneg(values, "media_rps"), _nonneg(values, "media_items_rps")
+    if items is None or media is None or media <= 0:
+        return None
+    return max(1.0, items / media)
 
 
 def pod_in_flight_fresh(snap: Snapshot, pool: str, pod: str, scrape_interval_s: float) -> float | None:

@@ -881,65 +881,100 @@ def _colocated_eval(
 def _plan_colocated(
     d: Demand, m: StageModels, slo: SLO, bounds: dict[str, PoolBounds], budget: int | None
 ) -> Plan:
+    """Colocated workers (prefill and decode on one pool), behind the encoder pool when there is media.
+
+    The encoder's percentile wait adds to the colocated TTFT: for every encoder
+    row (fewest replicas first) the fewest colocated replicas that fit the rest,
+    the cheapest pair wins.
+    """
     st = _setup(d, m, slo, chunked=False)
     st = st._replace(fixed_s=st.enc_s + st.prefill_s + float(m.decode.step_ms(1)) / 1000.0)
     b = bounds["colocated"]
-    if budget is not None and budget < b.min_replicas * b.gpus_per_replica:
-        raise ValueError(
-            f"gpu_budget ({budget}) is below the pools' minimum GPUs ({b.min_replicas * b.gpus_per_replica})"
-        )
-    r_cap = b.max_replicas if budget is None else min(b.max_replicas, budget // b.gpus_per_replica)
+    eb = bounds["encoder"]
+    ge, gc = eb.gpus_per_replica, b.gpus_per_replica
+    min_cost = b.min_replicas * gc + eb.min_replicas * ge
+    if budget is not None and budget < min_cost:
+        raise ValueError(f"gpu_budget ({budget}) is below the pools' minimum GPUs ({min_cost})")
 
-    def ok(r: int, lam: float) -> bool:
+    def ok(r: int, lam: float, extra: float) -> bool:
         e = _colocated_eval(r, lam, d, m, slo, st)
-        return e is not None and e[0] <= slo.ttft_s + 1e-12 and e[1] <= slo.itl_s + 1e-12
+        return e is not None and e[0] + extra <= slo.ttft_s + 1e-12 and e[1] <= slo.itl_s + 1e-12
 
-    def min_r(lam: float) -> int | None:
+    def min_r(lam: float, extra: float, r_cap: int) -> int | None:
         lo = b.min_replicas
-        if ok(lo, lam):
+        if ok(lo, lam, extra):
             return lo
-        if not ok(r_cap, lam):
+        if r_cap < lo or not ok(r_cap, lam, extra):
             return None
         hi = r_cap
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if ok(mid, lam):
+            if ok(mid, lam, extra):
                 hi = mid
             else:
                 lo = mid
         return hi
 
+    def solve(lam: float) -> tuple[int, int, float] | None:
+        """(encoder replicas, colocated replicas, encoder wait) of the fewest GPUs at rate `lam`."""
+        r0e, we, _ = _table(lam * st.media, st.enc_s, ENCODER_CS2, 1, eb.min_replicas, eb.max_replicas, p)
+        best: tuple[int, int, int, float] | None = None
+        for i, w_e in enumerate(we):
+            re_ = r0e + i
+            r_cap = b.max_replicas if budget is None else min(b.max_replicas, (budget - ge * re_) // gc)
+            if best is not None and ge * re_ + gc * b.min_replicas > best[0]:
+                break
+            r = min_r(lam, w_e, r_cap)
+            if r is not None and (best is None or ge * re_ + gc * r < best[0]):
+                best = (ge * re_ + gc * r, re_, r, w_e)
+        return None if best is None else (best[1], best[2], best[3])
+
+    p = slo.percentile
     reasons: list[str] = []
     lam = d.arrival_rps
-    r = min_r(lam)
+    got = solve(lam)
     frac = 1.0
-    if r is None:
+    if got is None:
         lo_f, hi_f = 0.0, 1.0
-        r = min_r(0.0)
+        got = solve(0.0)
         for _ in range(30):
             mid = (lo_f + hi_f) / 2
-            got = min_r(lam * mid)
-            if got is not None:
-                lo_f, r = mid, got
+            g = solve(lam * mid)
+            if g is not None:
+                lo_f, got = mid, g
             else:
                 hi_f = mid
             if hi_f - lo_f < 1e-4:
                 break
         frac = lo_f
-        if r is None:  # even zero load misses the SLO (latency floor): size for stability
-            r = max(b.min_replicas, min(r_cap, int(lam * st.prefill_s / 0.9) + 1))
+        r_cap_all = b.max_replicas if budget is None else min(b.max_replicas, budget // gc)
+        if got is None:  # even zero load misses the SLO (latency floor): size for stability
+            r = max(b.min_replicas, min(r_cap_all, int(lam * st.prefill_s / 0.9) + 1))
+            got = (eb.min_replicas, r, 0.0)
             frac = 0.0
             reasons.append(
                 f"colocated latency floor (TTFT {st.fixed_s:.4g}s, ITL with a prefill stall "
                 f"{(st.step_cap_ms / 1000 + st.prefill_s):.4g}s) misses the SLO at any replica count"
             )
-        elif budget is not None and r_cap < b.max_replicas:
+        elif budget is not None and r_cap_all < b.max_replicas:
             reasons.append(f"gpu_budget {budget} admits {frac:.1%} of {lam:.4g} rps within the SLO")
         else:
             reasons.append(f"colocated maxReplicas admits {frac:.1%} of {lam:.4g} rps within the SLO")
+    r_enc, r, w_enc = got
+    r_cap = b.max_replicas if budget is None else min(b.max_replicas, budget // gc)
     lam_adm = lam * frac if frac > 0 else lam
     ev = _colocated_eval(r, lam_adm, d, m, slo, st)
     ttft, itl, _u, wp, ws, hold = ev if ev is not None else (math.inf, math.inf, 1.0, math.inf, math.inf, 0)
+    ttft += w_enc
+    enc_tab = _table(lam_adm * st.media, st.enc_s, ENCODER_CS2, 1, r_enc, r_enc, slo.percentile)
+    enc_spec: _Spec = (lam_adm * st.media, st.enc_s, ENCODER_CS2, 1, eb)
+    enc = _pool_plan(
+        "encoder",
+        enc_spec,
+        r_enc,
+        enc_tab[1][0] if enc_tab[1] else math.inf,
+        enc_tab[2][0] if enc_tab[2] else math.inf,
+    )
     k = st.b_eff
     cap = 1.0 / (st.prefill_s + d.output_tokens_mean * st.step_cap_ms / 1000.0 / k)
     pool = PoolPlan(
@@ -963,7 +998,7 @@ def _plan_colocated(
         sacrificed = f"shed {lam * (1 - frac):.4g} rps ({1 - frac:.1%} of demand) at admission"
     return Plan(
         placement="colocated",
-        pools={"colocated": pool},
+        pools={"encoder": enc, "colocated": pool},
         stages={
             "encoder.service_ms": st.enc_s * 1000.0,
             "prefill.service_ms": st.prefill_s * 1000.0,
@@ -983,7 +1018,7 @@ def _plan_colocated(
         decode_per_prefill=None,
         encoder_per_prefill=None,
         capacity_ratio=None,
-        total_gpus=pool.gpus,
+        total_gpus=pool.gpus + enc.gpus,
         gpu_budget=budget,
         feasible=feasible,
         reason="; ".join(reasons) if reasons else "ok",
@@ -1056,6 +1091,246 @@ def _remote_fraction(d: Demand, threshold: float) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
+def _split_shape(d: Demand, threshold: float, above: bool) -> Demand:
+    """The demand's prompt shape above (remote) or at and below (local) the threshold.
+
+    Mean and standard deviation of the normal prompt length truncated at the
+    threshold (inverse Mills ratio); a fixed prompt length keeps its own shape.
+    """
+    mean, std = d.prompt_tokens_mean, d.prompt_tokens_std
+    if std <= 0:
+        return d
+    z = (threshold - mean) / std
+    pdf = math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    share = 0.5 * math.erfc((z if above else -z) / math.sqrt(2.0))
+    if share <= 1e-12:  # (almost) no prompt on this side: its shape is the threshold itself
+        return replace(d, prompt_tokens_mean=max(0.0, threshold), prompt_tokens_std=0.0)
+    mills = pdf / share
+    if above:
+        m, var = mean + std * mills, std * std * (1.0 + z * mills - mills * mills)
+    else:
+        m, var = mean - std * mills, std * std * (1.0 - z * mills - mills * mills)
+    return replace(d, prompt_tokens_mean=max(0.0, m), prompt_tokens_std=math.sqrt(max(0.0, var)))
+
+
+class _CondSol(NamedTuple):
+    """One conditional solution: replicas, waits and the decode pool's local-prefill load."""
+
+    gpus: int
+    encoder: int
+    prefill: int
+    decode: int
+    w_enc: float
+    w_pre: float
+    w_dec: float
+    w_local: float
+    local_util: float  # share of a decode worker's time spent on local prefills
+
+
+def _solve_conditional(
+    rate: float,
+    remote: float,
+    st_r: _Setup,
+    st_l: _Setup,
+    ctx: _Ctx,
+    bounds: dict[str, PoolBounds],
+    slack_r: float,
+    slack_l: float,
+    budget: int | None,
+) -> _CondSol | None:
+    """Fewest GPUs for `rate` req/s of which the share `remote` is prefilled on the prefill pool.
+
+    Every request holds a decode slot; the local ones are first prefilled on a decode
+    worker, which then does not step its batch: with u = local prefill load per decode
+    worker, a slot is held hold / (1 - u) and the mean inter-token gap is step / (1 - u).
+    Both paths must fit the TTFT target at the percentile: remote = encoder wait + prefill
+    wait + decode slot wait within `slack_r`; local = encoder wait + local prefill wait +
+    decode slot wait within `slack_l`. Decode replicas are scanned upward (each count has
+    its own u), and for each the cheapest encoder and prefill rows that fit.
+    """
+    p = ctx.slo.percentile
+    eb, pb, db = bounds["encoder"], bounds["prefill"], bounds["decode"]
+    ge, gp, gd = eb.gpus_per_replica, pb.gpus_per_replica, db.gpus_per_replica
+    lam_r, lam_l = rate * remote, rate * (1.0 - remote)
+    r0e, we, _ = _table(rate * st_r.media, st_r.enc_s, ENCODER_CS2, 1, eb.min_replicas, eb.max_replicas, p)
+    r0p, wpp, _ = _table(lam_r, st_r.prefill_s, st_r.prefill_cs2, 1, pb.min_replicas, pb.max_replicas, p)
+    if not we or not wpp:
+        return None
+    neg_p = [-w for w in wpp]  # prefill waits fall along the table: bisect on the negated list
+    eps = 1e-12
+    # ITL below one step at batch 1 is reported by the caller; the plan then ignores it
+    itl_ms = ctx.slo.itl_s * 1000.0 if ctx.itl_ok else math.inf
+    floor_ep = ge * r0e + gp * r0p
+    best: tuple[tuple[int, int, float], _CondSol] | None = None
+    load_l = lam_l * st_l.prefill_s
+    r_start = max(db.min_replicas, int(load_l) + 1 if load_l > 0 else 0)
+    for r_d in range(r_start, db.max_replicas + 1):
+        cost_d = gd * r_d
+        if best is not None and cost_d + floor_ep > best[0][0]:
+            break
+        if budget is not None and cost_d + floor_ep > budget:
+            break
+        u = load_l / r_d if r_d > 0 else (0.0 if load_l == 0 else 1.0)
+        if u >= 1.0:
+            continue
+        if st_r.step_cap_ms / (1.0 - u) > itl_ms + 1e-9:
+            continue  # local prefills stretch the token gaps past the ITL target: more decode workers
+        r0d, wd, _ = _table(rate, st_r.hold_s / (1.0 - u), st_r.hold_cs2, st_r.b_eff, r_d, r_d, p)
+        r0l, wl, _ = _table(lam_l, st_l.prefill_s, st_l.prefill_cs2, 1, r_d, r_d, p)
+        if not wd or r0d != r_d or not wl or r0l != r_d:
+            continue
+        w_d, w_l = wd[0], wl[0]
+        found = False
+        for i, w_e in enumerate(we):
+            ce = ge * (r0e + i)
+            if best is not None and ce + gp * r0p + cost_d > best[0][0]:
+                break
+            if w_e + w_l + w_d > slack_l + eps:
+                continue
+            rem = slack_r - w_e - w_d
+            j = bisect.bisect_left(neg_p, -(rem + eps))
+            if j >= len(wpp):
+                continue
+            cost = ce + gp * (r0p + j) + cost_d
+            if budget is not None and cost > budget:
+                continue
+            key = (cost, r0e + i + r0p + j + r_d, w_e + wpp[j] + w_d)
+            if best is None or key < best[0]:
+                sol = _CondSol(cost, r0e + i, r0p + j, r_d, w_e, wpp[j], w_d, w_l, u)
+                best = (key, sol)
+            found = True
+        if not found and w_d <= 0.0 and w_l <= 0.0:
+            break  # no decode-side wait left to shrink (and ITL fits): more decode workers cannot help
+    return None if best is None else best[1]
+
+
+def _plan_conditional(
+    d: Demand,
+    m: StageModels,
+    slo: SLO,
+    bounds: dict[str, PoolBounds],
+    budget: int | None,
+    chunked: bool,
+    threshold: float,
+) -> Plan:
+    """Prefill and decode pools (and the encoder) when prompts above `threshold` go remote.
+
+    Prompts above the threshold are prefilled on the prefill pool and their KV sent to
+    decode; shorter ones are prefilled on the decode worker that serves them (no transfer),
+    which adds their prefill time to that pool's load. See `_solve_conditional`.
+    """
+    remote = _remote_fraction(d, threshold)
+    if remote >= 1.0:  # every prompt goes remote: exactly the disaggregated plan
+        pl = _plan_disagg(d, m, slo, bounds, budget, chunked)
+        return replace(pl, placement="conditional", split_threshold_tokens=threshold, remote_fraction=1.0)
+    ctx = _ctx(m, slo, chunked)
+    st_r = _shape(ctx, _split_shape(d, threshold, above=True))
+    st_l = _shape(ctx, _split_shape(d, threshold, above=False))
+    step1_s = ctx.step1_ms / 1000.0
+    local_fixed = st_l.enc_s + st_l.prefill_s + step1_s
+    reasons: list[str] = []
+    slack_r = slo.ttft_s - st_r.fixed_s if remote > 0 else math.inf
+    slack_l = slo.ttft_s - local_fixed
+    if min(slack_r, slack_l) < 0:
+        reasons.append(
+            f"TTFT target {slo.ttft_s:.3g}s is below the bare pipeline latency "
+            f"{max(st_r.fixed_s if remote > 0 else 0.0, local_fixed):.4g}s"
+        )
+    if not st_r.itl_ok:
+        reasons.append(f"ITL target {slo.itl_s:.3g}s is below one decode step at batch 1 ({step1_s:.4g}s)")
+    slo_ok = not reasons
+    eff_r, eff_l = max(slack_r, 0.0), max(slack_l, 0.0)
+    eb, pb, db = bounds["encoder"], bounds["prefill"], bounds["decode"]
+    if budget is not None:
+        min_cost = sum(b.min_replicas * b.gpus_per_replica for b in (eb, pb, db))
+        if budget < min_cost:
+            raise ValueError(f"gpu_budget ({budget}) is below the pools' minimum GPUs ({min_cost})")
+    lam = d.arrival_rps
+
+    def at(rate: float) -> _CondSol | None:
+        return _solve_conditional(rate, remote, st_r, st_l, ctx, bounds, eff_r, eff_l, budget)
+
+    frac, sol = _admit(lam, at)
+    if sol is None:  # cannot happen: rate 0 fits the minimum bounds
+        raise RuntimeError("planner: no conditional plan even at zero load")
+    unbounded = None
+    if frac < 1.0 and budget is not None:
+        unbounded = _solve_conditional(lam, remote, st_r, st_l, ctx, bounds, eff_r, eff_l, None)
+    budget_limited = frac < 1.0 and unbounded is not None
+    sacrificed = ""
+    if frac < 1.0:
+        if budget_limited:
+            reasons.append(f"gpu_budget {budget} admits {frac:.1%} of {lam:.4g} rps within the SLO")
+        else:
+            reasons.append(f"maxReplicas of the pools admit {frac:.1%} of {lam:.4g} rps within the SLO")
+        sacrificed = (
+            f"shed {lam * (1 - frac):.4g} rps ({1 - frac:.1%} of demand) at admission; the admitted "
+            f"{lam * frac:.4g} rps meet TTFT/ITL"
+        )
+    lam_adm = lam * frac
+    u = sol.local_util
+    hold = st_r.hold_s / (1.0 - u)
+    enc = _pool_plan(
+        "encoder", (lam_adm * st_r.media, st_r.enc_s, ENCODER_CS2, 1, eb), sol.encoder, sol.w_enc, sol.w_enc
+    )
+    pre = _pool_plan(
+        "prefill",
+        (lam_adm * remote, st_r.prefill_s, st_r.prefill_cs2, 1, pb),
+        sol.prefill,
+        sol.w_pre,
+        sol.w_pre,
+    )
+    dec = _pool_plan(
+        "decode", (lam_adm, hold, st_r.hold_cs2, st_r.b_eff, db), sol.decode, sol.w_dec, sol.w_dec
+    )
+    ttft_r = st_r.fixed_s + sol.w_enc + sol.w_pre + sol.w_dec if remote > 0 else 0.0
+    ttft_l = local_fixed + sol.w_enc + sol.w_local + sol.w_dec if remote < 1 else 0.0
+    n_occ = min(float(st_r.b_eff), lam_adm * hold / sol.decode) if sol.decode > 0 else 0.0
+    itl = ctx.step_ms(max(1.0, n_occ)) / 1000.0 / (1.0 - u)
+    return Plan(
+        placement="conditional",
+        pools={"encoder": enc, "prefill": pre, "decode": dec},
+        stages={
+            "encoder.service_ms": st_r.enc_s * 1000.0,
+            "prefill.service_ms": st_r.prefill_s * 1000.0,
+            "prefill.service_cv": math.sqrt(st_r.prefill_cs2),
+            "local_prefill.service_ms": st_l.prefill_s * 1000.0,
+            "local_prefill.wait_p_ms": sol.w_local * 1000.0,
+            "local_prefill.decode_share": u,
+            "transfer.kv_bytes": st_r.kv_bytes,
+            "transfer.serial_ms": st_r.serial_ms,
+            "transfer.chunked_ms": st_r.chunked_ms,
+            "transfer.used_ms": st_r.transfer_ms,
+            "decode.step_ms": st_r.step_cap_ms,
+            "decode.batch_cap": float(st_r.b_eff),
+            "decode.expected_batch": n_occ,
+            "decode.slot_hold_s": hold,
+        },
+        ttft_s=max(ttft_r, ttft_l),
+        itl_s=itl,
+        percentile=slo.percentile,
+        decode_per_prefill=dec.replicas / pre.replicas if pre.replicas else None,
+        encoder_per_prefill=enc.replicas / pre.replicas if pre.replicas else None,
+        capacity_ratio=None,
+        total_gpus=enc.gpus + pre.gpus + dec.gpus,
+        gpu_budget=budget,
+        feasible=slo_ok and frac >= 1.0,
+        reason="; ".join(reasons) if reasons else "ok",
+        best_ttft_s=max(st_r.fixed_s if remote > 0 else 0.0, local_fixed),
+        best_itl_s=step1_s,
+        budget_limited=budget_limited,
+        admitted_fraction=frac,
+        goodput_rps=lam_adm if slo_ok else 0.0,
+        shed_rps=lam * (1 - frac),
+        sacrificed=sacrificed,
+        interference_ms=st_l.prefill_s * 1000.0,
+        split_threshold_tokens=threshold,
+        remote_fraction=remote,
+        demand=d,
+        slo=slo,
+    )
+
+
 # --------------------------------------------------------------------------- entry points
 
 
@@ -1067,8 +1342,13 @@ def plan(
     budget: int | None = None,
     placement: Placement = "disaggregated",
     chunked: bool = False,
+    split_threshold: float | None = None,
 ) -> Plan:
-    """Plan replicas for one demand point. See the module docstring and docs/planner.md."""
+    """Plan replicas for one demand point. See the module docstring and docs/planner.md.
+
+    ``split_threshold`` (conditional placement): prompt tokens above which a request is
+    prefilled on the prefill pool; None derives it from the models (`split_threshold_tokens`).
+    """
     d = demand or Demand()
     m = models or _DEFAULT_MODELS
     s = slo or _DEFAULT_SLO
@@ -1086,27 +1366,9 @@ def plan(
         return _plan_disagg(d, m, s, b, g, chunked)
     if placement == "colocated":
         return _plan_colocated(d, m, s, b, g)
-    # conditional: plan both and keep the cheaper one that serves more goodput
-    thr = split_threshold_tokens(m, s, d.prefix_hit_rate)
-    frac = _remote_fraction(d, thr)
-    dis = _plan_disagg(d, m, s, b, g, chunked)
-    col = _plan_colocated(d, m, s, b, g)
-
-    def key(pl: Plan) -> tuple[float, int]:
-        return (-round(pl.goodput_rps, 9), pl.total_gpus)
-
-    chosen = col if key(col) <= key(dis) else dis
-    note = f"conditional: chose {chosen.placement} ({chosen.total_gpus} GPUs) over " + (
-        f"disaggregated ({dis.total_gpus} GPUs)" if chosen is col else f"colocated ({col.total_gpus} GPUs)"
-    )
-    return replace(
-        chosen,
-        placement=f"conditional/{chosen.placement}",
-        split_threshold_tokens=thr,
-        remote_fraction=frac,
-        reason=chosen.reason if chosen.reason != "ok" else "ok",
-        sacrificed=(chosen.sacrificed + "; " if chosen.sacrificed else "") + note,
-    )
+    thr = split_threshold_tokens(m, s, d.prefix_hit_rate) if split_threshold is None else split_threshold
+    _num("split_threshold", thr)
+    return _plan_conditional(d, m, s, b, g, chunked, float(thr))
 
 
 def plan_replicas(

@@ -183,6 +183,25 @@ def _media(rng: np.random.Generator, n: int, media_fraction: float, media_items:
     return np.where(rng.random(n) < media_fraction, media_items, 0).astype(np.int64)
 
 
+def with_media(w: Workload, media_fraction: float, media_items: int, seed: int | None = 0) -> Workload:
+    """`w` with a seeded share `media_fraction` of its requests carrying `media_items` media items.
+
+    For traces without media (Azure, Mooncake): a synthetic multimodal mix on real arrivals.
+    Requests that already carry media keep theirs.
+    """
+    if media_fraction > 0 and media_items < 1:
+        raise ValueError(f"media_items must be >= 1, got {media_items}")
+    media = _media(np.random.default_rng(seed), len(w), media_fraction, media_items)
+    return Workload(
+        w.arrival_s,
+        w.prompt_tokens,
+        w.output_tokens,
+        np.maximum(w.media_items, media),
+        w.hash_ids,
+        name=f"{w.name} +media({media_fraction:g}x{media_items})" if media_fraction > 0 else w.name,
+    )
+
+
 def _build(
     arrivals: np.ndarray,
     rng: np.random.Generator,

@@ -144,18 +144,20 @@ def test_prometheus_sees_the_arrival_rate_and_prompt_size_on_prefill(
             lambda: prom.query('up{job="emulator"} == 1'), timeout=30, what="Prometheus scrapes the emulator"
         )
         time.sleep(30)
-        rate = scalar(prom.query("sum(rate(vllm:request_prompt_tokens_count[20s]))"))
+        rate = scalar(prom.query('sum(rate(vllm:request_prompt_tokens_count{pool="prefill"}[20s]))'))
         mean = scalar(
             prom.query(
-                "sum(rate(vllm:request_prompt_tokens_sum[20s])) / sum(rate(vllm:request_prompt_tokens_count[20s]))"
+                'sum(rate(vllm:request_prompt_tokens_sum{pool="prefill"}[20s])) / '
+                'sum(rate(vllm:request_prompt_tokens_count{pool="prefill"}[20s]))'
             )
         )
         log = summary.with_suffix(".log").read_text(errors="replace")
         assert rate is not None and rate == pytest.approx(4.0, rel=0.05), log
         assert mean == pytest.approx(1000.0, rel=0.05)
-        # arrivals are recorded on the prefill pod; TTFT and generated tokens on decode pods
+        # prompts are counted on the prefill pod at admission and on the decode pod when the KV
+        # lands (each request once per pool); TTFT and generated tokens on decode pods
         by_pool = prom.query("sum by (pool) (rate(vllm:request_prompt_tokens_count[20s]))")
-        assert {r["metric"]["pool"] for r in by_pool if float(r["value"][1]) > 0} == {"prefill"}
+        assert {r["metric"]["pool"] for r in by_pool if float(r["value"][1]) > 0} == {"prefill", "decode"}
         ttft = prom.query("sum by (pool) (rate(vllm:time_to_first_token_seconds_count[20s]))")
         assert {r["metric"]["pool"] for r in ttft if float(r["value"][1]) > 0} == {"decode"}
         assert len(prom.query('vllm:num_requests_running{pool="decode"}')) == 2

@@ -16,6 +16,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from disagg import metrics
 from disagg.emulator.driver import PodWatcher, WallClockDriver
 from disagg.emulator.fleet import DeploymentEmulator, Fleet
 from disagg.emulator.load import LoadGenerator, TokenDraw, parse_schedule
@@ -178,9 +179,13 @@ def test_token_accounting_matches_outputs_under_load():
     assert sum(s.ttft.count for s in st) == len(reqs)
     assert sum(s.itl.count for s in st) == sum(r.output_tokens - 1 for r in reqs)
     assert sum(s.gen_total for s in st) == sum(r.output_tokens for r in reqs)
-    assert sum(s.prompt_tokens.count for s in st) == len(reqs)
+    # every request is counted once where it is prefilled and once where its KV lands
+    prefill = [pods[f"prefill-{i}"].stats for i in range(2)]
+    decode = [pods[f"decode-{i}"].stats for i in range(3)]
+    assert sum(s.prompt_tokens.count for s in prefill) == len(reqs)
+    assert sum(s.prompt_tokens.count for s in decode) == len(reqs)
+    assert sum(s.prompt_tokens.sum for s in decode) == sum(r.prompt_tokens for r in reqs)
     assert sum(s.prompt_total for s in st) == sum(r.prompt_tokens for r in reqs)
-    assert all(pods[f"decode-{i}"].stats.prompt_tokens.count == 0 for i in range(3))
     # the histograms agree with the simulator's own per-request records
     assert sum(s.ttft.sum for s in st) == pytest.approx(sum(dep.r_ttft), rel=1e-9)
     assert sum(s.itl.sum for s in st) == pytest.approx(
@@ -522,3 +527,56 @@ def test_schedule_and_uniform_arrivals():
     assert len(ts) == 40 + 20
     assert all(t < 10 or t >= 20 for t in ts)
     assert np.allclose(np.diff(ts[:40]), 0.25)
+
+
+def test_media_load_generator_and_cli_flags():
+    rng = np.random.default_rng(1)
+    g = LoadGenerator(
+        [(0.0, 50.0)],
+        TokenDraw(1000, 0, rng),
+        TokenDraw(100, 0, rng),
+        duration_s=40,
+        rng=rng,
+        media_fraction=0.3,
+        media_items=4,
+    )
+    reqs = []
+    while g.next_arrival() < INF:
+        reqs.append(g.pop())
+    media = [r.media_items for r in reqs]
+    assert set(media) == {0, 4}
+    assert sum(1 for x in media if x) / len(media) == pytest.approx(0.3, abs=0.03)
+    with pytest.raises(ValueError, match="media fraction"):
+        LoadGenerator([(0.0, 1.0)], TokenDraw(1, 0, rng), TokenDraw(1, 0, rng), media_fraction=1.5)
+    from disagg.cli import build_parser
+    from disagg.commands.emulate import build_load
+
+    args = build_parser().parse_args(
+        ["emulate", "--standalone", "--media-fraction", "1", "--media-items", "3"]
+    )
+    load = build_load(args)
+    assert load.pop().media_items == 3
+    bad = build_parser().parse_args(["emulate", "--standalone", "--media-fraction", "2"])
+    with pytest.raises(Exception, match="--media-fraction"):
+        build_load(bad)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_encoder_pods_export_media_requests_and_items(engine):
+    fleet = Fleet()
+    dep = DeploymentEmulator("ns", "dep", StageModels(), engine=engine)
+    fleet.add_deployment(dep, 0.0)
+    for pool in ("encoder", "prefill", "decode"):
+        fleet.add_pod(dep, pool, f"{pool}-0", f"uid-{pool}", 0.0)
+    clock = FakeClock()
+    reqs = [Request(0.1 * i, 500, 3, 2 if i % 2 else 0) for i in range(10)]  # 5 with 2 images each
+    driver = WallClockDriver(fleet, ListLoad(reqs), clock=clock)
+    run_fake(driver, clock, 3.0)
+    s = scrape(fleet, driver.now())
+    p = metrics.preset(engine)
+    requests, items = p.media_requests, p.media_items
+    assert value(s, requests, pod="encoder-0") == 5
+    assert value(s, items, pod="encoder-0") == 10
+    if engine == "vllm":  # the same histogram on prefill counts every request, media or not
+        assert value(s, requests, pod="prefill-0") == 10
+    assert dep.completed == 10  # every request went through, media ones via the encoder

@@ -232,3 +232,102 @@ def test_cli_plot_writes_a_png_per_run(small_trace: str, tmp_path, capsys) -> No
     assert "disagg" in capsys.readouterr().out  # the table is still printed
     assert main(["evaluate", "--trace", small_trace, "--plot", str(tmp_path / "run.svg")]) == 2
     assert "--plot writes a PNG" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- media and conditional
+
+
+@pytest.fixture(scope="module")
+def media_step() -> Workload:
+    # 2 rps of text, then 10 rps of which 60 % carry four images each: the encoder pool must grow
+    low = poisson(2.0, 300.0, prompt_tokens=1000, output_tokens=100, seed=1)
+    high = poisson(
+        10.0, 300.0, prompt_tokens=1000, output_tokens=100, media_fraction=0.6, media_items=4, seed=2
+    )
+    return Workload(
+        np.concatenate([low.arrival_s, high.arrival_s + 300.0]),
+        np.concatenate([low.prompt_tokens, high.prompt_tokens]),
+        np.concatenate([low.output_tokens, high.output_tokens]),
+        np.concatenate([low.media_items, high.media_items]),
+        name="media step",
+    )
+
+
+def test_media_workload_sizes_the_encoder_pool(media_step: Workload) -> None:
+    doc = evaluate(media_step, ("disagg", "static", "oracle"), SHORT)
+    for name in ("disagg", "static", "oracle"):
+        m = doc["policies"][name]
+        assert m["lost_requests"] == 0 and m["completed"] == len(media_step), name
+        assert set(m["timeline"][0]["replicas"]) == {"encoder", "prefill", "decode"}
+    tl = doc["policies"]["disagg"]["timeline"]
+    before = [x["replicas"] for x in tl if x["t"] < 290]
+    after = [x["replicas"] for x in tl if x["t"] > 420]
+    assert max(r["encoder"] for r in before) == 1  # text only: the encoder pool at its minimum
+    # 10 rps x 60 % x (15 + 4 x 25) ms = 0.69 busy encoders at the mean, more at the p99 wait
+    assert max(r["encoder"] for r in after) >= 2
+    assert max(r["prefill"] for r in after) > max(r["prefill"] for r in before)
+    assert doc["workload"]["media_fraction"] == pytest.approx(
+        float((media_step.media_items > 0).mean()), rel=1e-9
+    )
+
+
+def test_conditional_placement_prefills_short_prompts_on_decode() -> None:
+    # 1,500-token prompts, below the 2,429-token threshold: conditional placement prefills them
+    # on decode, the prefill pool idles at its minimum and the decode pool carries the prefills
+    w = poisson(12.0, 400.0, prompt_tokens=1500, output_tokens=100, seed=4)
+    dis = run_policy("disagg", w, SHORT)
+    cond = run_policy("disagg", w, replace(SHORT, placement="conditional"))
+    for r in (dis, cond):
+        assert r.metrics["lost_requests"] == 0 and r.metrics["completed"] == len(w)
+        assert set(r.timeline[0]["replicas"]) == {"prefill", "decode"}
+        assert r.metrics["slo_attainment"] > 0.9
+
+    def peak(r, pool):
+        return max(x["replicas"][pool] for x in r.timeline)
+
+    assert peak(dis, "prefill") >= 2
+    assert peak(cond, "prefill") == 1
+    assert peak(cond, "decode") > peak(dis, "decode")
+    # a threshold below every prompt sends them all to the prefill pool again
+    remote = run_policy("disagg", w, replace(SHORT, placement="conditional", split_threshold=1000))
+    assert peak(remote, "prefill") == peak(dis, "prefill")
+
+
+def test_infeasible_requests_follow_the_placement() -> None:
+    from disagg.evaluate import infeasible_mask
+
+    w = Workload([0.0, 1.0, 2.0], [2000, 2000, 14000], [10, 10, 10], [0, 40, 0])
+    s = replace(SHORT)
+    # 2,000 tokens: 90 ms prefill + 233 ms transfer (serial) + 45 ms: feasible either way;
+    # 40 images add 1,015 ms of encoding: not; 14,000 tokens: 510 + 556 ms: not
+    assert infeasible_mask(w, s).tolist() == [False, True, True]
+    assert infeasible_mask(w, replace(s, placement="conditional")).tolist() == [False, True, True]
+    with pytest.raises(ValueError, match="placement"):
+        EvalSettings(placement="colocated")
+
+
+def test_cli_media_and_conditional(small_trace: str, capsys) -> None:
+    args = ["evaluate", "--trace", small_trace, "--policy", "disagg", "--output", "json"]
+    assert main([*args, "--media-fraction", "0.5", "--media-items", "2", "--placement", "conditional"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["settings"]["placement"] == "conditional"
+    assert out["settings"]["split_threshold_tokens"] == pytest.approx(2428.57, abs=0.01)
+    assert out["settings"]["media_fraction"] == 0.5
+    assert out["workload"]["media_fraction"] == pytest.approx(0.5, abs=0.1)
+    tl = out["policies"]["disagg"]["timeline"]
+    assert set(tl[0]["replicas"]) == {"encoder", "prefill", "decode"}
+    assert out["policies"]["disagg"]["lost_requests"] == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "msg"),
+    [
+        (["--placement", "colocated"], "unknown placement"),
+        (["--media-fraction", "1.5"], "--media-fraction"),
+        (["--media-fraction", "0.5", "--media-items", "0"], "--media-items"),
+        (["--placement", "conditional", "--split-threshold", "0"], "--split-threshold"),
+    ],
+)
+def test_cli_bad_media_or_placement_exit_2(small_trace: str, capsys, extra: list[str], msg: str) -> None:
+    assert main(["evaluate", "--trace", small_trace, *extra]) == 2
+    assert msg in capsys.readouterr().err

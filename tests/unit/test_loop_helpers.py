@@ -6,9 +6,32 @@ from pathlib import Path
 
 import yaml
 
-from disagg import api, autoscaler
+from disagg import api, autoscaler, metrics, planner
 
 SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "vllm-disaggregated-70b.yaml"
+
+
+def demand_from(snap: metrics.Snapshot, rate: float, shape: dict[str, float]) -> planner.Demand:
+    """The demand the operator's decision plans for, from a snapshot's values (loop.observation)."""
+    v = snap.values
+    obs = autoscaler.Observation(
+        now=snap.time,
+        metrics_ok=True,
+        pools={},
+        prompt_tokens_mean=v.get("prompt_tokens_mean"),
+        output_tokens_mean=v.get("output_tokens_mean"),
+        media_fraction=metrics.media_fraction(v),
+        media_items_per_request=metrics.media_items_per_request(v),
+    )
+    return autoscaler.demand_for(obs, rate, shape)
+
+
+def plan_for(spec: api.DisaggDeploymentSpec, demand: planner.Demand) -> planner.Plan:
+    return api.planner_inputs(spec).plan(demand)
+
+
+def pooled(plan: planner.Plan, spec: api.DisaggDeploymentSpec) -> dict[str, int]:
+    return autoscaler._pooled(plan, tuple(api.pools(spec)))
 
 
 def admitted(name, created, admitted_at, reason="Admitted"):
@@ -116,3 +139,97 @@ def test_growth_waits_while_draining_pods_still_hold_the_budget():
     # Once they are gone (6 decode pods: 20 GPUs), it fits.
     fits, deferred = autoscaler.fit_growth_in_budget(config, observe(2, 6), {"prefill": 3})
     assert fits == {"prefill": 3} and deferred == {}
+
+
+def _conditional_spec(**placement):
+    raw = yaml.safe_load(SAMPLE.read_text())["spec"]
+    raw["placement"] = {"mode": "conditional", **placement}
+    return api.parse_spec(raw)
+
+
+def test_conditional_spec_gets_planned_sizes_for_its_own_pools():
+    # 8 req/s of 6,000-token prompts on the vLLM sample in conditional placement: every prompt
+    # is above the split threshold, so the plan is the disaggregated one, keyed by the spec's pools.
+    spec = _conditional_spec()
+    snap = metrics.Snapshot(time=0.0, values={"prompt_tokens_mean": 6000.0, "output_tokens_mean": 400.0})
+    plan = plan_for(spec, demand_from(snap, 8.0, {}))
+    planned = pooled(plan, spec)
+    assert set(planned) == {"prefill", "decode"}
+    raw = yaml.safe_load(SAMPLE.read_text())["spec"]
+    disagg = plan_for(api.parse_spec(raw), demand_from(snap, 8.0, {}))
+    assert planned == pooled(disagg, spec)
+    assert planned["prefill"] > spec.pools.prefill.min_replicas  # a real plan, not the minimum
+
+
+def test_conditional_spec_threshold_moves_short_prompts_to_decode():
+    snap = metrics.Snapshot(time=0.0, values={"prompt_tokens_mean": 1500.0, "output_tokens_mean": 400.0})
+    demand = demand_from(snap, 16.0, {})
+    local = plan_for(_conditional_spec(splitThresholdTokens=4000), demand)
+    remote = plan_for(_conditional_spec(splitThresholdTokens=1000), demand)
+    assert local.remote_fraction == 0.0 and remote.remote_fraction == 1.0
+    assert local.split_threshold_tokens == 4000 and remote.split_threshold_tokens == 1000
+    assert local.replicas["prefill"] < remote.replicas["prefill"]
+    assert local.replicas["decode"] > remote.replicas["decode"]
+
+
+def test_demand_takes_the_media_mix_from_the_encoder_metrics():
+    snap = metrics.Snapshot(
+        time=0.0,
+        values={
+            "arrival_rps": 8.0,
+            "prompt_tokens_mean": 1000.0,
+            "output_tokens_mean": 200.0,
+            "media_rps": 2.0,
+            "media_items_rps": 6.0,
+        },
+    )
+    last: dict[str, float] = {}
+    d = demand_from(snap, 10.0, last)
+    assert d.arrival_rps == 10.0 and d.media_fraction == 0.25 and d.items_per_request == 3.0
+    del snap.values["media_rps"], snap.values["media_items_rps"]  # encoder pods not reporting
+    d = demand_from(snap, 10.0, last)
+    assert d.media_fraction == 0.25 and d.items_per_request == 3.0
+
+
+def test_multimodal_sample_plans_the_encoder_with_the_media_load():
+    sample = SAMPLE.parent / "multimodal-epd.yaml"
+    spec = api.parse_spec(yaml.safe_load(sample.read_text())["spec"])
+
+    def planned(rate: float, media_rps: float) -> dict[str, int]:
+        snap = metrics.Snapshot(
+            time=0.0,
+            values={
+                "arrival_rps": rate,
+                "prompt_tokens_mean": 1000.0,
+                "output_tokens_mean": 200.0,
+                "media_rps": media_rps,
+                "media_items_rps": 4 * media_rps,
+            },
+        )
+        return pooled(plan_for(spec, demand_from(snap, rate, {})), spec)
+
+    text = planned(8.0, 0.0)
+    media = planned(8.0, 8.0)
+    assert set(media) == {"encoder", "prefill", "decode"}
+    assert text["encoder"] == spec.pools.encoder.min_replicas
+    assert media["encoder"] > text["encoder"]  # 8 req/s x 4 images x 35 ms: more than one encoder
+
+
+def test_colocated_spec_keeps_its_encoder_pool_in_the_plan():
+    raw = yaml.safe_load((SAMPLE.parent / "colocated.yaml").read_text())["spec"]
+    encoder = yaml.safe_load((SAMPLE.parent / "multimodal-epd.yaml").read_text())["spec"]["pools"]["encoder"]
+    raw["pools"]["encoder"] = encoder
+    spec = api.parse_spec(raw)
+    snap = metrics.Snapshot(
+        time=0.0,
+        values={
+            "arrival_rps": 8.0,
+            "prompt_tokens_mean": 1000.0,
+            "output_tokens_mean": 200.0,
+            "media_rps": 8.0,
+            "media_items_rps": 32.0,
+        },
+    )
+    planned = pooled(plan_for(spec, demand_from(snap, 8.0, {})), spec)
+    assert set(planned) == {"encoder", "colocated"}
+    assert planned["encoder"] > spec.pools.encoder.min_replicas  # 8 req/s x 4 images x 35 ms

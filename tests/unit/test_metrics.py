@@ -142,3 +142,87 @@ def test_percent_where_fraction_expected_is_invalid():
     results["kv_usage_max"] = [sample(87.5)]
     snap = m.build_snapshot(qs, results, NOW, 1.0, {})
     assert not snap.ok and "percentage" in snap.reason()
+
+
+EPD = ["encoder", "prefill", "decode"]
+
+
+def test_presets_name_the_engines_encoder_metrics():
+    # vLLM: an encoder instance's requests (prompt-tokens histogram) and its multimodal cache
+    # lookups, one per item; SGLang's encoder server: one histogram of items per request.
+    assert m.preset("vllm").media_requests == "vllm:request_prompt_tokens_count"
+    assert m.preset("vllm").media_items == "vllm:mm_cache_queries_total"
+    assert m.preset("sglang").media_requests == "sglang:encoder_mm_items_per_request_count"
+    assert m.preset("sglang").media_items == "sglang:encoder_mm_items_per_request_sum"
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_media_queries_read_the_encoder_pods_only_when_there_is_an_encoder_pool(engine):
+    qs = {q.name: q for q in m.build_queries(engine, "ns", "vl", EPD, 60, 0.9)}
+    p = m.preset(engine)
+    for name, series in (("media_rps", p.media_requests), ("media_items_rps", p.media_items)):
+        q = qs[name]
+        assert q.promql == f'sum(rate({series}{{namespace="ns",pod=~"vl-encoder-[a-z0-9]+-[a-z0-9]+"}}[60s]))'
+        assert q.pool == "encoder" and q.required_with_pods and not q.required
+    plain = {q.name for q in m.build_queries(engine, "ns", "vl", ["prefill", "decode"], 60, 0.9)}
+    assert "media_rps" not in plain and "media_items_rps" not in plain
+
+
+def test_conditional_placement_counts_arrivals_on_decode():
+    # short prompts never reach the prefill pool: every request is counted where it is decoded
+    dis = {
+        q.name: q
+        for q in m.build_queries("vllm", "n", "d", ["prefill", "decode"], 60, 0.9, short_window_s=45)
+    }
+    cond = {
+        q.name: q
+        for q in m.build_queries(
+            "vllm", "n", "d", ["prefill", "decode"], 60, 0.9, short_window_s=45, placement="conditional"
+        )
+    }
+    for name in ("arrival_rps", "arrival_rps_short", "prompt_tokens_mean", "prompt_tokens_buckets"):
+        assert 'pod=~"d-prefill-' in dis[name].promql and dis[name].pool == "prefill"
+        assert 'pod=~"d-decode-' in cond[name].promql and cond[name].pool == "decode"
+    assert 'pod=~"d-prefill-' in cond["prefill_time_mean"].promql  # the prefill pool's own model
+
+
+def _media_results(qs, media):
+    results = {q.name: [] for q in qs}
+    results["arrival_rps"] = [sample(4)]
+    results.update(media)
+    return results
+
+
+def test_missing_media_is_a_problem_only_while_encoder_pods_are_routable():
+    qs = m.build_queries("vllm", "n", "d", EPD, 60, 0.9)
+    running = [sample(0, pod="d-encoder-a-1")]
+    times = [sample(NOW, pod="d-encoder-a-1")]
+    results = _media_results(qs, {"running_by_pod.encoder": running, "sample_time_by_pod.encoder": times})
+    snap = m.build_snapshot(qs, results, NOW, 1.0, {"encoder": ["d-encoder-a-1"]})
+    assert not snap.ok  # the encoder pod reports, its media rates do not: missing, not zero
+    assert {p.name for p in snap.problems} == {"media_rps", "media_items_rps"}
+    assert "media_rps" not in snap.values
+    # no routable encoder pod: nothing to report, no problem, and no value invented
+    snap = m.build_snapshot(qs, _media_results(qs, {}), NOW, 1.0, {"encoder": []})
+    assert snap.ok and "media_rps" not in snap.values
+    # reported: zero is a valid value
+    results["media_rps"] = [sample(0)]
+    results["media_items_rps"] = [sample(0)]
+    snap = m.build_snapshot(qs, results, NOW, 1.0, {"encoder": ["d-encoder-a-1"]})
+    assert snap.ok and snap.values["media_rps"] == 0.0
+
+
+def test_media_share_and_items_from_the_encoder_rates():
+    assert m.media_fraction({"arrival_rps": 4.0}) is None  # no encoder stage measured
+    assert m.media_items_per_request({"arrival_rps": 4.0}) is None
+    v = {"arrival_rps": 4.0, "media_rps": 1.0, "media_items_rps": 3.0}
+    assert (m.media_fraction(v), m.media_items_per_request(v)) == (0.25, 3.0)
+    # no media in the window: the share is a measured 0, the items per request are unknown
+    v = {"arrival_rps": 4.0, "media_rps": 0.0, "media_items_rps": 0.0}
+    assert (m.media_fraction(v), m.media_items_per_request(v)) == (0.0, None)
+    # values the window cannot give (NaN, no traffic) are unknown, never 0
+    assert m.media_fraction({"arrival_rps": 0.0, "media_rps": 1.0}) is None
+    assert m.media_fraction({"arrival_rps": 2.0, "media_rps": float("nan")}) is None
+    # an engine taking one request per item can count more media requests than arrivals
+    v = {"arrival_rps": 2.0, "media_rps": 6.0, "media_items_rps": 6.0}
+    assert (m.media_fraction(v), m.media_items_per_request(v)) == (1.0, 1.0)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -182,16 +184,103 @@ def test_split_threshold_worked_example():
 def test_colocated_interference_and_conditional():
     col = plan(Demand(arrival_rps=2.0), placement="colocated")
     assert col.interference_ms == pytest.approx(230.0)
-    assert set(col.pools) == {"colocated"}
+    assert set(col.pools) == {"encoder", "colocated"}
+    assert col.pools["encoder"].replicas == 0  # no media, and the default encoder minimum is 0
     assert col.feasible and col.ttft_s <= 0.6 and col.itl_s <= 0.15
     short = plan(Demand(arrival_rps=2.0, prompt_tokens_mean=500), placement="conditional")
-    assert short.placement.startswith("conditional/")
+    assert short.placement == "conditional"
     assert short.split_threshold_tokens == pytest.approx(2428.57, abs=0.01)
     assert short.remote_fraction == 0.0
     long_ = plan(
         Demand(arrival_rps=2.0, prompt_tokens_mean=6000, prompt_tokens_std=1000), placement="conditional"
     )
     assert long_.remote_fraction > 0.99
+
+
+def test_conditional_plans_prefill_and_decode_only():
+    # The pools a conditional DisaggDeployment has: prefill and decode (and the encoder stage).
+    for d in (
+        Demand(arrival_rps=8.0, prompt_tokens_mean=6000),
+        Demand(arrival_rps=8.0, prompt_tokens_mean=500),
+        Demand(arrival_rps=8.0, prompt_tokens_mean=2000, prompt_tokens_std=1500),
+    ):
+        pl = plan(d, placement="conditional")
+        assert set(pl.pools) == {"encoder", "prefill", "decode"}
+        assert "colocated" not in pl.replicas
+        assert pl.feasible and pl.ttft_s <= 0.6 + EPS and pl.itl_s <= 0.15 + EPS
+
+
+def test_conditional_with_every_prompt_above_the_threshold_is_the_disaggregated_plan():
+    d = Demand(arrival_rps=8.0, prompt_tokens_mean=6000)
+    cond = plan(d, placement="conditional")
+    assert cond.remote_fraction == 1.0
+    assert cond.replicas == plan(d).replicas == {"encoder": 0, "prefill": 3, "decode": 6}
+
+
+def test_conditional_grows_with_load():
+    d = Demand(prompt_tokens_mean=2000, prompt_tokens_std=1500)
+    sizes = [plan(replace(d, arrival_rps=r), placement="conditional").replicas for r in (1, 4, 16, 32)]
+    for a, b in itertools.pairwise(sizes):
+        assert b["prefill"] >= a["prefill"] and b["decode"] >= a["decode"]
+    assert sizes[-1]["decode"] > sizes[0]["decode"] and sizes[-1]["prefill"] > sizes[0]["prefill"]
+
+
+def test_conditional_short_prompts_load_the_decode_pool():
+    # Below the threshold every prompt is prefilled on decode: the prefill pool idles at its
+    # minimum and the decode pool carries the prefills, so it sits between the disaggregated
+    # decode pool (no prefills) and the colocated pool (the same work on one pool).
+    for rate in (4.0, 8.0, 16.0):
+        d = Demand(arrival_rps=rate, prompt_tokens_mean=1500)
+        cond, dis = plan(d, placement="conditional"), plan(d)
+        col = plan(d, placement="colocated")
+        assert cond.remote_fraction == 0.0
+        assert cond.replicas["prefill"] == 1  # the minimum
+        assert cond.pools["prefill"].arrival_rps == 0.0
+        assert dis.replicas["decode"] <= cond.replicas["decode"] <= col.replicas["colocated"]
+        assert cond.stages["local_prefill.decode_share"] > 0
+    # the decode pool's load includes the local prefills: more of them, more decode workers
+    light = plan(Demand(arrival_rps=16.0, prompt_tokens_mean=200), placement="conditional")
+    heavy = plan(Demand(arrival_rps=16.0, prompt_tokens_mean=2000), placement="conditional")
+    assert heavy.replicas["decode"] > light.replicas["decode"]
+
+
+def test_conditional_threshold_from_the_caller():
+    d = Demand(arrival_rps=8.0, prompt_tokens_mean=1500)
+    # a threshold below every prompt sends them all remote: the disaggregated plan
+    assert plan(d, placement="conditional", split_threshold=1000).replicas == plan(d).replicas
+    assert plan(d, placement="conditional", split_threshold=1000).remote_fraction == 1.0
+    with pytest.raises(ValueError, match="split_threshold"):
+        plan(d, placement="conditional", split_threshold=-1)
+
+
+def test_conditional_under_a_budget_sheds_load_within_it():
+    d = Demand(arrival_rps=16.0, prompt_tokens_mean=2000, prompt_tokens_std=1500)
+    full = plan(d, placement="conditional")
+    tight = plan(d, placement="conditional", budget=full.total_gpus - 2)
+    assert tight.total_gpus <= full.total_gpus - 2
+    assert tight.budget_limited and 0 < tight.admitted_fraction < 1
+    assert not tight.feasible
+
+
+def test_colocated_keeps_the_encoder_pool_and_sizes_it_with_media():
+    bounds = {"encoder": PoolBounds(1, 8, 1)}
+    none = plan(Demand(arrival_rps=4.0, prompt_tokens_mean=1000), placement="colocated", bounds=bounds)
+    assert none.replicas["encoder"] == 1  # its minimum: no media
+    sizes = [
+        plan(
+            Demand(arrival_rps=r, prompt_tokens_mean=1000, media_fraction=1.0, items_per_request=4),
+            placement="colocated",
+            bounds=bounds,
+        )
+        for r in (4.0, 16.0)
+    ]
+    # 16 rps x 115 ms of encoding is 1.84 busy workers: at least two
+    assert sizes[1].replicas["encoder"] >= 2
+    assert sizes[1].replicas["encoder"] > sizes[0].replicas["encoder"]
+    for pl in sizes:
+        assert pl.feasible and pl.ttft_s <= 0.6 + EPS
+        assert pl.total_gpus == pl.replicas["encoder"] + pl.replicas["colocated"]
+        assert pl.pools["encoder"].arrival_rps == pytest.approx(pl.demand.arrival_rps)
 
 
 def test_to_dict_is_json_and_stable():
@@ -401,3 +490,19 @@ def test_output_records_equal_regular_construction():
         for pool in pl.pools.values():
             assert set(vars(pool)) == set(PoolPlan.__dataclass_fields__)
             assert PoolPlan(**vars(pool)) == pool
+
+
+@PROPS
+@given(d=demands, slo=slos, dm=decode_models, budget=st.one_of(st.none(), st.integers(3, 40)))
+def test_conditional_and_colocated_plans_meet_targets_within_the_budget(d, slo, dm, budget):
+    m = StageModels(decode=dm)
+    for placement in ("conditional", "colocated"):
+        p = plan(d, m, slo, budget=budget, placement=placement)
+        assert "encoder" in p.pools  # never dropped
+        assert p.total_gpus == sum(pp.gpus for pp in p.pools.values())
+        if budget is not None:
+            assert p.total_gpus <= budget
+        if p.feasible:
+            assert p.ttft_s <= slo.ttft_s + EPS and p.itl_s <= slo.itl_s + EPS
+        else:
+            assert p.reason != "ok"

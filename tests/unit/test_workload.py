@@ -102,3 +102,17 @@ def test_workload_validation():
     w = Workload([2.0, 1.0], [10, 20], [1, 2])  # sorted on construction
     assert list(w.prompt_tokens) == [20, 10]
     assert list(Workload.from_requests(list(w))) == list(w)
+
+
+def test_with_media_gives_a_seeded_share_of_requests_media_items():
+    from disagg.workload import poisson, with_media
+
+    w = poisson(5.0, 400.0, seed=0)
+    m = with_media(w, 0.25, 3, seed=1)
+    assert set(m.media_items.tolist()) == {0, 3}
+    assert (m.media_items > 0).mean() == pytest.approx(0.25, abs=0.04)
+    assert (m.arrival_s == w.arrival_s).all() and (m.prompt_tokens == w.prompt_tokens).all()
+    assert (with_media(w, 0.25, 3, seed=1).media_items == m.media_items).all()  # seeded
+    assert with_media(w, 0.0, 3).media_items.max() == 0
+    with pytest.raises(ValueError, match="media_items"):
+        with_media(w, 0.5, 0)

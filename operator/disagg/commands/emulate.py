@@ -76,6 +76,13 @@ def register(subparsers: Any) -> None:
         "--output-tokens-std", type=float, default=0.0, help="output tokens std (default 0: fixed)"
     )
     w.add_argument(
+        "--media-fraction",
+        type=float,
+        default=0.0,
+        help="share of requests with media, for the encoder pool (default 0)",
+    )
+    w.add_argument("--media-items", type=int, default=1, help="media items per media request (default 1)")
+    w.add_argument(
         "--duration",
         type=float,
         default=60.0,
@@ -138,6 +145,10 @@ def build_load(args: argparse.Namespace):
         if not args.rate > 0:
             raise UsageError(f"--rate must be > 0, got {args.rate}")
         schedule = [(0.0, args.rate)]
+    if not 0.0 <= args.media_fraction <= 1.0:
+        raise UsageError(f"--media-fraction must be between 0 and 1, got {args.media_fraction}")
+    if args.media_items < 1:
+        raise UsageError(f"--media-items must be >= 1, got {args.media_items}")
     rng = np.random.default_rng(args.seed)
     return LoadGenerator(
         schedule,
@@ -146,6 +157,8 @@ def build_load(args: argparse.Namespace):
         arrivals=args.arrivals,
         duration_s=duration,
         rng=rng,
+        media_fraction=args.media_fraction,
+        media_items=args.media_items,
     )
 
 

@@ -1,7 +1,10 @@
 """`disagg evaluate`: closed-loop, virtual-time comparison of autoscaling policies on a trace.
 
 The simulator replays the trace; every --interval seconds each policy resizes
-the prefill and decode pools from in-simulation metrics (one scrape late).
+the prefill and decode pools (and the encoder pool when requests carry media:
+--media-fraction adds a synthetic multimodal mix) from in-simulation metrics
+(one scrape late). --placement conditional prefills prompts below the split
+threshold on the decode workers.
 Reports SLO attainment, TTFT/ITL percentiles, GPU-hours (and vs the oracle),
 scaling actions, drains and lost requests per policy. See docs/evaluation.md.
 """
@@ -33,6 +36,8 @@ POLICY_LINES = {
 # is 99 % of them, so the evaluation plans for p99 (disagg.evaluate.EVAL_PERCENTILE),
 # not `disagg plan`'s p90.
 MODEL_NAMES = (
+    "encoder_fixed_ms",
+    "encoder_ms_per_item",
     "ttft",
     "itl",
     "percentile",
@@ -82,6 +87,24 @@ def register(subparsers: Any) -> None:
     )
     f("--baseline-drain", action="store_true", help="let hpa/throughput drain on scale-down too")
     f("--limit", type=int, help="read at most N trace rows")
+    f(
+        "--media-fraction",
+        type=float,
+        default=0.0,
+        help="share of requests given media items (seeded; adds the encoder pool; default 0)",
+    )
+    f("--media-items", type=int, default=1, help="media items per media request (default 1)")
+    f(
+        "--placement",
+        default="disaggregated",
+        help="disaggregated (default) or conditional (prompts below the split threshold prefilled on decode)",
+    )
+    f(
+        "--split-threshold",
+        type=int,
+        metavar="TOKENS",
+        help="conditional: prompt tokens from which prefill is remote (default: the planner's, from the models)",
+    )
     m = p.add_argument_group("SLO and service-time models (as in `disagg plan`)")
     modelflags.add_flags(
         m,
@@ -89,14 +112,14 @@ def register(subparsers: Any) -> None:
         overrides={"percentile": MODEL_DEFAULTS["percentile"]},
         helps={"percentile": "planner quantile of the targets; attainment counts every request"},
     )
-    for pool in ("prefill", "decode"):
+    for pool in ("encoder", "prefill", "decode"):
         m.add_argument(f"--{pool}-gpus-per-replica", type=int, default=1, metavar="N", help="default 1")
     p.set_defaults(func=run)
 
 
 def _settings(args: argparse.Namespace) -> Any:
     from disagg.evaluate import EvalSettings
-    from disagg.model import DecodeModel, PrefillModel, StageModels, TransferModel
+    from disagg.model import DecodeModel, EncoderModel, PrefillModel, StageModels, TransferModel
     from disagg.planner import SLO
 
     v = {k: (getattr(args, k) if getattr(args, k) is not None else d) for k, d in MODEL_DEFAULTS.items()}
@@ -104,6 +127,7 @@ def _settings(args: argparse.Namespace) -> Any:
         if not math.isfinite(float(x)):
             raise ValueError(f"--{k.replace('_', '-')} must be finite, got {x!r}")
     models = StageModels(
+        encoder=EncoderModel(v["encoder_fixed_ms"], v["encoder_ms_per_item"]),
         prefill=PrefillModel(v["prefill_fixed_ms"], v["prefill_ms_per_token"]),
         transfer=TransferModel(v["kv_bytes_per_token"], v["link_setup_ms"], v["link_gibps"]),
         decode=DecodeModel(v["decode_step_ms"], v["decode_ms_per_seq"], v["decode_slots"]),
@@ -114,11 +138,17 @@ def _settings(args: argparse.Namespace) -> Any:
         slo=slo,
         interval_s=args.interval,
         startup_s=args.startup_seconds,
-        gpus_per_replica={"prefill": args.prefill_gpus_per_replica, "decode": args.decode_gpus_per_replica},
+        gpus_per_replica={
+            "encoder": args.encoder_gpus_per_replica,
+            "prefill": args.prefill_gpus_per_replica,
+            "decode": args.decode_gpus_per_replica,
+        },
         gpu_budget=args.gpu_budget,
         headroom=args.headroom,
         baseline_drain=args.baseline_drain,
         seed=args.seed,
+        placement=args.placement,
+        split_threshold=args.split_threshold,
     )
 
 
@@ -184,8 +214,9 @@ def plot(doc: dict[str, Any], path: str) -> None:
         ax2 = ax.twinx()
         ax2.plot(t, [x["arrival_rps"] for x in tl], color="0.7", lw=1, label="arrival rps")
         ax2.set_ylabel("rps", color="0.5")
-        for pool, color in (("prefill", "tab:blue"), ("decode", "tab:orange")):
-            ax.step(t, [x["replicas"][pool] for x in tl], where="post", color=color, label=pool)
+        for pool, color in (("encoder", "tab:green"), ("prefill", "tab:blue"), ("decode", "tab:orange")):
+            if tl and pool in tl[0]["replicas"]:
+                ax.step(t, [x["replicas"][pool] for x in tl], where="post", color=color, label=pool)
         m = doc["policies"][name]
         ax.set_title(
             f"{name}: attainment {100 * (m['slo_attainment'] or 0):.2f}%, {m['gpu_hours']:.2f} GPU-h",
@@ -221,6 +252,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--plot writes a PNG; give a .png file name, got {args.plot!r}")
     if args.startup_seconds < 0 or not args.interval > 0:
         raise UsageError("--startup-seconds must be >= 0 and --interval > 0")
+    if args.placement not in ("disaggregated", "conditional"):
+        raise UsageError(f"unknown placement {args.placement!r}; choose from disaggregated, conditional")
+    if args.split_threshold is not None and args.split_threshold < 1:
+        raise UsageError(f"--split-threshold must be >= 1 token, got {args.split_threshold}")
+    if not 0.0 <= args.media_fraction <= 1.0:
+        raise UsageError(f"--media-fraction must be between 0 and 1, got {args.media_fraction}")
+    if args.media_items < 1:
+        raise UsageError(f"--media-items must be >= 1, got {args.media_items}")
     if not 0 <= args.headroom <= 4:
         raise UsageError(
             f"--headroom must be between 0 and 4 (a fraction of the demand), got {args.headroom}"
@@ -228,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
     settings = _settings(args)
 
     from disagg.evaluate import diurnal, evaluate, rate_scaled
-    from disagg.workload import load_trace
+    from disagg.workload import load_trace, with_media
 
     try:
         w = load_trace(args.trace, args.format, limit=args.limit)
@@ -240,6 +279,8 @@ def run(args: argparse.Namespace) -> int:
         w = diurnal(w, args.rate_scale, seed=args.seed)
     else:
         w = rate_scaled(w, args.rate_scale, seed=args.seed)
+    if args.media_fraction > 0:
+        w = with_media(w, args.media_fraction, args.media_items, seed=args.seed)
 
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -248,6 +289,8 @@ def run(args: argparse.Namespace) -> int:
     doc["settings"]["rate_scale"] = args.rate_scale
     doc["settings"]["workload"] = args.workload
     doc["settings"]["seed"] = args.seed
+    doc["settings"]["media_fraction"] = args.media_fraction
+    doc["settings"]["media_items"] = args.media_items
     doc["trace"] = args.trace
     if args.output == "json":
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")

@@ -53,6 +53,7 @@ E2E_BUCKETS = (
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 XFER_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 TOKEN_BUCKETS = tuple(16 * 2**k for k in range(14))  # 16 .. 131072
+ITEM_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 64)  # media items per request
 
 
 class Hist:
@@ -94,6 +95,8 @@ class PodStats:
         "gen_total",
         "itl",
         "lost",
+        "mm_items",
+        "mm_items_per_request",
         "prefill_time",
         "prompt_tokens",
         "prompt_total",
@@ -114,6 +117,8 @@ class PodStats:
         self.prompt_tokens = Hist(TOKEN_BUCKETS)
         self.gen_tokens = Hist(TOKEN_BUCKETS)
         self.xfer_time = Hist(XFER_BUCKETS)
+        self.mm_items = 0  # media items taken (encoder pod)
+        self.mm_items_per_request = Hist(ITEM_BUCKETS)  # media items of each request taken (encoder pod)
         self.prompt_total = 0
         self.gen_total = 0
         self.success = 0
@@ -401,6 +406,18 @@ class DeploymentEmulator(Cluster):
                 p.flush_tokens(now)
 
     # -- host callbacks (observe, then defer to the simulator)
+    def _arrive(self, job: Job, now: float) -> None:
+        """A media request taken by an encoder pod counts there: one request, its items."""
+        n = len(self.unplaced)
+        super()._arrive(job, now)
+        if job.media and len(self.unplaced) == n:
+            pod = self.pod_of.get(job.pw)
+            if pod is not None and pod.pool == ENCODER:
+                st = pod.stats
+                st.prompt_tokens.observe(job.prompt)
+                st.mm_items += job.media
+                st.mm_items_per_request.observe(job.media)
+
     def _to_prefill(self, job: Job, now: float) -> None:
         n = len(self.unplaced)
         super()._to_prefill(job, now)
@@ -422,6 +439,10 @@ class DeploymentEmulator(Cluster):
                     st.xfer_failed += 1
                 else:
                     st.xfer_bytes += unit.nbytes
+                    if job.units_left == 1:
+                        # the KV has landed: the decode engine takes the request and counts its
+                        # prompt, as vLLM and SGLang decode instances count every request they serve
+                        st.prompt_tokens.observe(job.prompt)
         super().tx_done(link, unit, now)
 
     def pf_start(self, worker, job: Job, now: float) -> None:

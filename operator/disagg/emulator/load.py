@@ -59,7 +59,11 @@ class TokenDraw:
 
 
 class LoadGenerator:
-    """Arrivals at piecewise-constant rates (Poisson or uniform spacing) until `duration_s`."""
+    """Arrivals at piecewise-constant rates (Poisson or uniform spacing) until `duration_s`.
+
+    With ``media_fraction`` > 0 that share of the requests (drawn per request) carries
+    ``media_items`` media items, for the encoder pool.
+    """
 
     def __init__(
         self,
@@ -70,9 +74,17 @@ class LoadGenerator:
         arrivals: str = "poisson",
         duration_s: float = INF,
         rng: np.random.Generator | None = None,
+        media_fraction: float = 0.0,
+        media_items: int = 1,
     ) -> None:
         if arrivals not in ("poisson", "uniform"):
             raise ValueError(f"arrivals must be poisson or uniform, got {arrivals!r}")
+        if not 0.0 <= media_fraction <= 1.0:
+            raise ValueError(f"media fraction must be in [0, 1], got {media_fraction}")
+        if media_fraction > 0 and media_items < 1:
+            raise ValueError(f"media items per media request must be >= 1, got {media_items}")
+        self.media_fraction = media_fraction
+        self.media_items = int(media_items)
         self.schedule = schedule
         self.prompt = prompt
         self.output = output
@@ -113,7 +125,9 @@ class LoadGenerator:
 
     def pop(self) -> Request:
         t = self._next
-        req = Request(t, self.prompt(), self.output())
+        # a share `media_fraction` of the requests carries `media_items` images (or frames, clips)
+        media = self.media_items if self.media_fraction > 0 and self.rng.random() < self.media_fraction else 0
+        req = Request(t, self.prompt(), self.output(), media)
         self._next = self._draw(t)
         return req
 

@@ -1,0 +1,175 @@
+"""Closed loop for the encoder pool and conditional placement: the operator sizes the multimodal
+sample's encoder pool from the media its pods take, and resizes a conditional deployment's prefill
+and decode pools, from what a real Prometheus scrapes off the emulated fleet."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from e2e_stack import deployment_spec
+
+from disagg import api, planner
+
+pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
+
+SAMPLES = Path(__file__).resolve().parents[2] / "config" / "samples"
+INTERVAL, WINDOW = 5, 10
+SHORT_LOOP = {
+    "enabled": True,
+    "intervalSeconds": INTERVAL,
+    "scrapeIntervalSeconds": 1,
+    "metricWindowSeconds": WINDOW,
+    "scaleDownStabilizationSeconds": 10,
+    "maxScaleUpStep": 8,
+    "maxScaleDownStep": 8,
+}
+
+
+def emulator_load(schedule: str, duration: int, prompt: int, output: int, *media: str) -> list[str]:
+    return [
+        "--schedule",
+        schedule,
+        "--arrivals",
+        "uniform",
+        "--input-tokens",
+        str(prompt),
+        "--output-tokens",
+        str(output),
+        "--duration",
+        str(duration),
+        "--seed",
+        "7",
+        *media,
+    ]
+
+
+def planned_sizes(obj: dict, demand: planner.Demand) -> dict[str, int]:
+    """The planner's sizes for this load, for the pools the spec has."""
+    spec = api.parse_spec(obj["spec"])
+    return {k: v for k, v in api.planner_inputs(spec).plan(demand).replicas.items() if k in api.pools(spec)}
+
+
+def reached(stack, want: dict[str, int]) -> bool:
+    cur = stack.replicas()
+    return all(cur.get(k, 0) >= v for k, v in want.items())
+
+
+def multimodal(prom_url: str) -> dict:
+    """The multimodal sample (encoder, prefill and decode pools) with the closed-loop test's timings."""
+    obj = yaml.safe_load((SAMPLES / "multimodal-epd.yaml").read_text())
+    obj["metadata"] = {"name": "llm"}
+    obj["spec"]["autoscaling"] = {**SHORT_LOOP, "prometheus": {"url": prom_url}}
+    for pool in obj["spec"]["pools"].values():
+        pool["drain"] = {"timeoutSeconds": 120, "onTimeout": "readmit"}
+    return obj
+
+
+def test_media_load_step_grows_the_encoder_pool_and_prefill_with_it(stack):
+    prompt, output, items = 3000, 200, 4
+    obj = multimodal(stack.prom.url)
+    stack.apply(obj)
+    stack.start_operator()
+    stack.wait_routable()
+    # every request carries four images: the step multiplies the encoder's work by six
+    stack.start_emulator(
+        *emulator_load("0:2,20:12", 100, prompt, output, "--media-fraction", "1", "--media-items", str(items))
+    )
+
+    def demand(rate: float) -> planner.Demand:
+        return planner.Demand(rate, prompt, 0, output, 0, media_fraction=1.0, items_per_request=items)
+
+    low, high = planned_sizes(obj, demand(2.0)), planned_sizes(obj, demand(12.0))
+    assert high["encoder"] > low["encoder"] and high["prefill"] > low["prefill"], (low, high)
+    assert low["encoder"] == 1
+    # before the step: the encoder pool takes the media and stays at the low-load size
+    time.sleep(18)
+    assert stack.replicas().get("encoder") == low["encoder"], stack.debug()
+    media = stack.dd()["status"]["lastDecision"]["inputs"]
+    assert media["metricsOk"], stack.debug()
+    t_step = time.monotonic()
+    stack.cluster.wait_for(
+        lambda: reached(stack, high),
+        timeout=WINDOW + 4 * INTERVAL + 15,
+        interval=1,
+        what=f"pools at {high}\n{stack.debug()}",
+    )
+    grown_after = time.monotonic() - t_step
+    assert grown_after <= WINDOW + 4 * INTERVAL + 15
+    decision = stack.dd()["status"]["lastDecision"]
+    assert decision["outputs"]["planned"]["encoder"] >= high["encoder"], decision
+    summary = stack.wait_emulator(timeout=90)
+    assert summary["requests"]["lost"] == 0, summary
+    assert summary["pods_seen"].get("encoder", 0) >= high["encoder"], summary
+
+
+def test_conditional_placement_scales_its_prefill_and_decode_pools(stack):
+    # The vLLM deployment in conditional placement: 6,000-token prompts are above the split
+    # threshold (~2,429 tokens), so every one is prefilled remotely; the loop must plan and apply
+    # the spec's own prefill and decode pools (it used to plan a colocated pool and hold forever).
+    prompt, output = 6000, 400
+    obj = deployment_spec(stack.prom.url)
+    obj["spec"]["placement"] = {"mode": "conditional"}
+    stack.apply(obj)
+    stack.start_operator()
+    stack.wait_routable()
+    stack.start_emulator(*emulator_load("0:2,20:8", 90, prompt, output))
+    high = planned_sizes(obj, planner.Demand(8.0, prompt, 0, output))
+    low = planned_sizes(obj, planner.Demand(2.0, prompt, 0, output))
+    assert set(high) == {"prefill", "decode"}
+    assert high["prefill"] > low["prefill"] and high["decode"] > low["decode"]
+    time.sleep(20)
+    t_step = time.monotonic()
+    stack.cluster.wait_for(
+        lambda: reached(stack, high),
+        timeout=WINDOW + 4 * INTERVAL + 15,
+        interval=1,
+        what=f"pools at {high}\n{stack.debug()}",
+    )
+    assert time.monotonic() - t_step <= WINDOW + 4 * INTERVAL + 15
+    decision = stack.dd()["status"]["lastDecision"]
+    assert set(decision["outputs"]["planned"]) == {"prefill", "decode"}, decision
+    # arrivals are counted on the decode pods (where every request of a conditional deployment
+    # goes); the pools may have grown on the short window before the main one caught up
+    stack.cluster.wait_for(
+        lambda: abs((stack.dd()["status"]["lastDecision"]["inputs"]["arrivalRps"] or 0) - 8.0) <= 2.0,
+        timeout=3 * INTERVAL + 5,
+        interval=1,
+        what=f"the measured arrival rate at 8 req/s\n{stack.debug()}",
+    )
+    summary = stack.wait_emulator(timeout=90)
+    assert summary["requests"]["lost"] == 0, summary
+
+
+def test_conditional_placement_prefills_short_prompts_on_decode(stack):
+    # 1,500-token prompts, below the split threshold: the emulated decode pods prefill them, count
+    # them as they admit them, and the loop grows decode while prefill stays at its minimum.
+    prompt, output = 1500, 200
+    obj = deployment_spec(stack.prom.url)
+    obj["spec"]["placement"] = {"mode": "conditional"}
+    stack.apply(obj)
+    stack.start_operator()
+    stack.wait_routable()
+    stack.start_emulator(*emulator_load("0:2,15:12", 70, prompt, output))
+    high = planned_sizes(obj, planner.Demand(12.0, prompt, 0, output))
+    disaggregated = planned_sizes(deployment_spec(stack.prom.url), planner.Demand(12.0, prompt, 0, output))
+    assert high["prefill"] == 1 and high["decode"] > disaggregated["decode"], (high, disaggregated)
+    time.sleep(15)
+    stack.cluster.wait_for(
+        lambda: reached(stack, high),
+        timeout=WINDOW + 4 * INTERVAL + 15,
+        interval=1,
+        what=f"pools at {high}\n{stack.debug()}",
+    )
+    # the decode pods count every request, the locally prefilled ones included
+    stack.cluster.wait_for(
+        lambda: abs((stack.dd()["status"]["lastDecision"]["inputs"]["arrivalRps"] or 0) - 12.0) <= 3.0,
+        timeout=3 * INTERVAL + 5,
+        interval=1,
+        what=f"the measured arrival rate at 12 req/s\n{stack.debug()}",
+    )
+    assert stack.replicas()["prefill"] == 1, stack.debug()
+    summary = stack.wait_emulator(timeout=90)
+    assert summary["requests"]["lost"] == 0, summary
