@@ -172,6 +172,22 @@ class Stack:
 
         self.cluster.wait_for(ok, timeout=timeout, what="all pods routable")
 
+    def wait_settled(self, timeout: float) -> None:
+        """Every pod that is not being deleted is routable and carries no drain record: each drain
+        either removed its pod or, cancelled, left it routable again (never unroutable for good)."""
+
+        def settled():
+            for p in self.pods():
+                if p["metadata"].get("deletionTimestamp"):
+                    continue
+                conds = {c["type"]: c["status"] for c in p.get("status", {}).get("conditions", [])}
+                annotated = "disagg.dev/drain" in (p["metadata"].get("annotations") or {})
+                if annotated or conds.get("disagg.dev/routable") != "True":
+                    return False
+            return True
+
+        self.cluster.wait_for(settled, timeout=timeout, interval=1, what=f"pods settled\n{self.debug()}")
+
     def debug(self) -> str:
         out = [json.dumps(self.dd().get("status"), indent=1)[:4000]]
         if self.operator:

@@ -89,9 +89,7 @@ def test_load_step_grows_then_shrinks_through_drains_without_loss(stack):
     reasons = [e["reason"] for e in stack.events()]
     assert "DrainStarted" in reasons and "DrainCompleted" in reasons, reasons
     # Every pod left is routable: no drain was abandoned half-way.
-    for pod in stack.pods():
-        if not pod["metadata"].get("deletionTimestamp"):
-            assert "disagg.dev/drain" not in (pod["metadata"].get("annotations") or {})
+    stack.wait_settled(timeout=30)
 
 
 def test_prometheus_outage_holds_sizes_and_recovers(stack):
@@ -153,12 +151,8 @@ def test_operator_killed_mid_drain_resumes_it_without_loss(stack):
     )
     summary = stack.wait_emulator(timeout=120)
     assert summary["requests"]["lost"] == 0, summary
-    for pod in stack.pods():
-        if not pod["metadata"].get("deletionTimestamp"):
-            conds = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
-            assert conds.get("disagg.dev/routable") == "True" or "disagg.dev/drain" in (
-                pod["metadata"].get("annotations") or {}
-            )
+    # Drains still open end within their timeout (120 s, then readmit): removed or routable again.
+    stack.wait_settled(timeout=150)
 
 
 def test_gpu_budget_below_the_plan_is_never_exceeded(stack):
