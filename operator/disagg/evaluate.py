@@ -132,7 +132,12 @@ class EvalSettings:
             "gpu_budget": self.gpu_budget,
             "baseline_drain": self.baseline_drain,
             "headroom": self.headroom,
-            "slo": {"ttft_s": self.slo.ttft_s, "itl_s": self.slo.itl_s, "percentile": self.slo.percentile},
+            "slo": {
+                "ttft_s": self.slo.ttft_s,
+                "itl_s": self.slo.itl_s,
+                "percentile": self.slo.percentile,
+                "itl_statistic": self.slo.itl_statistic,
+            },
             "models": {
                 "prefill_fixed_ms": m.prefill.fixed_ms,
                 "prefill_ms_per_token": m.prefill.ms_per_token,
@@ -492,6 +497,7 @@ class _Loop:
             decode=max(1, init["decode"]),
             ttft_ms=s.slo.ttft_s * 1000.0,
             itl_ms=s.slo.itl_s * 1000.0,
+            itl_statistic=s.slo.itl_statistic,
             seed=s.seed,
         )
         self.cl = _EvalCluster(s.models, cfg, now=0.0)
@@ -787,11 +793,10 @@ def _metrics(jobs: list[Job], w: Workload, s: EvalSettings, lp: _Loop, end: floa
     n = len(jobs)
     ttft = np.full(n, np.inf)
     itl = np.full(n, np.inf)
-    done_at = lp.cl.done_at
     for k, j in enumerate(jobs):
         if j.state == DONE:
             ttft[k] = j.t_first - j.arrival
-            itl[k] = (done_at[j.id] - j.t_first) / (j.output - 1) if j.output > 1 else 0.0
+            itl[k] = j.itl  # the SLO's statistic of the request's inter-token gaps (SimConfig.itl_statistic)
     done = np.isfinite(ttft)
     infeasible = infeasible_mask(w, s)[:n]
     good = done & (ttft <= s.slo.ttft_s + 1e-12) & (itl <= s.slo.itl_s + 1e-12)

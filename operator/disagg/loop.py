@@ -198,7 +198,9 @@ def plan_for(spec: api.DisaggDeploymentSpec, demand: planner.Demand, models: Any
     bounds = {
         k: planner.PoolBounds(p.min_replicas, p.max_replicas, p.gpus_per_replica) for k, p in pools.items()
     }
-    slo = planner.SLO(spec.slo.ttft_seconds, spec.slo.itl_seconds, spec.slo.percentile)
+    slo = planner.SLO(
+        spec.slo.ttft_seconds, spec.slo.itl_seconds, spec.slo.percentile, spec.slo.itl_statistic
+    )
     chunked = spec.kv_transfer.stream_chunks
     return planner.plan(
         demand,

@@ -33,7 +33,16 @@ from typing import Any, Literal, NamedTuple, TypeVar
 
 import numpy as np
 
-from disagg.model import GIB, DecodeModel, EncoderModel, PrefillModel, StageModels, TransferModel
+from disagg.model import (
+    DEFAULT_ITL_STATISTIC,
+    GIB,
+    DecodeModel,
+    EncoderModel,
+    PrefillModel,
+    StageModels,
+    TransferModel,
+    check_itl_statistic,
+)
 from disagg.queueing import erlang_b_stride
 
 __all__ = [
@@ -108,13 +117,17 @@ class Demand:
 
 @dataclass(frozen=True)
 class SLO:
+    """Targets at `percentile` of requests; a request's ITL is its gaps' `itl_statistic` (max, p99, mean)."""
+
     ttft_s: float = 0.6
     itl_s: float = 0.15
     percentile: float = 0.9
+    itl_statistic: str = DEFAULT_ITL_STATISTIC
 
     def __post_init__(self) -> None:
         _num("ttft_s", self.ttft_s, positive=True)
         _num("itl_s", self.itl_s, positive=True)
+        check_itl_statistic(self.itl_statistic)
         p = _num("percentile", self.percentile, positive=True)
         if p >= 1:
             raise ValueError(f"percentile must be < 1, got {self.percentile!r}")
@@ -273,7 +286,12 @@ class Plan:
                 "items_per_request": _j(self.demand.items_per_request),
                 "prefix_hit_rate": _j(self.demand.prefix_hit_rate),
             },
-            "slo": {"ttft_s": self.slo.ttft_s, "itl_s": self.slo.itl_s, "percentile": self.slo.percentile},
+            "slo": {
+                "ttft_s": self.slo.ttft_s,
+                "itl_s": self.slo.itl_s,
+                "percentile": self.slo.percentile,
+                "itl_statistic": self.slo.itl_statistic,
+            },
         }
 
 

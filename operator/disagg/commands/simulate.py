@@ -85,7 +85,9 @@ def register(subparsers: Any) -> None:
         unset=False,
         helps={"chunk_tokens": "KV chunk / local prefill chunk tokens"},
     )
-    modelflags.add_flags(p.add_argument_group("SLO"), ("ttft", "itl"), unset=False)
+    slo = p.add_argument_group("SLO")
+    modelflags.add_flags(slo, ("ttft", "itl"), unset=False)
+    modelflags.add_itl_statistic_flag(slo)
     o = p.add_argument_group("output")
     o.add_argument("--output", choices=("table", "json"), default="table")
     o.add_argument("--plot", metavar="FILE.png", help="plot queues and latency over time")
@@ -218,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
         ttft_ms=args.ttft * 1000.0,
         itl_ms=args.itl * 1000.0,
         link_scope=args.link_scope,
+        itl_statistic=args.itl_statistic,
         seed=args.seed,
     )
     placements = (
@@ -263,7 +266,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"pools: prefill {base.prefill}, decode {base.decode}, encoder {base.encoder}, colocated "
         f"{base.colocated_workers()}; split threshold {base.split_threshold}; "
-        f"SLO TTFT {args.ttft:g} s, ITL {args.itl:g} s{'; chunked' if base.chunked else ''}"
+        f"SLO TTFT {args.ttft:g} s, ITL ({args.itl_statistic} gap) {args.itl:g} s"
+        f"{'; chunked' if base.chunked else ''}"
     )
     if sweep_rows is not None:
         print("\nsplit-threshold sweep (conditional):")

@@ -23,8 +23,19 @@ from array import array
 from dataclasses import dataclass
 from heapq import heappop, heappush
 
-from disagg.model import StageModels
-from disagg.sim.core import DONE, FAILED, INF, LOST, WAITING, Job, PrefixCache, StageStats
+from disagg.model import DEFAULT_ITL_STATISTIC, StageModels, check_itl_statistic
+from disagg.sim.core import (
+    DONE,
+    FAILED,
+    INF,
+    LOST,
+    WAITING,
+    GapHistogram,
+    Job,
+    PrefixCache,
+    StageStats,
+    gap_summary,
+)
 from disagg.sim.workers import (
     COLOCATED,
     DECODE,
@@ -55,6 +66,8 @@ class SimConfig:
       unit would land); the policy then retries (reservation held), re-prefills, or fails
       the request, by the remaining TTFT budget.
     * ``link_scope``: "worker" (one link per prefill worker) or "shared" (one link for all).
+    * ``itl_statistic``: how a request's inter-token gaps meet ``itl_ms``: "max" (every
+      gap), "p99" (nearest-rank 99th percentile gap) or "mean" (the mean gap).
     """
 
     placement: str = "disaggregated"
@@ -72,6 +85,7 @@ class SimConfig:
     ttft_ms: float | None = 600.0
     itl_ms: float | None = 150.0
     link_scope: str = "worker"
+    itl_statistic: str = DEFAULT_ITL_STATISTIC
     seed: int = 0
 
     def validate(self) -> None:
@@ -91,6 +105,7 @@ class SimConfig:
             raise ValueError("max_retries and max_reprefills must be >= 0")
         if self.link_scope not in ("worker", "shared"):
             raise ValueError(f"link_scope must be 'worker' or 'shared', got {self.link_scope!r}")
+        check_itl_statistic(self.itl_statistic)
         for name in ("ttft_ms", "itl_ms"):
             v = getattr(self, name)
             if v is not None and not v > 0:
@@ -150,11 +165,15 @@ class Cluster:
         self.chunks_cleared = 0
         self.good = 0
         self.kv_reserved_max = 0
+        self.itl_stat = {"mean": 0, "p99": 1, "max": 2}[config.itl_statistic]
+        self.gaps = GapHistogram()  # every inter-token gap of every completed request
         # per-request results (completed requests)
         self.r_id = array("q")
         self.r_arrival = array("d")
         self.r_ttft = array("d")
-        self.r_itl = array("d")
+        self.r_itl = array("d")  # mean gap
+        self.r_itl_p99 = array("d")  # nearest-rank 99th percentile gap
+        self.r_itl_max = array("d")  # largest gap
         self.r_done = array("d")
         if config.placement == "colocated":
             n_pf, n_dec, n_col = 0, 0, config.colocated_workers()
@@ -524,11 +543,22 @@ class Cluster:
             job.dst = None
         self.completed += 1
         ttft = job.t_first - job.arrival
-        itl = (now - job.t_first) / (job.output - 1) if job.output > 1 else 0.0
+        mean = (now - job.t_first) / (job.output - 1) if job.output > 1 else 0.0
+        runs = job.gaps
+        job.gaps = None
+        _, _, p99, mx = gap_summary(runs)
+        if runs:
+            add = self.gaps.add
+            for g, c in runs:
+                add(g, c)
+        itl = (mean, p99, mx)[self.itl_stat]
+        job.itl = itl
         self.r_id.append(job.id)
         self.r_arrival.append(job.arrival)
         self.r_ttft.append(ttft)
-        self.r_itl.append(itl)
+        self.r_itl.append(mean)
+        self.r_itl_p99.append(p99)
+        self.r_itl_max.append(mx)
         self.r_done.append(now)
         if ttft <= self.ttft_s and itl <= self.itl_s:
             self.good += 1

@@ -22,6 +22,7 @@ Host callbacks used here::
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from heapq import heappop, heappush
 
@@ -338,7 +339,17 @@ class ServeWorker(Component):
     service time, and one decode step runs between consecutive prefills; with
     chunking each step carries one prefill chunk on top of the decode step.
     A sequence's first token comes at the end of its first decode step.
+
+    Token gaps: every completed step is logged as (first step index, gap)
+    runs in ``log_k``/``log_g`` (a run per change of gap length: a batch
+    change, or the first step after a stall, whose gap spans the stall). A
+    sequence that joined at step S and leaves at step E saw the gaps of steps
+    S+2 .. E; `gap_runs` reads them off the log when it finishes. The log is
+    cleared when the worker idles and trimmed to the oldest sequence it still
+    serves, so it stays short however long the run.
     """
+
+    LOG_TRIM = 4096  # log entries before the first trim
 
     __slots__ = (
         "batch",
@@ -353,6 +364,10 @@ class ServeWorker(Component):
         "kv_stage",
         "last",
         "last_pf",
+        "last_tok",
+        "log_g",
+        "log_k",
+        "log_trim",
         "mode",
         "name",
         "pf_i",
@@ -418,6 +433,10 @@ class ServeWorker(Component):
         self.last = 0.0
         self.draining = False
         self.removed = False
+        self.log_k: list[int] = []  # first step index of each run of equal gaps
+        self.log_g: list[float] = []  # the gap (s) before each step of the run
+        self.last_tok = 0.0  # end of the last completed decode step
+        self.log_trim = self.LOG_TRIM
 
     # -- routing signals
     def load(self) -> float:
@@ -473,20 +492,73 @@ class ServeWorker(Component):
         self.pq.append(job)
         self._wake(now)
 
+    # -- token gaps
+    def _log_steps(self, n: int, now: float) -> None:
+        """`n` decode steps of the current segment completed, the last one at `now`."""
+        d = self.d
+        k = self.steps + 1
+        first = self.t_base + d - self.last_tok
+        ks, gs = self.log_k, self.log_g
+        if abs(first - d) > 1e-9:  # after a stall (or a step of another length): a run of its own
+            if not gs or gs[-1] != first:
+                ks.append(k)
+                gs.append(first)
+            if n > 1:
+                ks.append(k + 1)
+                gs.append(d)
+        elif not gs or gs[-1] != d:
+            ks.append(k)
+            gs.append(d)
+        self.steps += n
+        self.last_tok = now
+        if len(ks) > self.log_trim:
+            self._trim_log()
+
+    def _trim_log(self) -> None:
+        """Drop log runs that end before the oldest gap any sequence in the batch still needs."""
+        ks, gs = self.log_k, self.log_g
+        need = min((e - j.output + 2 for e, _, j in self.batch), default=self.steps + 1)
+        i = bisect_right(ks, need) - 1
+        if i > 0:
+            del ks[:i]
+            del gs[:i]
+        self.log_trim = max(self.LOG_TRIM, 2 * len(ks))
+
+    def gap_runs(self, start: int, end: int) -> list[tuple[float, int]]:
+        """(gap s, count) runs of the steps start .. end (inclusive) from the log."""
+        out: list[tuple[float, int]] = []
+        if end < start:
+            return out
+        ks, gs = self.log_k, self.log_g
+        n = len(ks)
+        i = bisect_right(ks, start) - 1
+        if i < 0:
+            raise RuntimeError(f"{self.name}: gap log trimmed past step {start}")
+        while i < n and ks[i] <= end:
+            lo = ks[i] if ks[i] > start else start
+            hi = ks[i + 1] - 1 if i + 1 < n and ks[i + 1] - 1 < end else end
+            out.append((gs[i], hi - lo + 1))
+            i += 1
+        return out
+
     def advance(self, now: float) -> None:
         self._account(now)
         mode = self.mode
         if mode == STEPPING:
-            self.steps += round((now - self.t_base) / self.d)
+            n = round((now - self.t_base) / self.d)
+            if n > 0:
+                self._log_steps(n, now)
         elif mode == HYBRID:
-            self.steps += 1
+            self._log_steps(1, now)
         self.t_base = now
         host = self.host
         batch = self.batch
         steps = self.steps
         finished = []
         while batch and batch[0][0] <= steps:
-            finished.append(heappop(batch)[2])
+            end, _, j = heappop(batch)
+            j.gaps = self.gap_runs(end - j.output + 2, end)
+            finished.append(j)
         # Prefill progress.
         pf_done = None
         job = self.pf_job
@@ -562,6 +634,8 @@ class ServeWorker(Component):
             self.mode = IDLE
             self.d = 0.0
             self.next_time = INF
+            self.log_k.clear()
+            self.log_g.clear()
         for j in finished:
             self.kv_stage.leave(now, now - j.t_stage)
             host.serve_done(self, j, now)
@@ -598,4 +672,6 @@ class ServeWorker(Component):
             self.pf_job = None
         self.mode = IDLE
         self.next_time = INF
+        self.log_k.clear()
+        self.log_g.clear()
         return lost
