@@ -76,6 +76,12 @@ def register(subparsers: Any) -> None:
     pl.add_argument(
         "--link-scope", choices=("worker", "shared"), default="worker", help="one link per prefill worker"
     )
+    pl.add_argument(
+        "--max-transfers",
+        type=int,
+        default=0,
+        help="sends one KV link carries at once; later ones queue FIFO (default 0: no limit)",
+    )
     pl.add_argument("--failure-prob", type=float, default=0.0, help="probability a transfer attempt fails")
     pl.add_argument("--max-retries", type=int, default=1, help="transfer retries per request (default 1)")
     pl.add_argument("--prefix-cache-tokens", type=int, default=0, help="per-worker prefix cache (0 = off)")
@@ -220,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
         ttft_ms=args.ttft * 1000.0,
         itl_ms=args.itl * 1000.0,
         link_scope=args.link_scope,
+        max_transfers=args.max_transfers,
         itl_statistic=args.itl_statistic,
         seed=args.seed,
     )

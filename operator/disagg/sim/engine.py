@@ -66,6 +66,8 @@ class SimConfig:
       unit would land); the policy then retries (reservation held), re-prefills, or fails
       the request, by the remaining TTFT budget.
     * ``link_scope``: "worker" (one link per prefill worker) or "shared" (one link for all).
+    * ``max_transfers``: sends one link carries at once (0 = no limit: processor sharing
+      among all); later sends wait in the link's FIFO queue (stage "transfer").
     * ``itl_statistic``: how a request's inter-token gaps meet ``itl_ms``: "max" (every
       gap), "p99" (nearest-rank 99th percentile gap) or "mean" (the mean gap).
     """
@@ -85,13 +87,22 @@ class SimConfig:
     ttft_ms: float | None = 600.0
     itl_ms: float | None = 150.0
     link_scope: str = "worker"
+    max_transfers: int = 0
     itl_statistic: str = DEFAULT_ITL_STATISTIC
     seed: int = 0
 
     def validate(self) -> None:
         if self.placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {self.placement!r}; choose from {', '.join(PLACEMENTS)}")
-        for name in ("prefill", "decode", "encoder", "colocated", "split_threshold", "prefix_cache_tokens"):
+        for name in (
+            "prefill",
+            "decode",
+            "encoder",
+            "colocated",
+            "split_threshold",
+            "prefix_cache_tokens",
+            "max_transfers",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.placement in ("disaggregated", "conditional"):
@@ -313,7 +324,7 @@ class Cluster:
     def _link_for(self, name: str, now: float) -> Link:
         if self.cfg.link_scope == "shared" and self.shared_link is not None:
             return self.shared_link
-        link = Link(self, f"link-{name}", self.setup_s, self.stage("transfer"))
+        link = Link(self, f"link-{name}", self.setup_s, self.stage("transfer"), self.cfg.max_transfers)
         link.last = now
         self.links.append(link)
         if self.cfg.link_scope == "shared":
@@ -622,6 +633,15 @@ class Cluster:
         job.units = None
         job.units_left = 0
 
+    def _link_wait_s(self, link: Link) -> float:
+        """Rough wait for a place on a bounded link: the queued sends ahead, each a serial send of the mean size."""
+        if not link.max_active or link.active_n < link.max_active:
+            return 0.0
+        ahead = [u for u, _ in link.queue if not u.dead]
+        if not ahead:
+            return 0.0
+        return len(ahead) * (self.setup_s + sum(u.work for u in ahead) / len(ahead)) / link.max_active
+
     def _link_of(self, job: Job) -> Link | None:
         return job.src.link if job.src is not None else None
 
@@ -635,7 +655,7 @@ class Cluster:
         ready = job.t_pf_end if running else now
         step = self.step_s[1]
         link = job.src.link
-        retry_s = self.setup_s + self.wire_s(job.prompt) * (link.n + 1)
+        retry_s = self.setup_s + self.wire_s(job.prompt) * (link.n + 1) + self._link_wait_s(link)
         if job.retries < self.cfg.max_retries and ready + retry_s + step <= job.deadline:
             job.retries += 1
             self.retries += 1

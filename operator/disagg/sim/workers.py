@@ -33,6 +33,7 @@ PREFILL = "prefill"
 DECODE = "decode"
 COLOCATED = "colocated"
 LINK = "link"
+QUEUED = -2.0  # Unit.tag of a send waiting for a place on its link
 
 
 class Component:
@@ -206,31 +207,42 @@ class Link(Component):
     Virtual-time PS: with n sends in their byte phase, each progresses at 1/n of
     the link; a send joining at virtual time V with `work` seconds of full-rate
     link time finishes when V reaches V + work.
+
+    With ``max_active`` > 0 the link carries at most that many sends at once
+    (setup or bytes; each chunk of a streamed send is one send); later sends wait
+    in a FIFO queue and start as earlier ones finish or are cancelled. The
+    stage's queue length and waits are this queue's.
     """
 
     __slots__ = (
+        "active_n",
         "busy_s",
         "bytes_done",
         "host",
         "last",
+        "max_active",
         "n",
         "name",
         "pbytes",
+        "queue",
         "setup_s",
         "setups",
         "stage",
         "v",
     )
 
-    def __init__(self, host, name: str, setup_s: float, stage: StageStats) -> None:
+    def __init__(self, host, name: str, setup_s: float, stage: StageStats, max_active: int = 0) -> None:
         super().__init__()
         self.host = host
         self.name = name
         self.setup_s = setup_s
         self.stage = stage
+        self.max_active = max_active  # 0: no limit
         self.setups: list[tuple[float, int, Unit]] = []  # (setup end, seq, unit)
         self.pbytes: list[tuple[float, int, Unit]] = []  # (finish tag, seq, unit)
+        self.queue: deque[tuple[Unit, int]] = deque()  # sends waiting for a free place, FIFO
         self.n = 0  # sends in the byte phase
+        self.active_n = 0  # sends in setup or in the byte phase
         self.v = 0.0  # virtual time
         self.last = 0.0  # real time of the last virtual-time update
         self.busy_s = 0.0
@@ -258,19 +270,41 @@ class Link(Component):
         self.next_time = t
 
     def active(self) -> int:
-        return sum(1 for _, _, u in self.setups if not u.dead) + sum(
-            1 for _, _, u in self.pbytes if not u.dead
-        )
+        """Sends in setup or in the byte phase (not the queued ones)."""
+        return self.active_n
+
+    def queued(self) -> int:
+        return sum(1 for u, _ in self.queue if not u.dead)
 
     def start(self, unit: Unit, now: float, seq: int) -> None:
         unit.t0 = now
-        self.stage.enter(now, queued=False)
         self._sync(now)
+        if self.max_active and self.active_n >= self.max_active:
+            unit.tag = QUEUED
+            self.stage.enter(now)
+            self.queue.append((unit, seq))
+        else:
+            self.stage.enter(now, queued=False)
+            self._begin(unit, now, seq)
+        self._next()
+
+    def _begin(self, unit: Unit, now: float, seq: int) -> None:
+        """The send gets a place on the link: setup, then bytes."""
+        self.active_n += 1
+        unit.tag = -1.0
         if self.setup_s > 0:
             heappush(self.setups, (now + self.setup_s, seq, unit))
         else:
             self._join(unit, seq)
-        self._next()
+
+    def _admit_queued(self, now: float) -> None:
+        q = self.queue
+        while q and (not self.max_active or self.active_n < self.max_active):
+            unit, seq = q.popleft()
+            if unit.dead:
+                continue
+            self.stage.start(now, now - unit.t0)
+            self._begin(unit, now, seq)
 
     def _join(self, unit: Unit, seq: int) -> None:
         unit.tag = self.v + unit.work
@@ -283,9 +317,15 @@ class Link(Component):
             return
         self._sync(now)
         unit.dead = True
-        if unit.tag >= 0:
-            self.n -= 1
+        if unit.tag == QUEUED:
+            self.stage.unqueue(now)
+        else:
+            self.active_n -= 1
+            if unit.tag >= 0:
+                self.n -= 1
         self.stage.leave(now, now - unit.t0)
+        if self.queue:
+            self._admit_queued(now)
         self._next()
 
     def advance(self, now: float) -> None:
@@ -306,12 +346,15 @@ class Link(Component):
                 continue
             unit.dead = True
             self.n -= 1
+            self.active_n -= 1
             self.bytes_done += unit.nbytes
             self.stage.leave(now, now - unit.t0)
             done.append(unit)
         if self.n == 0:
             self.v = 0.0
             pb.clear()
+        if self.queue:
+            self._admit_queued(now)
         self._next()
         for unit in done:
             self.host.tx_done(self, unit, now)
