@@ -44,7 +44,7 @@ import numpy as np
 from disagg.model import StageModels
 from disagg.planner import SLO, Demand, PoolBounds, plan
 from disagg.policy import PolicyConfig, PolicyState, decide, sizing_rate
-from disagg.sim.core import DONE, INF, Job
+from disagg.sim.core import DONE, INF, REJECTED, Job
 from disagg.sim.engine import Cluster, SimConfig
 from disagg.workload import Workload, piecewise_poisson
 
@@ -292,6 +292,8 @@ class Policy:
     name = "?"
     drains = True
     instant = False  # no start-up delay (oracle)
+    admits = False  # sheds at the front door what its plan does not admit (admission control)
+    last_admitted = 1.0  # the admitted fraction of the last plan (planner.Plan.admitted_fraction)
 
     def __init__(self, s: EvalSettings, w: Workload, pre: _Prefix) -> None:
         self.s = s
@@ -300,6 +302,7 @@ class Policy:
 
     def _plan(self, d: Demand, budget: int | None = None) -> dict[str, int]:
         p = plan(d, self.s.models, self.s.slo, self.s.bounds(), budget=budget)
+        self.last_admitted = p.admitted_fraction
         return {k: int(p.replicas[k]) for k in POOLS}
 
     def initial(self) -> dict[str, int]:
@@ -313,6 +316,7 @@ class Policy:
 
 class DisaggPolicy(Policy):
     name = "disagg"
+    admits = True  # the last plan of a decision is for the observed rate (the budget floor)
 
     def __init__(self, s: EvalSettings, w: Workload, pre: _Prefix) -> None:
         super().__init__(s, w, pre)
@@ -449,6 +453,7 @@ class ThroughputPolicy(Policy):
 class OraclePolicy(Policy):
     name = "oracle"
     instant = True
+    admits = True
 
     def truth(self, t: float) -> dict[str, int]:
         i = self.s.interval_s
@@ -683,6 +688,8 @@ def run_policy(
     init = pol.initial()
     lp = _Loop(s, pol, init)
     cl = lp.cl
+    if pol.admits:
+        cl.set_admission(pol.last_admitted)
     arrival = w.arrival_s.tolist()
     prompt = w.prompt_tokens.tolist()
     output = w.output_tokens.tolist()
@@ -753,6 +760,8 @@ def run_policy(
                 queued=next((q for tq, q in reversed(lp.queue_samples) if tq <= ts + 1e-9), 0),
             )
             targets, _reason = pol.decide(obs)
+            if pol.admits:
+                cl.set_admission(pol.last_admitted)
             lp.apply(targets, t)
             true_n = pre.stats(t - s.interval_s, t)[0]
             timeline.append(
@@ -798,6 +807,7 @@ def _metrics(jobs: list[Job], w: Workload, s: EvalSettings, lp: _Loop, end: floa
             ttft[k] = j.t_first - j.arrival
             itl[k] = j.itl  # the SLO's statistic of the request's inter-token gaps (SimConfig.itl_statistic)
     done = np.isfinite(ttft)
+    admitted = np.array([j.state != REJECTED for j in jobs], dtype=bool)
     infeasible = infeasible_mask(w, s)[:n]
     good = done & (ttft <= s.slo.ttft_s + 1e-12) & (itl <= s.slo.itl_s + 1e-12)
     feas = ~infeasible
@@ -822,6 +832,10 @@ def _metrics(jobs: list[Job], w: Workload, s: EvalSettings, lp: _Loop, end: floa
         "drains": lp.drained,
         "lost_requests": lost,
         "failed_requests": int(lp.cl.failed),
+        "rejected_requests": int(lp.cl.rejected),
+        "slo_attainment_admitted": (
+            float(good[feas & admitted].sum() / max(1, int((feas & admitted).sum()))) if nf else None
+        ),
         "duration_s": end,
         "drains_workers": lp.pol.drains,
     }

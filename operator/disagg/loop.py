@@ -543,6 +543,7 @@ async def decide_and_apply(
             "predictedItlSeconds": _r(plan.itl_s) if plan else None,
             "feasible": plan.feasible if plan else None,
             "budgetLimited": plan.budget_limited if plan else False,
+            "admittedFraction": _r(plan.admitted_fraction) if plan else None,
             "notes": [n for n in [*decision.notes, reason_note] if n],
         },
     }

@@ -82,6 +82,13 @@ def register(subparsers: Any) -> None:
         default=0,
         help="sends one KV link carries at once; later ones queue FIFO (default 0: no limit)",
     )
+    pl.add_argument(
+        "--admit-fraction",
+        type=float,
+        default=1.0,
+        help="admission control: share of arrivals admitted; the rest, and arrivals that would queue past "
+        "the TTFT target, are rejected early (default 1: off)",
+    )
     pl.add_argument("--failure-prob", type=float, default=0.0, help="probability a transfer attempt fails")
     pl.add_argument("--max-retries", type=int, default=1, help="transfer retries per request (default 1)")
     pl.add_argument("--prefix-cache-tokens", type=int, default=0, help="per-worker prefix cache (0 = off)")
@@ -227,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
         itl_ms=args.itl * 1000.0,
         link_scope=args.link_scope,
         max_transfers=args.max_transfers,
+        admit_fraction=args.admit_fraction,
         itl_statistic=args.itl_statistic,
         seed=args.seed,
     )

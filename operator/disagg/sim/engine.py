@@ -29,6 +29,7 @@ from disagg.sim.core import (
     FAILED,
     INF,
     LOST,
+    REJECTED,
     WAITING,
     GapHistogram,
     Job,
@@ -70,6 +71,11 @@ class SimConfig:
       among all); later sends wait in the link's FIFO queue (stage "transfer").
     * ``itl_statistic``: how a request's inter-token gaps meet ``itl_ms``: "max" (every
       gap), "p99" (nearest-rank 99th percentile gap) or "mean" (the mean gap).
+    * ``admit_fraction``: admission control at the front door (`Cluster.set_admission`
+      changes it while running). Below 1 the front door admits that share of arrivals
+      (evenly spread) and also turns away an arrival that would queue past its TTFT
+      target (every decode slot promised, or the prefill backlog too long); those are
+      rejected at once (state REJECTED, counted apart from misses).
     """
 
     placement: str = "disaggregated"
@@ -88,6 +94,7 @@ class SimConfig:
     itl_ms: float | None = 150.0
     link_scope: str = "worker"
     max_transfers: int = 0
+    admit_fraction: float = 1.0
     itl_statistic: str = DEFAULT_ITL_STATISTIC
     seed: int = 0
 
@@ -110,6 +117,8 @@ class SimConfig:
                 raise ValueError(f"placement {self.placement} needs --prefill >= 1 and --decode >= 1")
         elif self.colocated_workers() < 1:
             raise ValueError("placement colocated needs at least one colocated worker")
+        if not 0.0 <= self.admit_fraction <= 1.0:
+            raise ValueError(f"admit_fraction must be in [0, 1], got {self.admit_fraction}")
         if not 0.0 <= self.failure_prob <= 1.0:
             raise ValueError(f"failure_prob must be in [0, 1], got {self.failure_prob}")
         if self.max_retries < 0 or self.max_reprefills < 0:
@@ -175,7 +184,10 @@ class Cluster:
         self.released_on_failure = 0
         self.chunks_cleared = 0
         self.good = 0
+        self.rejected = 0
         self.kv_reserved_max = 0
+        self.admit_fraction = float(config.admit_fraction)
+        self._admit_credit = 0.0
         self.itl_stat = {"mean": 0, "p99": 1, "max": 2}[config.itl_statistic]
         self.gaps = GapHistogram()  # every inter-token gap of every completed request
         # per-request results (completed requests)
@@ -406,8 +418,58 @@ class Cluster:
 
     # ------------------------------------------------------------------ request flow
 
+    def set_admission(self, fraction: float) -> None:
+        """Admit this share of arrivals from now on (1: admission control off)."""
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"admission fraction must be in [0, 1], got {fraction!r}")
+        self.admit_fraction = float(fraction)
+        if fraction >= 1.0:
+            self._admit_credit = 0.0
+
+    def admit(self, job: Job, now: float) -> bool:
+        """Front-door admission of an arriving job; a rejected one ends here (REJECTED)."""
+        f = self.admit_fraction
+        if f >= 1.0:
+            return True
+        self._admit_credit += f
+        ok = self._admit_credit >= 1.0
+        if ok:
+            self._admit_credit -= 1.0
+            ok = self._can_meet_ttft(job)
+        if not ok:
+            job.state = REJECTED
+            self.rejected += 1
+        return ok
+
+    def _can_meet_ttft(self, job: Job) -> bool:
+        """Early rejection (as Mooncake's): False when the request would queue past its TTFT target.
+
+        Two signals: the decode (colocated) slots are all promised - to running,
+        waiting and incoming sequences and to the requests still in prefill - so
+        its first token would wait for others to finish; or the least-loaded
+        prefill worker's backlog plus its own prefill, transfer and first step
+        exceed the target.
+        """
+        if self.ttft_s == INF or job.media:
+            return True
+        serve = self.pools[COLOCATED if self.placement == "colocated" else DECODE]
+        slots = sum(w.slots for w in serve if not w.draining)
+        if slots:
+            promised = sum(w.in_flight() for w in serve) + sum(w.in_flight() for w in self.pools[PREFILL])
+            if promised >= slots:
+                return False
+        if self.placement == "colocated" or (
+            self.placement == "conditional" and job.prompt < self.cfg.split_threshold
+        ):
+            return True
+        w = self._pick(PREFILL)
+        if w is None:
+            return True  # no worker yet: it waits at the front door (the scaler's business)
+        bare = self.prefill_s(job.prompt) + self.setup_s + self.wire_s(job.prompt) + self.step_s[1]
+        return w.load() + bare <= self.ttft_s
+
     def submit(self, req: Request | Job, now: float) -> Job:
-        """A request arrives at `now`."""
+        """A request arrives at `now` (rejected at once when admission control turns it away)."""
         if isinstance(req, Job):
             job = req
         else:
@@ -418,7 +480,8 @@ class Cluster:
         job.deadline = now + self.ttft_s
         self.submitted += 1
         self.now = now
-        self._arrive(job, now)
+        if self.admit(job, now):
+            self._arrive(job, now)
         return job
 
     def _arrive(self, job: Job, now: float) -> None:
@@ -739,6 +802,7 @@ def simulate(
     heap = cl.heap
     advance = cl.advance
     arrive = cl._arrive
+    admit = cl.admit
     ttft_s = cl.ttft_s
     report_every = max(1, n // 20)
     for i in range(n):
@@ -750,7 +814,8 @@ def simulate(
             next_sample = series.sample(cl, t, next_sample)
         job = Job(i, t, prompt[i], output[i], media[i], hashes[i] if hashes is not None else None, t + ttft_s)
         cl.submitted += 1
-        arrive(job, t)
+        if admit(job, t):
+            arrive(job, t)
         if progress is not None and i % report_every == 0 and i:
             progress(i, n, t)
     while True:

@@ -82,9 +82,11 @@ class Report:
     completed: int
     failed: int
     lost: int
+    rejected: int  # turned away at the front door (admission control): not misses, not served
     throughput_rps: float
     goodput_rps: float
-    slo_attainment: float
+    slo_attainment: float  # served within the SLO / every request (rejected ones count against it)
+    admitted_slo_attainment: float  # served within the SLO / admitted requests
     ttft_ms: dict[str, float]
     itl_ms: dict[str, float]  # per request: the configured ITL statistic of its gaps
     itl_mean_ms: dict[str, float]  # per request: its mean gap
@@ -155,9 +157,13 @@ class Report:
             completed=cl.completed,
             failed=cl.failed,
             lost=cl.lost,
+            rejected=cl.rejected,
             throughput_rps=cl.completed / horizon,
             goodput_rps=cl.good / horizon,
             slo_attainment=cl.good / cl.submitted if cl.submitted else 0.0,
+            admitted_slo_attainment=(
+                cl.good / (cl.submitted - cl.rejected) if cl.submitted > cl.rejected else 0.0
+            ),
             ttft_ms=_summary_ms(ttft),
             itl_ms=_summary_ms(itl_stat[has_gap]),
             itl_mean_ms=_summary_ms(itl_all[has_gap]),
@@ -212,9 +218,11 @@ class Report:
                 "completed": self.completed,
                 "failed": self.failed,
                 "lost": self.lost,
+                "rejected_requests": self.rejected,
                 "throughput_rps": self.throughput_rps,
                 "goodput_rps": self.goodput_rps,
                 "slo_attainment": self.slo_attainment,
+                "admitted_slo_attainment": self.admitted_slo_attainment,
                 "ttft_ms": self.ttft_ms,
                 "itl_statistic": self.itl_statistic,
                 "itl_ms": self.itl_ms,
@@ -258,6 +266,9 @@ def format_table(reports: list[Report]) -> str:
     add("requests", lambda r: r.requests)
     add("completed", lambda r: r.completed)
     add("failed / lost", lambda r: f"{r.failed} / {r.lost}")
+    if any(r.rejected for r in reports):
+        add("rejected (admission)", lambda r: r.rejected)
+        add("SLO attainment of admitted", lambda r: r.admitted_slo_attainment)
     add("throughput req/s", lambda r: r.throughput_rps)
     add("goodput req/s", lambda r: r.goodput_rps)
     add("SLO attainment", lambda r: r.slo_attainment)
