@@ -672,6 +672,10 @@ def _pct(a: np.ndarray, q: float) -> float | None:
     return float(np.percentile(a, q)) if a.size else None
 
 
+def _gap(h: Any, q: float) -> float | None:
+    return (h.max if q >= 1.0 else h.percentile(q)) if h.count else None
+
+
 def run_policy(
     name: str,
     w: Workload,
@@ -826,6 +830,9 @@ def _metrics(jobs: list[Job], w: Workload, s: EvalSettings, lp: _Loop, end: floa
         "itl_p50_s": _pct(il, 50),
         "itl_p90_s": _pct(il, 90),
         "itl_p99_s": _pct(il, 99),
+        "gap_p50_s": _gap(lp.cl.gaps, 0.5),  # every inter-token gap of every completed request
+        "gap_p99_s": _gap(lp.cl.gaps, 0.99),
+        "gap_max_s": _gap(lp.cl.gaps, 1.0),
         "gpu_hours": lp.gpu_s / 3600.0,
         "gpu_hours_vs_oracle": None,
         "scaling_actions": lp.actions,
