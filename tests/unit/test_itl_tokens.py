@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from disagg.sim.core import GapHistogram, gap_summary
 from disagg.workload import Workload, mix, poisson
 
 M = StageModels()
+ROOT = Path(__file__).resolve().parents[2]
 STALL_MS = 230.0 + 45.0  # the chapter's 6,000-token prefill, then the decode step that emits the token
 
 
@@ -131,3 +133,26 @@ def test_flag_and_choices(capsys):
         SimConfig(itl_statistic="median").validate()
     with pytest.raises(ValueError, match="ITL statistic"):
         SLO(itl_statistic="p50")
+
+
+def test_plan_cli_takes_the_statistic_from_flag_and_spec(tmp_path, capsys):
+    argv = ["plan", "--arrival-rate", "4", "--placement", "colocated", "--output", "json"]
+    replicas = {}
+    for statistic in ("mean", "max"):
+        assert main([*argv, "--itl-statistic", statistic]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["slo"]["itl_statistic"] == statistic
+        replicas[statistic] = doc["pools"]["colocated"]["replicas"]
+    assert replicas["mean"] <= 5 < 100 < replicas["max"]  # one 230 ms stall per request breaches under max
+    sample = (ROOT / "config/samples/vllm-disaggregated-70b.yaml").read_text()
+    assert "    itlSeconds: 0.15\n" in sample
+    spec = tmp_path / "dd.yaml"
+    spec.write_text(
+        sample.replace("    itlSeconds: 0.15\n", "    itlSeconds: 0.15\n    itlStatistic: mean\n")
+    )
+    from_file = {}
+    for extra in ([], ["--itl-statistic", "max"]):
+        assert main([*argv, "--from", str(spec), *extra]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        from_file[doc["slo"]["itl_statistic"]] = doc["pools"]["colocated"]["replicas"]
+    assert set(from_file) == {"mean", "max"} and from_file["mean"] < from_file["max"]  # the flag wins

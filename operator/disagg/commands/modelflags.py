@@ -67,12 +67,12 @@ def add_flags(
 ITL_STATISTIC_CHOICES = ("max", "p99", "mean")
 
 
-def add_itl_statistic_flag(group: argparse._ActionsContainer) -> None:
-    """`--itl-statistic`: how one request's inter-token gaps meet the ITL target."""
+def add_itl_statistic_flag(group: argparse._ActionsContainer, *, unset: bool = False) -> None:
+    """`--itl-statistic`: how one request's inter-token gaps meet the ITL target (`unset`: default None)."""
     group.add_argument(
         "--itl-statistic",
         choices=ITL_STATISTIC_CHOICES,
-        default=ITL_STATISTIC_CHOICES[0],
+        default=None if unset else ITL_STATISTIC_CHOICES[0],
         help="a request meets --itl when its max gap (default: one stall is a breach), "
         "99th percentile gap or mean gap does",
     )
