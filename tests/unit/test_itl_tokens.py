@@ -156,3 +156,27 @@ def test_plan_cli_takes_the_statistic_from_flag_and_spec(tmp_path, capsys):
         doc = json.loads(capsys.readouterr().out)
         from_file[doc["slo"]["itl_statistic"]] = doc["pools"]["colocated"]["replicas"]
     assert set(from_file) == {"mean", "max"} and from_file["mean"] < from_file["max"]  # the flag wins
+
+
+def test_trimming_the_gap_log_changes_nothing(monkeypatch):
+    """The per-worker gap log is trimmed to the oldest running sequence: same gaps, bounded memory."""
+    from disagg.sim.workers import ServeWorker
+
+    w = mix(6.0, 60.0, long_fraction=0.3, output_tokens=(1, 400), seed=3)
+    models = StageModels(decode=DecodeModel(30.0, 1.5, 16))
+    cfg = SimConfig(placement="colocated", colocated=2)
+    full = simulate(w, models, cfg)
+    longest = {}
+    real_trim = ServeWorker._trim_log
+
+    def trim(self):
+        real_trim(self)
+        longest[self.name] = max(longest.get(self.name, 0), len(self.log_k))
+
+    monkeypatch.setattr(ServeWorker, "LOG_TRIM", 8)
+    monkeypatch.setattr(ServeWorker, "_trim_log", trim)
+    small = simulate(w, models, cfg)
+    assert longest  # it did trim
+    for k in ("itl_s", "itl_p99_s", "itl_max_s"):
+        assert np.array_equal(full.samples[k], small.samples[k]), k
+    assert full.gap_ms == small.gap_ms
