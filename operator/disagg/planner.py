@@ -825,7 +825,7 @@ def _plan_disagg(
         o = d.output_tokens_mean
         denom = 1000.0 * dec.replicas - lam_adm * o * m.decode.step_ms_per_seq
         n_occ = st.b_eff if denom <= 0 else min(st.b_eff, lam_adm * o * m.decode.step_fixed_ms / denom)
-    itl = ctx.step_ms(max(1.0, n_occ)) / 1000.0
+    itl = _decode_itl(ctx, n_occ)
     pr = pre.replicas
     stages_out = {
         "encoder.service_ms": st.enc_s * 1000.0,
@@ -871,6 +871,21 @@ def _plan_disagg(
 
 
 # --------------------------------------------------------------------------- colocated
+
+
+def _decode_itl(ctx: _Ctx, n_occ: float) -> float:
+    """ITL at the percentile on a decode replica holding n_occ sequences on average, by the SLO's statistic.
+
+    A request sees itself plus ~Poisson(n_occ) others (arrivals see time
+    averages). Mean: the step at that mean batch. Max and p99: the step at the
+    batch's percentile (its largest gaps come from its fullest steps). Capped at
+    the batch the ITL target allows (the planner's decode servers per replica).
+    """
+    if ctx.slo.itl_statistic == "mean" or n_occ + 1.0 >= ctx.b_eff:
+        batch = 1.0 + n_occ
+    else:
+        batch = 1.0 + poisson_quantile(ctx.slo.percentile, n_occ)
+    return ctx.step_ms(min(float(ctx.b_eff), max(1.0, batch))) / 1000.0
 
 
 def _colocated_itl(lam_r: float, u: float, d: Demand, slo: SLO, st: _Setup) -> float:

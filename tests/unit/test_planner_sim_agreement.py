@@ -17,10 +17,12 @@ pools with the same ITL statistic. Stated tolerance:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
-from disagg.model import StageModels
+from disagg.model import DecodeModel, StageModels
 from disagg.planner import SLO, Demand, plan
 from disagg.sim import SimConfig, simulate
 from disagg.workload import Workload, poisson
@@ -40,10 +42,10 @@ def quantile(x: np.ndarray, q: float) -> float:
     return float(np.quantile(x, q, method="inverted_cdf"))
 
 
-def plan_and_simulate(placement: str, rate: float, prompt, output, statistic: str):
+def plan_and_simulate(placement: str, rate: float, prompt, output, statistic: str, models=M, itl_s=0.15):
     w = poisson(rate, max(300.0, 400.0 / rate), prompt_tokens=prompt, output_tokens=output, seed=7)
-    slo = SLO(0.6, 0.15, P, statistic)
-    pl = plan(demand_of(w, rate), M, slo, placement=placement)
+    slo = SLO(0.6, itl_s, P, statistic)
+    pl = plan(demand_of(w, rate), models, slo, placement=placement)
     if pl.placement.endswith("colocated"):
         cfg = SimConfig(placement="colocated", colocated=pl.replicas["colocated"], itl_statistic=statistic)
     else:
@@ -54,7 +56,7 @@ def plan_and_simulate(placement: str, rate: float, prompt, output, statistic: st
             split_threshold=int(pl.split_threshold_tokens or 0),
             itl_statistic=statistic,
         )
-    return pl, simulate(w, M, cfg)
+    return pl, simulate(w, models, replace(cfg, itl_ms=itl_s * 1000.0))
 
 
 CASES = [
@@ -81,6 +83,17 @@ def test_predicted_percentiles_match_the_simulator(placement, rate, prompt, outp
     assert abs(pl.ttft_s - ttft) <= 0.2 * ttft + STEP_S, (pl.placement, pl.replicas, pl.ttft_s, ttft)
     assert abs(pl.itl_s - itl) <= 0.1 * itl + 0.002, (pl.placement, pl.replicas, pl.itl_s, itl)
     assert r.slo_attainment >= P - 0.02, (pl.placement, pl.replicas, r.slo_attainment)
+
+
+@pytest.mark.parametrize("statistic", ["mean", "max"])
+def test_decode_itl_when_the_step_grows_with_the_batch(statistic):
+    """Step 40 + 3 ms per sequence, ITL 100 ms: the gaps follow the batch a request shares."""
+    models = StageModels(decode=DecodeModel(40.0, 3.0, 32))
+    pl, r = plan_and_simulate("disaggregated", 6.0, (500, 2000), (50, 300), statistic, models, itl_s=0.1)
+    s = r.samples
+    itl = quantile(s["itl_stat_s"][s["itl_max_s"] > 0], P)
+    assert abs(pl.itl_s - itl) <= 0.1 * itl + 0.002, (pl.itl_s, itl)
+    assert r.slo_attainment >= P - 0.02
 
 
 def test_colocated_long_prompts_sized_like_the_simulator():
