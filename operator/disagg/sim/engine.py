@@ -426,7 +426,7 @@ class Cluster:
         if fraction >= 1.0:
             self._admit_credit = 0.0
 
-    def admit(self, job: Job, now: float) -> bool:
+    def admit(self, job: Job) -> bool:
         """Front-door admission of an arriving job; a rejected one ends here (REJECTED)."""
         f = self.admit_fraction
         if f >= 1.0:
@@ -480,7 +480,7 @@ class Cluster:
         job.deadline = now + self.ttft_s
         self.submitted += 1
         self.now = now
-        if self.admit(job, now):
+        if self.admit(job):
             self._arrive(job, now)
         return job
 
@@ -814,7 +814,7 @@ def simulate(
             next_sample = series.sample(cl, t, next_sample)
         job = Job(i, t, prompt[i], output[i], media[i], hashes[i] if hashes is not None else None, t + ttft_s)
         cl.submitted += 1
-        if admit(job, t):
+        if admit(job):
             arrive(job, t)
         if progress is not None and i % report_every == 0 and i:
             progress(i, n, t)

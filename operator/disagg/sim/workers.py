@@ -273,9 +273,6 @@ class Link(Component):
         """Sends in setup or in the byte phase (not the queued ones)."""
         return self.active_n
 
-    def queued(self) -> int:
-        return sum(1 for u, _ in self.queue if not u.dead)
-
     def start(self, unit: Unit, now: float, seq: int) -> None:
         unit.t0 = now
         self._sync(now)
