@@ -386,6 +386,13 @@ class KVTransfer(_Model):
         description="Send KV chunk by chunk while prefill runs (SGLang-style eager sends); false: the whole KV "
         "after prefill (vLLM NIXL). The planner and the emulator both follow it.",
     )
+    max_concurrent_transfers: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="Sends one KV link carries at once (each chunk of a streamed send counts as one); "
+        "later ones wait in a FIFO queue. 0: no limit (the link shares its bandwidth among all sends).",
+    )
 
 
 class SLO(_Model):
@@ -395,6 +402,11 @@ class SLO(_Model):
     itl_seconds: float = Field(0.15, gt=0, description="Inter-token latency target, in seconds.")
     percentile: float = Field(
         0.9, gt=0, lt=1, description="Quantile the targets apply to, in (0, 1), e.g. 0.9."
+    )
+    itl_statistic: Literal["max", "p99", "mean"] = Field(
+        "max",
+        description="How one request's inter-token gaps meet itlSeconds: max (every gap: one stall is a breach), "
+        "p99 (the 99th percentile gap) or mean (the mean gap).",
     )
 
 
@@ -736,7 +748,9 @@ def planner_inputs(spec: DisaggDeploymentSpec) -> PlannerInputs:
 
     return PlannerInputs(
         models=stage_bundle(spec),
-        slo=planner.SLO(spec.slo.ttft_seconds, spec.slo.itl_seconds, spec.slo.percentile),
+        slo=planner.SLO(
+            spec.slo.ttft_seconds, spec.slo.itl_seconds, spec.slo.percentile, spec.slo.itl_statistic
+        ),
         bounds={
             k: planner.PoolBounds(p.min_replicas, p.max_replicas, p.gpus_per_replica)
             for k, p in pools(spec).items()

@@ -364,6 +364,7 @@ class DecisionRecord:
     budget_limited: bool
     sacrificed: str | None
     notes: tuple[str, ...]
+    admitted_fraction: float | None = None  # share of the load the plan serves (the rest is shed)
 
     def to_status(self) -> dict[str, Any]:
         """The dict written to `status.lastDecision` (camelCase keys; pool maps are {pool: n}).
@@ -408,6 +409,7 @@ class DecisionRecord:
                 "predictedItlSeconds": _r(self.predicted_itl_s),
                 "feasible": self.feasible,
                 "budgetLimited": self.budget_limited,
+                "admittedFraction": _r(self.admitted_fraction),
                 "notes": list(self.notes),
             },
         }
@@ -557,6 +559,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
     planned = dict(current)
     floor: dict[str, int] = {}
     plan_rate: float | None = None
+    admitted: float | None = None
     notes: list[str] = []
     if observed is not None:
         queued = sum(v for v in obs.queued.values() if v is not None and math.isfinite(v))
@@ -581,8 +584,13 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
             plan = config.planning.plan(demand_for(obs, rate, shape), models)
             planned = _pooled(plan, pools)
             # What the current load needs: a budget rebalance never shrinks a donor below it.
+            # The share of the load to admit is that plan's too: under a short budget the front
+            # door sheds what the pools cannot serve now, not what a forecast might bring.
+            admitted = plan.admitted_fraction
             if pcfg.gpu_budget is not None and rate > observed:
-                floor = _pooled(config.planning.plan(demand_for(obs, observed, shape), models), pools)
+                now_plan = config.planning.plan(demand_for(obs, observed, shape), models)
+                floor = _pooled(now_plan, pools)
+                admitted = now_plan.admitted_fraction
             else:
                 floor = dict(planned)
         except ValueError as exc:
@@ -668,6 +676,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         budget_limited=bool(plan and plan.budget_limited),
         sacrificed=(plan.sacrificed or None) if plan and plan.budget_limited else None,
         notes=tuple(n for n in notes if n),
+        admitted_fraction=admitted,
     )
     return Outcome(
         targets=dict(d.targets),

@@ -56,7 +56,7 @@ from pydantic import ValidationError
 from disagg import api, autoscaler, names
 from disagg.model import StageModels
 from disagg.planner import SLO, Demand, PoolBounds, plan, split_threshold_tokens
-from disagg.sim.core import DONE, INF, Job
+from disagg.sim.core import DONE, INF, REJECTED, Job
 from disagg.sim.engine import Cluster, SimConfig
 from disagg.workload import Workload, piecewise_poisson
 
@@ -188,7 +188,12 @@ class EvalSettings:
             "target_attainment": self.target_attainment,
             "placement": self.placement,
             "split_threshold_tokens": self.threshold() if self.placement == "conditional" else None,
-            "slo": {"ttft_s": self.slo.ttft_s, "itl_s": self.slo.itl_s, "percentile": self.slo.percentile},
+            "slo": {
+                "ttft_s": self.slo.ttft_s,
+                "itl_s": self.slo.itl_s,
+                "percentile": self.slo.percentile,
+                "itl_statistic": self.slo.itl_statistic,
+            },
             "models": {
                 "encoder_fixed_ms": m.encoder.fixed_ms,
                 "encoder_ms_per_item": m.encoder.ms_per_item,
@@ -378,6 +383,8 @@ class Policy:
     name = "?"
     drains = True
     instant = False  # no start-up delay (oracle)
+    admits = False  # sheds at the front door what its plan does not admit (admission control)
+    last_admitted = 1.0  # the admitted fraction of the last plan (planner.Plan.admitted_fraction)
 
     def __init__(self, s: EvalSettings, w: Workload, pre: _Prefix) -> None:
         self.s = s
@@ -389,6 +396,7 @@ class Policy:
         s = self.s
         split = s.threshold() if s.placement == "conditional" else None
         p = plan(d, s.models, s.slo, s.bounds(), budget, s.placement, split_threshold=split)  # type: ignore[arg-type]
+        self.last_admitted = p.admitted_fraction
         return {k: int(p.replicas[k]) for k in self.pools}
 
     def initial(self) -> dict[str, int]:
@@ -477,6 +485,7 @@ def spec_for(
                     "ttftSeconds": s.slo.ttft_s,
                     "itlSeconds": s.slo.itl_s,
                     "percentile": s.slo.percentile,
+                    "itlStatistic": s.slo.itl_statistic,
                 },
                 "autoscaling": autoscaling,
             }
@@ -526,6 +535,7 @@ class DisaggPolicy(Policy):
     """The operator's decision (`autoscaler.decide`) on the simulation's observations."""
 
     name = "disagg"
+    admits = True  # the last plan of a decision is for the observed rate (the budget floor)
 
     def __init__(
         self, s: EvalSettings, w: Workload, pre: _Prefix, spec: api.DisaggDeploymentSpec | None = None
@@ -542,6 +552,8 @@ class DisaggPolicy(Policy):
         )
         self.state = out.state
         self.last = out
+        if out.record.admitted_fraction is not None:
+            self.last_admitted = out.record.admitted_fraction
         return out.next_step, out.reason
 
 
@@ -643,6 +655,7 @@ class ThroughputPolicy(Policy):
 class PlannerForesightPolicy(Policy):
     name = "planner-foresight"
     instant = True
+    admits = True
 
     def truth(self, t: float) -> dict[str, int]:
         i = self.s.interval_s
@@ -702,6 +715,7 @@ class _Loop:
             split_threshold=_sim_threshold(s) if s.placement == "conditional" else 2048,
             ttft_ms=s.slo.ttft_s * 1000.0,
             itl_ms=s.slo.itl_s * 1000.0,
+            itl_statistic=s.slo.itl_statistic,
             seed=s.seed,
         )
         self.cl = _EvalCluster(s.models, cfg, now=0.0)
@@ -873,6 +887,10 @@ def _pct(a: np.ndarray, q: float) -> float | None:
     return float(np.percentile(a, q)) if a.size else None
 
 
+def _gap(h: Any, q: float) -> float | None:
+    return (h.max if q >= 1.0 else h.percentile(q)) if h.count else None
+
+
 def run_policy(
     name: str,
     w: Workload,
@@ -890,6 +908,8 @@ def run_policy(
     lp = _Loop(s, pol, init)
     cl = lp.cl
     pol.attach(cl)
+    if pol.admits:
+        cl.set_admission(pol.last_admitted)
     arrival = w.arrival_s.tolist()
     prompt = w.prompt_tokens.tolist()
     output = w.output_tokens.tolist()
@@ -965,6 +985,8 @@ def run_policy(
                 items_per_request=items_per_request,
             )
             targets, _reason = pol.decide(obs)
+            if pol.admits:
+                cl.set_admission(pol.last_admitted)
             lp.apply(targets, t)
             true_n = pre.stats(t - s.interval_s, t)[0]
             timeline.append(
@@ -1019,12 +1041,12 @@ def _metrics(jobs: list[Job], w: Workload, s: EvalSettings, lp: _Loop, end: floa
     n = len(jobs)
     ttft = np.full(n, np.inf)
     itl = np.full(n, np.inf)
-    done_at = lp.cl.done_at
     for k, j in enumerate(jobs):
         if j.state == DONE:
             ttft[k] = j.t_first - j.arrival
-            itl[k] = (done_at[j.id] - j.t_first) / (j.output - 1) if j.output > 1 else 0.0
+            itl[k] = j.itl  # the SLO's statistic of the request's inter-token gaps (SimConfig.itl_statistic)
     done = np.isfinite(ttft)
+    admitted = np.array([j.state != REJECTED for j in jobs], dtype=bool)
     infeasible = infeasible_mask(w, s)[:n]
     good = done & (ttft <= s.slo.ttft_s + 1e-12) & (itl <= s.slo.itl_s + 1e-12)
     feas = ~infeasible
@@ -1043,12 +1065,19 @@ def _metrics(jobs: list[Job], w: Workload, s: EvalSettings, lp: _Loop, end: floa
         "itl_p50_s": _pct(il, 50),
         "itl_p90_s": _pct(il, 90),
         "itl_p99_s": _pct(il, 99),
+        "gap_p50_s": _gap(lp.cl.gaps, 0.5),  # every inter-token gap of every completed request
+        "gap_p99_s": _gap(lp.cl.gaps, 0.99),
+        "gap_max_s": _gap(lp.cl.gaps, 1.0),
         "gpu_hours": lp.gpu_s / 3600.0,
         "gpu_hours_vs_oracle": None,
         "scaling_actions": lp.actions,
         "drains": lp.drained,
         "lost_requests": lost,
         "failed_requests": int(lp.cl.failed),
+        "rejected_requests": int(lp.cl.rejected),
+        "slo_attainment_admitted": (
+            float(good[feas & admitted].sum() / max(1, int((feas & admitted).sum()))) if nf else None
+        ),
         "duration_s": end,
         "drains_workers": lp.pol.drains,
     }

@@ -29,7 +29,9 @@ MIB = float(2**20)
 KIB = 1024.0
 
 __all__ = [
+    "DEFAULT_ITL_STATISTIC",
     "GIB",
+    "ITL_STATISTICS",
     "KIB",
     "MIB",
     "DecodeModel",
@@ -38,10 +40,31 @@ __all__ = [
     "PrefillModel",
     "StageModels",
     "TransferModel",
+    "check_itl_statistic",
     "fit_decode",
     "fit_linear",
     "fit_prefill",
+    "gap_p99_rank",
 ]
+
+
+# How one request's inter-token gaps are reduced to the number its ITL target is checked
+# against: the mean gap, the 99th percentile gap (nearest rank) or the largest gap.
+# "max" by default: one gap above the target is a visible stall (docs/simulator.md).
+ITL_STATISTICS = ("max", "p99", "mean")
+DEFAULT_ITL_STATISTIC = "max"
+
+
+def check_itl_statistic(value: Any) -> str:
+    """`value` if it names an ITL statistic; a ValueError naming the choices otherwise."""
+    if value not in ITL_STATISTICS:
+        raise ValueError(f"ITL statistic must be one of {', '.join(ITL_STATISTICS)}, got {value!r}")
+    return str(value)
+
+
+def gap_p99_rank(gaps: int) -> int:
+    """1-based nearest rank of the 99th percentile among `gaps` sorted gaps: ceil(0.99 x gaps)."""
+    return (99 * gaps + 99) // 100
 
 
 # --------------------------------------------------------------------------- validation

@@ -33,8 +33,18 @@ from typing import Any, Literal, NamedTuple, TypeVar
 
 import numpy as np
 
-from disagg.model import GIB, DecodeModel, EncoderModel, PrefillModel, StageModels, TransferModel
-from disagg.queueing import erlang_b_stride
+from disagg.model import (
+    DEFAULT_ITL_STATISTIC,
+    GIB,
+    DecodeModel,
+    EncoderModel,
+    PrefillModel,
+    StageModels,
+    TransferModel,
+    check_itl_statistic,
+    gap_p99_rank,
+)
+from disagg.queueing import erlang_b_stride, poisson_cdf, poisson_quantile
 
 __all__ = [
     "SLO",
@@ -108,13 +118,17 @@ class Demand:
 
 @dataclass(frozen=True)
 class SLO:
+    """Targets at `percentile` of requests; a request's ITL is its gaps' `itl_statistic` (max, p99, mean)."""
+
     ttft_s: float = 0.6
     itl_s: float = 0.15
     percentile: float = 0.9
+    itl_statistic: str = DEFAULT_ITL_STATISTIC
 
     def __post_init__(self) -> None:
         _num("ttft_s", self.ttft_s, positive=True)
         _num("itl_s", self.itl_s, positive=True)
+        check_itl_statistic(self.itl_statistic)
         p = _num("percentile", self.percentile, positive=True)
         if p >= 1:
             raise ValueError(f"percentile must be < 1, got {self.percentile!r}")
@@ -273,7 +287,12 @@ class Plan:
                 "items_per_request": _j(self.demand.items_per_request),
                 "prefix_hit_rate": _j(self.demand.prefix_hit_rate),
             },
-            "slo": {"ttft_s": self.slo.ttft_s, "itl_s": self.slo.itl_s, "percentile": self.slo.percentile},
+            "slo": {
+                "ttft_s": self.slo.ttft_s,
+                "itl_s": self.slo.itl_s,
+                "percentile": self.slo.percentile,
+                "itl_statistic": self.slo.itl_statistic,
+            },
         }
 
 
@@ -806,7 +825,7 @@ def _plan_disagg(
         o = d.output_tokens_mean
         denom = 1000.0 * dec.replicas - lam_adm * o * m.decode.step_ms_per_seq
         n_occ = st.b_eff if denom <= 0 else min(st.b_eff, lam_adm * o * m.decode.step_fixed_ms / denom)
-    itl = ctx.step_ms(max(1.0, n_occ)) / 1000.0
+    itl = _decode_itl(ctx, n_occ)
     pr = pre.replicas
     stages_out = {
         "encoder.service_ms": st.enc_s * 1000.0,
@@ -854,28 +873,93 @@ def _plan_disagg(
 # --------------------------------------------------------------------------- colocated
 
 
+def _decode_itl(ctx: _Ctx, n_occ: float) -> float:
+    """ITL at the percentile on a decode replica holding n_occ sequences on average, by the SLO's statistic.
+
+    A request sees itself plus ~Poisson(n_occ) others (arrivals see time
+    averages). Mean: the step at that mean batch. Max and p99: the step at the
+    batch's percentile (its largest gaps come from its fullest steps). Capped at
+    the batch the ITL target allows (the planner's decode servers per replica).
+    """
+    if ctx.slo.itl_statistic == "mean" or n_occ + 1.0 >= ctx.b_eff:
+        batch = 1.0 + n_occ
+    else:
+        batch = 1.0 + poisson_quantile(ctx.slo.percentile, n_occ)
+    return ctx.step_ms(min(float(ctx.b_eff), max(1.0, batch))) / 1000.0
+
+
+def _colocated_itl(lam_r: float, u: float, d: Demand, slo: SLO, st: _Setup) -> float:
+    """ITL at the percentile, by the SLO's statistic of a request's gaps, on a colocated replica.
+
+    Every local prefill started while a request decodes stalls it once: that gap
+    is ``step + prefill``, the others one step. A request's n = output - 1 gaps
+    span ``T = n step / (1 - u)`` (decode runs only while the replica is not
+    prefilling), in which ~Poisson(lam_r T) prefills start. Mean: the
+    percentile stall count spread over n gaps. Max: a breach unless the
+    percentile request sees no stall. p99: unless it sees at most the
+    n - ceil(0.99 n) stalls its top 1 % of gaps may hold. A visible stall is
+    the prefill of a prompt at the percentile (normal approximation of the
+    prefill-time spread).
+    """
+    step = st.step_cap_ms / 1000.0
+    n = max(0, round(d.output_tokens_mean) - 1)
+    if n == 0 or lam_r <= 0:
+        return step
+    stalls = lam_r * n * step / (1.0 - u)
+    p = slo.percentile
+    stat = slo.itl_statistic
+    if stat == "mean":
+        return step + poisson_quantile(p, stalls) * st.prefill_s / n
+    allowed = 0 if stat == "max" else n - gap_p99_rank(n)
+    if poisson_cdf(allowed, stalls) >= p:
+        return step
+    return step + st.prefill_s * (1.0 + _z(p) * math.sqrt(st.prefill_cs2))
+
+
+def _z(p: float) -> float:
+    """Standard normal p-quantile (bisection on erfc; p in (0, 1))."""
+    lo, hi = -10.0, 10.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        if 0.5 * math.erfc(-mid / math.sqrt(2.0)) < p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
 def _colocated_eval(
     r: int, lam: float, d: Demand, m: StageModels, slo: SLO, st: _Setup
 ) -> tuple[float, float, float, float, float, float] | None:
-    """(ttft_p, itl_p, prefill util, w_pf, w_slot, hold) for r colocated replicas, or None if unstable."""
+    """(ttft_p, itl_p, prefill util, w_pf, w_slot, hold) for r colocated replicas, or None if unstable.
+
+    Requests are spread over the replicas (least sequences first), each of which
+    runs its local prefills one at a time, FCFS, with one decode step between
+    consecutive prefills and each starting only at a step boundary: an M/G/1
+    per replica with service prefill + step, and a wait of at least the
+    running step's remainder (uniform over a step while the replica decodes,
+    which it does with probability 1 - exp(-lam_r hold): Poisson occupancy).
+    """
     if r <= 0:
         return None if lam > 0 else (st.fixed_s, st.step_cap_ms / 1000.0, 0.0, 0.0, 0.0, st.hold_s)
     p = slo.percentile
-    u = lam * st.prefill_s / r
-    if u >= 1.0:
+    step_s = st.step_cap_ms / 1000.0
+    lam_r = lam / r
+    u = lam_r * st.prefill_s
+    s_eff = st.prefill_s + step_s  # a decode step runs between consecutive local prefills
+    if lam_r * s_eff >= 1.0:
         return None
     hold = st.hold_s / (1.0 - u)  # decode runs only when the worker is not prefilling
-    w_pf = _table(lam, st.prefill_s, st.prefill_cs2, 1, r, r, p)[1]
+    cs2_eff = st.prefill_cs2 * (st.prefill_s / s_eff) ** 2
+    r0, w_pf, _ = _table(lam_r, s_eff, cs2_eff, 1, 1, 1, p)
     w_sl = _table(lam, hold, st.hold_cs2, st.b_eff, r, r, p)[1]
-    if not w_pf or not w_sl:
+    if r0 != 1 or not w_pf or not w_sl:
         return None
-    wp, ws = w_pf[0], w_sl[0]
+    busy = 1.0 - math.exp(-lam_r * hold)
+    residual = step_s * (1.0 - (1.0 - p) / busy) if busy > 1.0 - p else 0.0
+    wp, ws = max(w_pf[0], residual), w_sl[0]
     ttft = st.enc_s + wp + st.prefill_s + ws + float(m.decode.step_ms(1)) / 1000.0
-    # a decode gap absorbs a whole prefill with probability ~ prefill starts per gap per replica
-    step_s = st.step_cap_ms / 1000.0
-    p_stall = 1.0 - math.exp(-(lam / r) * (step_s + st.prefill_s))
-    itl = step_s + st.prefill_s if p_stall > 1.0 - p else step_s / (1.0 - u)
-    return ttft, itl, u, wp, ws, hold
+    return ttft, _colocated_itl(lam_r, u, d, slo, st), u, wp, ws, hold
 
 
 def _plan_colocated(

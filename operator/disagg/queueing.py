@@ -49,6 +49,8 @@ __all__ = [
     "mmc_mean_wait",
     "mmc_wait_percentile",
     "mmc_wait_tail",
+    "poisson_cdf",
+    "poisson_quantile",
     "wait_percentile",
 ]
 
@@ -251,6 +253,61 @@ def mgc_wait_percentile(p: float, c: Any, lam: Any, service: Any, cs2: Any = 1.0
 def wait_percentile(p: float, c: Any, arrival_rps: Any, service_s: Any, cs2: Any = 1.0) -> Any:
     """Queueing delay (seconds) at percentile p for c servers: M/G/c approximation."""
     return mgc_wait_percentile(p, c, arrival_rps, service_s, cs2)
+
+
+# --------------------------------------------------------------------------- Poisson counts
+
+_POISSON_NORMAL_MEAN = 400.0  # above this mean the normal approximation is within ~1 count
+
+
+def poisson_cdf(k: int, mean: float) -> float:
+    """P(N <= k) for N ~ Poisson(mean) (exact sum below `_POISSON_NORMAL_MEAN`, normal above)."""
+    if not (mean >= 0 and math.isfinite(mean)):
+        raise ValueError(f"mean must be finite and >= 0, got {mean!r}")
+    if k < 0:
+        return 0.0
+    if mean == 0:
+        return 1.0
+    if mean > _POISSON_NORMAL_MEAN:
+        z = (k + 0.5 - mean) / math.sqrt(mean)
+        return 0.5 * math.erfc(-z / math.sqrt(2.0))
+    term = math.exp(-mean)
+    total = term
+    for i in range(1, int(k) + 1):
+        term *= mean / i
+        total += term
+        if total >= 1.0:
+            return 1.0
+    return min(1.0, total)
+
+
+def poisson_quantile(p: float, mean: float) -> int:
+    """Smallest k with P(N <= k) >= p for N ~ Poisson(mean)."""
+    q = _percentile(p)
+    if not (mean >= 0 and math.isfinite(mean)):
+        raise ValueError(f"mean must be finite and >= 0, got {mean!r}")
+    if mean == 0:
+        return 0
+    if mean > _POISSON_NORMAL_MEAN:
+        lo = max(0, int(mean - 10 * math.sqrt(mean)))
+        hi = int(mean + 10 * math.sqrt(mean)) + 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if poisson_cdf(mid, mean) >= q:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+    term = math.exp(-mean)
+    total = term
+    k = 0
+    while total < q:
+        k += 1
+        term *= mean / k
+        total += term
+        if term == 0.0 and k > mean:  # the remaining mass is below double precision
+            break
+    return k
 
 
 def decode_slot_wait(

@@ -112,6 +112,7 @@ def register(subparsers: Any) -> None:
         overrides={"percentile": MODEL_DEFAULTS["percentile"]},
         helps={"percentile": "planner quantile of the targets; attainment counts every request"},
     )
+    modelflags.add_itl_statistic_flag(m)
     for pool in ("encoder", "prefill", "decode"):
         m.add_argument(f"--{pool}-gpus-per-replica", type=int, default=1, metavar="N", help="default 1")
     p.set_defaults(func=run)
@@ -132,7 +133,7 @@ def _settings(args: argparse.Namespace) -> Any:
         transfer=TransferModel(v["kv_bytes_per_token"], v["link_setup_ms"], v["link_gibps"]),
         decode=DecodeModel(v["decode_step_ms"], v["decode_ms_per_seq"], v["decode_slots"]),
     )
-    slo = SLO(v["ttft"], v["itl"], v["percentile"])
+    slo = SLO(v["ttft"], v["itl"], v["percentile"], args.itl_statistic)
     return EvalSettings(
         models=models,
         slo=slo,

@@ -60,3 +60,19 @@ def add_flags(
         text = (helps or {}).get(name, text)
         flag = "--" + name.replace("_", "-")
         group.add_argument(flag, type=typ, default=None if unset else d, help=f"{text} (default {d:g})")
+
+
+# The choices of disagg.model.ITL_STATISTICS (repeated here to keep `disagg --help` free of numpy;
+# tests/unit/test_itl_tokens.py checks they agree).
+ITL_STATISTIC_CHOICES = ("max", "p99", "mean")
+
+
+def add_itl_statistic_flag(group: argparse._ActionsContainer, *, unset: bool = False) -> None:
+    """`--itl-statistic`: how one request's inter-token gaps meet the ITL target (`unset`: default None)."""
+    group.add_argument(
+        "--itl-statistic",
+        choices=ITL_STATISTIC_CHOICES,
+        default=None if unset else ITL_STATISTIC_CHOICES[0],
+        help="a request meets --itl when its max gap (default: one stall is a breach), "
+        "99th percentile gap or mean gap does",
+    )

@@ -31,6 +31,7 @@ DEFAULTS: dict[str, Any] = {
     "items_per_request": 1.0,
     "prefix_hit_rate": 0.0,
     **modelflags.defaults(),
+    "itl_statistic": modelflags.ITL_STATISTIC_CHOICES[0],
     "gpu_budget": None,
     "placement": "disaggregated",
     "chunked": False,
@@ -81,7 +82,9 @@ def register(subparsers: Any) -> None:
     g.add_argument("--media-fraction", type=float, help="fraction of requests with media (default 0)")
     g.add_argument("--items-per-request", type=float, help="media items per media request (default 1)")
     g.add_argument("--prefix-hit-rate", type=float, help="fraction of prompt tokens cached (default 0)")
-    modelflags.add_flags(p.add_argument_group("SLO"), tuple(modelflags.SLO_FLAGS))
+    slo_flags = p.add_argument_group("SLO")
+    modelflags.add_flags(slo_flags, tuple(modelflags.SLO_FLAGS))
+    modelflags.add_itl_statistic_flag(slo_flags, unset=True)
     m = p.add_argument_group("service-time models")
     modelflags.add_flags(m, tuple(modelflags.MODEL_FLAGS))
     m.add_argument(
@@ -161,6 +164,7 @@ def _from_file(path: str) -> dict[str, Any]:
         "ttft": pi.slo.ttft_s,
         "itl": pi.slo.itl_s,
         "percentile": pi.slo.percentile,
+        "itl_statistic": pi.slo.itl_statistic,
         "placement": pi.placement,
         "chunked": pi.chunked,
     }
@@ -271,8 +275,10 @@ def _build(vals: dict[str, Any], arrival: float | None = None) -> tuple[Any, ...
         ),
     )
     slo = wrap(
-        "ttft/--itl/--percentile",
-        lambda: SLO(num("ttft", "ttft"), num("itl", "itl"), num("percentile", "percentile")),
+        "ttft/--itl/--percentile/--itl-statistic",
+        lambda: SLO(
+            num("ttft", "ttft"), num("itl", "itl"), num("percentile", "percentile"), vals["itl_statistic"]
+        ),
     )
     bounds = {}
     for pool in POOL_NAMES:

@@ -76,6 +76,19 @@ def register(subparsers: Any) -> None:
     pl.add_argument(
         "--link-scope", choices=("worker", "shared"), default="worker", help="one link per prefill worker"
     )
+    pl.add_argument(
+        "--max-transfers",
+        type=int,
+        default=0,
+        help="sends one KV link carries at once; later ones queue FIFO (default 0: no limit)",
+    )
+    pl.add_argument(
+        "--admit-fraction",
+        type=float,
+        default=1.0,
+        help="admission control: share of arrivals admitted; the rest, and arrivals that would queue past "
+        "the TTFT target, are rejected early (default 1: off)",
+    )
     pl.add_argument("--failure-prob", type=float, default=0.0, help="probability a transfer attempt fails")
     pl.add_argument("--max-retries", type=int, default=1, help="transfer retries per request (default 1)")
     pl.add_argument("--prefix-cache-tokens", type=int, default=0, help="per-worker prefix cache (0 = off)")
@@ -85,7 +98,9 @@ def register(subparsers: Any) -> None:
         unset=False,
         helps={"chunk_tokens": "KV chunk / local prefill chunk tokens"},
     )
-    modelflags.add_flags(p.add_argument_group("SLO"), ("ttft", "itl"), unset=False)
+    slo = p.add_argument_group("SLO")
+    modelflags.add_flags(slo, ("ttft", "itl"), unset=False)
+    modelflags.add_itl_statistic_flag(slo)
     o = p.add_argument_group("output")
     o.add_argument("--output", choices=("table", "json"), default="table")
     o.add_argument("--plot", metavar="FILE.png", help="plot queues and latency over time")
@@ -219,6 +234,9 @@ def run(args: argparse.Namespace) -> int:
         ttft_ms=args.ttft * 1000.0,
         itl_ms=args.itl * 1000.0,
         link_scope=args.link_scope,
+        max_transfers=args.max_transfers,
+        admit_fraction=args.admit_fraction,
+        itl_statistic=args.itl_statistic,
         seed=args.seed,
     )
     placements = (
@@ -264,7 +282,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"pools: prefill {base.prefill}, decode {base.decode}, encoder {base.encoder}, colocated "
         f"{base.colocated_workers()}; split threshold {base.split_threshold}; "
-        f"SLO TTFT {args.ttft:g} s, ITL {args.itl:g} s{'; chunked' if base.chunked else ''}"
+        f"SLO TTFT {args.ttft:g} s, ITL ({args.itl_statistic} gap) {args.itl:g} s"
+        f"{'; chunked' if base.chunked else ''}"
     )
     if sweep_rows is not None:
         print("\nsplit-threshold sweep (conditional):")

@@ -19,7 +19,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from disagg.emulator.fleet import POOLS, DeploymentEmulator, Fleet, format_summary, from_spec
+from disagg.emulator.fleet import (
+    POOLS,
+    DeploymentEmulator,
+    Fleet,
+    admitted_fraction,
+    format_summary,
+    from_spec,
+)
 
 log = logging.getLogger("disagg.emulator")
 
@@ -191,6 +198,10 @@ class PodWatcher:
     def apply(self, specs: dict, pods: list[dict], now: float) -> None:
         """Reconcile the fleet with one consistent listing of DisaggDeployments and pods."""
         fleet = self.fleet
+        for key, dd in specs.items():  # admission control: shed what the operator's plan does not admit
+            dep = fleet.deployment(*key)
+            if dep is not None:
+                dep.set_admission(admitted_fraction(dd))
         seen = set()
         for pod in pods:
             meta = pod.get("metadata") or {}

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from heapq import heappop
 
 from disagg.model import StageModels
-from disagg.sim.core import INF, WAITING, Job, StageStats
+from disagg.sim.core import INF, REJECTED, WAITING, Job, StageStats
 from disagg.sim.engine import Cluster, SimConfig
 from disagg.sim.workers import (
     COLOCATED,
@@ -295,6 +295,7 @@ class DeploymentEmulator(Cluster):
         split_threshold: int = 2048,
         chunked: bool = False,
         failure_prob: float = 0.0,
+        max_transfers: int = 0,
         model_name: str = "emulated",
         engine: str = "vllm",
         max_queue: int = 1000,
@@ -309,6 +310,7 @@ class DeploymentEmulator(Cluster):
             split_threshold=split_threshold,
             chunked=chunked,
             failure_prob=failure_prob,
+            max_transfers=max_transfers,
             ttft_ms=None,
             itl_ms=None,
             seed=seed,
@@ -368,12 +370,17 @@ class DeploymentEmulator(Cluster):
         return sum(1 for what, j in self.unplaced if what != "send" and j.state == WAITING)
 
     def offer(self, req: Request, now: float) -> Job | None:
-        """A request arrives; None if the front-door queue is full (rejected)."""
+        """A request arrives; None if rejected: the front-door queue is full, or admission control
+        (`set_admission`: the share of the load the operator's plan admits) turns it away."""
         self.advance(now)
         if self.unplaced and self.front_door() >= self.max_queue:
             self.rejected += 1
             return None
-        return self.submit(req, now)
+        job = self.submit(req, now)
+        if job.state == REJECTED:
+            self.submitted -= 1  # `rejected` (the Cluster's counter) has it; submitted + rejected = offered
+            return None
+        return job
 
     # -- driver
     def advance(self, now: float) -> list[Job]:
@@ -624,6 +631,18 @@ def format_summary(s: dict) -> str:
     )
 
 
+def admitted_fraction(dd: dict) -> float:
+    """The share of the load the operator's last plan admits (status.lastDecision.outputs.admittedFraction).
+
+    1.0 (admit everything) when the status does not say, or says something that is not a fraction.
+    """
+    outputs = (((dd.get("status") or {}).get("lastDecision") or {}).get("outputs")) or {}
+    f = outputs.get("admittedFraction") if isinstance(outputs, dict) else None
+    if isinstance(f, bool) or not isinstance(f, int | float) or not 0.0 <= f <= 1.0:
+        return 1.0
+    return float(f)
+
+
 def from_spec(
     namespace: str,
     name: str,
@@ -654,6 +673,7 @@ def from_spec(
         split_threshold=max(0, min(inputs.split_threshold_tokens(), 10_000_000)),
         chunked=s.kv_transfer.stream_chunks if chunked is None else chunked,
         failure_prob=failure_prob,
+        max_transfers=s.kv_transfer.max_concurrent_transfers,
         model_name=s.model,
         engine=engine or s.engine,
         max_queue=max_queue,

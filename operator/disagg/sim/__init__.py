@@ -6,7 +6,7 @@ Pure: numpy and the standard library only (matplotlib is imported lazily by
 classes run on virtual time (`simulate`) and on the wall clock (the emulator).
 """
 
-from disagg.sim.core import DONE, FAILED, INF, LOST, WAITING, Job, PrefixCache, StageStats
+from disagg.sim.core import DONE, FAILED, INF, LOST, REJECTED, WAITING, Job, PrefixCache, StageStats
 from disagg.sim.engine import PLACEMENTS, Cluster, SimConfig, simulate
 from disagg.sim.report import Report, format_table
 
@@ -16,6 +16,7 @@ __all__ = [
     "INF",
     "LOST",
     "PLACEMENTS",
+    "REJECTED",
     "WAITING",
     "Cluster",
     "Job",

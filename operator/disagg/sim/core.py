@@ -6,8 +6,11 @@ and assumes calls arrive in non-decreasing ``now`` order.
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections import OrderedDict
+
+from disagg.model import gap_p99_rank
 
 INF = float("inf")
 
@@ -16,6 +19,7 @@ WAITING = 0  # queued or in service somewhere on its path
 DONE = 1  # last token emitted
 FAILED = 2  # given up by the transfer-failure policy
 LOST = 3  # its worker was removed
+REJECTED = 4  # turned away at the front door (admission control)
 
 
 class Job:
@@ -28,8 +32,10 @@ class Job:
         "deadline",
         "dst",
         "fail_unit",
+        "gaps",
         "hash_ids",
         "id",
+        "itl",
         "media",
         "next_chunk",
         "output",
@@ -84,6 +90,8 @@ class Job:
         self.t_pf_end = INF
         self.t_kv = INF
         self.t_first = INF
+        self.gaps = None  # [(gap s, count)] of a finished job, until the host reads them
+        self.itl = INF  # the ITL statistic of the finished job (seconds), INF until done
 
 
 class StageStats:
@@ -222,3 +230,92 @@ class PrefixCache:
                 blocks[h] = None
         while len(blocks) > self.capacity:
             blocks.popitem(last=False)
+
+
+def gap_summary(pairs: list[tuple[float, int]] | None) -> tuple[int, float, float, float]:
+    """(gaps, sum, p99, max) of one request's inter-token gaps given as (gap, count) runs.
+
+    The p99 is the nearest-rank one (`disagg.model.gap_p99_rank`): with 100 gaps
+    or fewer it is the largest gap.
+    """
+    if not pairs:
+        return 0, 0.0, 0.0, 0.0
+    n = 0
+    total = 0.0
+    mx = 0.0
+    for g, c in pairs:
+        n += c
+        total += g * c
+        if g > mx:
+            mx = g
+    rank = gap_p99_rank(n)
+    if rank >= n:
+        return n, total, mx, mx
+    acc = 0
+    for g, c in sorted(pairs):
+        acc += c
+        if acc >= rank:
+            return n, total, g, mx
+    return n, total, mx, mx  # not reached: acc ends at n >= rank
+
+
+class GapHistogram:
+    """Every inter-token gap of every finished request, in log-spaced bins 1 % wide.
+
+    Memory is fixed (~1,900 bins from 0.1 ms to 10,000 s, clamped at both ends)
+    however many requests run. A percentile is the mean gap of the bin holding
+    its nearest rank: exact when the bin holds one gap length (a fixed decode
+    step), within 1 % otherwise.
+    """
+
+    LO_S = 1e-4
+    HI_S = 1e4
+    RATIO = 1.01
+
+    __slots__ = ("count", "counts", "max", "sums", "total")
+
+    _SCALE = 1.0 / math.log(RATIO)
+    _BINS = int(math.log(HI_S / LO_S) / math.log(RATIO)) + 2
+
+    def __init__(self) -> None:
+        self.counts = [0] * self._BINS
+        self.sums = [0.0] * self._BINS
+        self.count = 0
+        self.total = 0.0
+        self.max = 0.0
+
+    def add(self, gap: float, n: int = 1) -> None:
+        i = int(math.log(gap / self.LO_S) * self._SCALE) if gap > self.LO_S else 0
+        if i >= self._BINS:
+            i = self._BINS - 1
+        self.counts[i] += n
+        self.sums[i] += gap * n
+        self.count += n
+        self.total += gap * n
+        if gap > self.max:
+            self.max = gap
+
+    def percentile(self, q: float) -> float:
+        """Nearest-rank q-quantile (q in [0, 1]); NaN when empty."""
+        if not self.count:
+            return math.nan
+        rank = max(1, math.ceil(q * self.count - 1e-9))
+        acc = 0
+        for i, c in enumerate(self.counts):
+            if c:
+                acc += c
+                if acc >= rank:
+                    return self.sums[i] / c
+        return self.max
+
+    def summary_ms(self) -> dict[str, float]:
+        if not self.count:
+            return {k: math.nan for k in ("mean", "p50", "p90", "p99", "p99.9", "max")}
+        return {
+            "mean": 1000.0 * self.total / self.count,
+            "p50": 1000.0 * self.percentile(0.5),
+            "p90": 1000.0 * self.percentile(0.9),
+            "p99": 1000.0 * self.percentile(0.99),
+            "p99.9": 1000.0 * self.percentile(0.999),
+            "max": 1000.0 * self.max,
+        }

@@ -23,8 +23,20 @@ from array import array
 from dataclasses import dataclass
 from heapq import heappop, heappush
 
-from disagg.model import StageModels
-from disagg.sim.core import DONE, FAILED, INF, LOST, WAITING, Job, PrefixCache, StageStats
+from disagg.model import DEFAULT_ITL_STATISTIC, StageModels, check_itl_statistic
+from disagg.sim.core import (
+    DONE,
+    FAILED,
+    INF,
+    LOST,
+    REJECTED,
+    WAITING,
+    GapHistogram,
+    Job,
+    PrefixCache,
+    StageStats,
+    gap_summary,
+)
 from disagg.sim.workers import (
     COLOCATED,
     DECODE,
@@ -55,6 +67,15 @@ class SimConfig:
       unit would land); the policy then retries (reservation held), re-prefills, or fails
       the request, by the remaining TTFT budget.
     * ``link_scope``: "worker" (one link per prefill worker) or "shared" (one link for all).
+    * ``max_transfers``: sends one link carries at once (0 = no limit: processor sharing
+      among all); later sends wait in the link's FIFO queue (stage "transfer").
+    * ``itl_statistic``: how a request's inter-token gaps meet ``itl_ms``: "max" (every
+      gap), "p99" (nearest-rank 99th percentile gap) or "mean" (the mean gap).
+    * ``admit_fraction``: admission control at the front door (`Cluster.set_admission`
+      changes it while running). Below 1 the front door admits that share of arrivals
+      (evenly spread) and also turns away an arrival that would queue past its TTFT
+      target (every decode slot promised, or the prefill backlog too long); those are
+      rejected at once (state REJECTED, counted apart from misses).
     """
 
     placement: str = "disaggregated"
@@ -72,12 +93,23 @@ class SimConfig:
     ttft_ms: float | None = 600.0
     itl_ms: float | None = 150.0
     link_scope: str = "worker"
+    max_transfers: int = 0
+    admit_fraction: float = 1.0
+    itl_statistic: str = DEFAULT_ITL_STATISTIC
     seed: int = 0
 
     def validate(self) -> None:
         if self.placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {self.placement!r}; choose from {', '.join(PLACEMENTS)}")
-        for name in ("prefill", "decode", "encoder", "colocated", "split_threshold", "prefix_cache_tokens"):
+        for name in (
+            "prefill",
+            "decode",
+            "encoder",
+            "colocated",
+            "split_threshold",
+            "prefix_cache_tokens",
+            "max_transfers",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.placement in ("disaggregated", "conditional"):
@@ -85,12 +117,15 @@ class SimConfig:
                 raise ValueError(f"placement {self.placement} needs --prefill >= 1 and --decode >= 1")
         elif self.colocated_workers() < 1:
             raise ValueError("placement colocated needs at least one colocated worker")
+        if not 0.0 <= self.admit_fraction <= 1.0:
+            raise ValueError(f"admit_fraction must be in [0, 1], got {self.admit_fraction}")
         if not 0.0 <= self.failure_prob <= 1.0:
             raise ValueError(f"failure_prob must be in [0, 1], got {self.failure_prob}")
         if self.max_retries < 0 or self.max_reprefills < 0:
             raise ValueError("max_retries and max_reprefills must be >= 0")
         if self.link_scope not in ("worker", "shared"):
             raise ValueError(f"link_scope must be 'worker' or 'shared', got {self.link_scope!r}")
+        check_itl_statistic(self.itl_statistic)
         for name in ("ttft_ms", "itl_ms"):
             v = getattr(self, name)
             if v is not None and not v > 0:
@@ -149,12 +184,19 @@ class Cluster:
         self.released_on_failure = 0
         self.chunks_cleared = 0
         self.good = 0
+        self.rejected = 0
         self.kv_reserved_max = 0
+        self.admit_fraction = float(config.admit_fraction)
+        self._admit_credit = 0.0
+        self.itl_stat = {"mean": 0, "p99": 1, "max": 2}[config.itl_statistic]
+        self.gaps = GapHistogram()  # every inter-token gap of every completed request
         # per-request results (completed requests)
         self.r_id = array("q")
         self.r_arrival = array("d")
         self.r_ttft = array("d")
-        self.r_itl = array("d")
+        self.r_itl = array("d")  # mean gap
+        self.r_itl_p99 = array("d")  # nearest-rank 99th percentile gap
+        self.r_itl_max = array("d")  # largest gap
         self.r_done = array("d")
         if config.placement == "colocated":
             n_pf, n_dec, n_col = 0, 0, config.colocated_workers()
@@ -294,7 +336,7 @@ class Cluster:
     def _link_for(self, name: str, now: float) -> Link:
         if self.cfg.link_scope == "shared" and self.shared_link is not None:
             return self.shared_link
-        link = Link(self, f"link-{name}", self.setup_s, self.stage("transfer"))
+        link = Link(self, f"link-{name}", self.setup_s, self.stage("transfer"), self.cfg.max_transfers)
         link.last = now
         self.links.append(link)
         if self.cfg.link_scope == "shared":
@@ -376,8 +418,58 @@ class Cluster:
 
     # ------------------------------------------------------------------ request flow
 
+    def set_admission(self, fraction: float) -> None:
+        """Admit this share of arrivals from now on (1: admission control off)."""
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"admission fraction must be in [0, 1], got {fraction!r}")
+        self.admit_fraction = float(fraction)
+        if fraction >= 1.0:
+            self._admit_credit = 0.0
+
+    def admit(self, job: Job) -> bool:
+        """Front-door admission of an arriving job; a rejected one ends here (REJECTED)."""
+        f = self.admit_fraction
+        if f >= 1.0:
+            return True
+        self._admit_credit += f
+        ok = self._admit_credit >= 1.0
+        if ok:
+            self._admit_credit -= 1.0
+            ok = self._can_meet_ttft(job)
+        if not ok:
+            job.state = REJECTED
+            self.rejected += 1
+        return ok
+
+    def _can_meet_ttft(self, job: Job) -> bool:
+        """Early rejection (as Mooncake's): False when the request would queue past its TTFT target.
+
+        Two signals: the decode (colocated) slots are all promised - to running,
+        waiting and incoming sequences and to the requests still in prefill - so
+        its first token would wait for others to finish; or the least-loaded
+        prefill worker's backlog plus its own prefill, transfer and first step
+        exceed the target.
+        """
+        if self.ttft_s == INF or job.media:
+            return True
+        serve = self.pools[COLOCATED if self.placement == "colocated" else DECODE]
+        slots = sum(w.slots for w in serve if not w.draining)
+        if slots:
+            promised = sum(w.in_flight() for w in serve) + sum(w.in_flight() for w in self.pools[PREFILL])
+            if promised >= slots:
+                return False
+        if self.placement == "colocated" or (
+            self.placement == "conditional" and job.prompt < self.cfg.split_threshold
+        ):
+            return True
+        w = self._pick(PREFILL)
+        if w is None:
+            return True  # no worker yet: it waits at the front door (the scaler's business)
+        bare = self.prefill_s(job.prompt) + self.setup_s + self.wire_s(job.prompt) + self.step_s[1]
+        return w.load() + bare <= self.ttft_s
+
     def submit(self, req: Request | Job, now: float) -> Job:
-        """A request arrives at `now`."""
+        """A request arrives at `now` (rejected at once when admission control turns it away)."""
         if isinstance(req, Job):
             job = req
         else:
@@ -388,7 +480,8 @@ class Cluster:
         job.deadline = now + self.ttft_s
         self.submitted += 1
         self.now = now
-        self._arrive(job, now)
+        if self.admit(job):
+            self._arrive(job, now)
         return job
 
     def _arrive(self, job: Job, now: float) -> None:
@@ -524,11 +617,22 @@ class Cluster:
             job.dst = None
         self.completed += 1
         ttft = job.t_first - job.arrival
-        itl = (now - job.t_first) / (job.output - 1) if job.output > 1 else 0.0
+        mean = (now - job.t_first) / (job.output - 1) if job.output > 1 else 0.0
+        runs = job.gaps
+        job.gaps = None
+        _, _, p99, mx = gap_summary(runs)
+        if runs:
+            add = self.gaps.add
+            for g, c in runs:
+                add(g, c)
+        itl = (mean, p99, mx)[self.itl_stat]
+        job.itl = itl
         self.r_id.append(job.id)
         self.r_arrival.append(job.arrival)
         self.r_ttft.append(ttft)
-        self.r_itl.append(itl)
+        self.r_itl.append(mean)
+        self.r_itl_p99.append(p99)
+        self.r_itl_max.append(mx)
         self.r_done.append(now)
         if ttft <= self.ttft_s and itl <= self.itl_s:
             self.good += 1
@@ -592,6 +696,15 @@ class Cluster:
         job.units = None
         job.units_left = 0
 
+    def _link_wait_s(self, link: Link) -> float:
+        """Rough wait for a place on a bounded link: the queued sends ahead, each a serial send of the mean size."""
+        if not link.max_active or link.active_n < link.max_active:
+            return 0.0
+        ahead = [u for u, _ in link.queue if not u.dead]
+        if not ahead:
+            return 0.0
+        return len(ahead) * (self.setup_s + sum(u.work for u in ahead) / len(ahead)) / link.max_active
+
     def _link_of(self, job: Job) -> Link | None:
         return job.src.link if job.src is not None else None
 
@@ -605,7 +718,7 @@ class Cluster:
         ready = job.t_pf_end if running else now
         step = self.step_s[1]
         link = job.src.link
-        retry_s = self.setup_s + self.wire_s(job.prompt) * (link.n + 1)
+        retry_s = self.setup_s + self.wire_s(job.prompt) * (link.n + 1) + self._link_wait_s(link)
         if job.retries < self.cfg.max_retries and ready + retry_s + step <= job.deadline:
             job.retries += 1
             self.retries += 1
@@ -689,6 +802,7 @@ def simulate(
     heap = cl.heap
     advance = cl.advance
     arrive = cl._arrive
+    admit = cl.admit
     ttft_s = cl.ttft_s
     report_every = max(1, n // 20)
     for i in range(n):
@@ -700,7 +814,8 @@ def simulate(
             next_sample = series.sample(cl, t, next_sample)
         job = Job(i, t, prompt[i], output[i], media[i], hashes[i] if hashes is not None else None, t + ttft_s)
         cl.submitted += 1
-        arrive(job, t)
+        if admit(job):
+            arrive(job, t)
         if progress is not None and i % report_every == 0 and i:
             progress(i, n, t)
     while True:

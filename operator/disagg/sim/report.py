@@ -14,6 +14,10 @@ from disagg.sim.workers import COLOCATED, DECODE, ServeWorker
 _PCTS = (50, 90, 99)
 
 
+def _arr(a) -> np.ndarray:
+    return np.frombuffer(a, dtype=np.float64) if len(a) else np.zeros(0)
+
+
 def _summary_ms(values: np.ndarray) -> dict[str, float]:
     if values.size == 0:
         return {"mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan}
@@ -78,11 +82,17 @@ class Report:
     completed: int
     failed: int
     lost: int
+    rejected: int  # turned away at the front door (admission control): not misses, not served
     throughput_rps: float
     goodput_rps: float
-    slo_attainment: float
+    slo_attainment: float  # served within the SLO / every request (rejected ones count against it)
+    admitted_slo_attainment: float  # served within the SLO / admitted requests
     ttft_ms: dict[str, float]
-    itl_ms: dict[str, float]
+    itl_ms: dict[str, float]  # per request: the configured ITL statistic of its gaps
+    itl_mean_ms: dict[str, float]  # per request: its mean gap
+    gap_ms: dict[str, float]  # every inter-token gap of every completed request
+    itl_statistic: str
+    itl_breaches: int  # completed requests whose ITL statistic exceeds the target
     stages: dict[str, dict[str, float]]
     pools: dict[str, dict[str, float]]
     bytes_transferred: float
@@ -96,10 +106,14 @@ class Report:
     def build(cls, cl, workload, series: Series | None, wall_s: float, end: float) -> Report:
         horizon = max(end, 1e-9)
         ttft = np.frombuffer(cl.r_ttft, dtype=np.float64) if len(cl.r_ttft) else np.zeros(0)
-        itl_all = np.frombuffer(cl.r_itl, dtype=np.float64) if len(cl.r_itl) else np.zeros(0)
-        arrival = np.frombuffer(cl.r_arrival, dtype=np.float64) if len(cl.r_arrival) else np.zeros(0)
+        itl_all = _arr(cl.r_itl)
+        itl_p99 = _arr(cl.r_itl_p99)
+        itl_max = _arr(cl.r_itl_max)
+        itl_stat = (itl_all, itl_p99, itl_max)[cl.itl_stat]
+        arrival = _arr(cl.r_arrival)
         out_tokens = None
-        itl = itl_all[itl_all > 0] if itl_all.size else itl_all
+        # requests of one output token have no gap: left out of the ITL summaries
+        has_gap = itl_max > 0
         pools: dict[str, dict[str, float]] = {}
         for w in cl.workers:
             added, removed = cl.life[w]
@@ -143,11 +157,19 @@ class Report:
             completed=cl.completed,
             failed=cl.failed,
             lost=cl.lost,
+            rejected=cl.rejected,
             throughput_rps=cl.completed / horizon,
             goodput_rps=cl.good / horizon,
             slo_attainment=cl.good / cl.submitted if cl.submitted else 0.0,
+            admitted_slo_attainment=(
+                cl.good / (cl.submitted - cl.rejected) if cl.submitted > cl.rejected else 0.0
+            ),
             ttft_ms=_summary_ms(ttft),
-            itl_ms=_summary_ms(itl),
+            itl_ms=_summary_ms(itl_stat[has_gap]),
+            itl_mean_ms=_summary_ms(itl_all[has_gap]),
+            gap_ms=cl.gaps.summary_ms(),
+            itl_statistic=cfg.itl_statistic,
+            itl_breaches=int((itl_stat > cl.itl_s).sum()),
             stages={name: stage_summary(s, horizon) for name, s in cl.stages.items() if s.entered},
             pools=pool_out,
             bytes_transferred=float(sum(link.bytes_done for link in cl.links)),
@@ -169,6 +191,9 @@ class Report:
                 "arrival_s": arrival,
                 "ttft_s": ttft,
                 "itl_s": itl_all,
+                "itl_p99_s": itl_p99,
+                "itl_max_s": itl_max,
+                "itl_stat_s": itl_stat,
             },
         )
 
@@ -193,11 +218,17 @@ class Report:
                 "completed": self.completed,
                 "failed": self.failed,
                 "lost": self.lost,
+                "rejected_requests": self.rejected,
                 "throughput_rps": self.throughput_rps,
                 "goodput_rps": self.goodput_rps,
                 "slo_attainment": self.slo_attainment,
+                "admitted_slo_attainment": self.admitted_slo_attainment,
                 "ttft_ms": self.ttft_ms,
+                "itl_statistic": self.itl_statistic,
                 "itl_ms": self.itl_ms,
+                "itl_mean_ms": self.itl_mean_ms,
+                "itl_breaches": self.itl_breaches,
+                "gap_ms": self.gap_ms,
                 "stages": self.stages,
                 "pools": self.pools,
                 "bytes_transferred": self.bytes_transferred,
@@ -235,13 +266,21 @@ def format_table(reports: list[Report]) -> str:
     add("requests", lambda r: r.requests)
     add("completed", lambda r: r.completed)
     add("failed / lost", lambda r: f"{r.failed} / {r.lost}")
+    if any(r.rejected for r in reports):
+        add("rejected (admission)", lambda r: r.rejected)
+        add("SLO attainment of admitted", lambda r: r.admitted_slo_attainment)
     add("throughput req/s", lambda r: r.throughput_rps)
     add("goodput req/s", lambda r: r.goodput_rps)
     add("SLO attainment", lambda r: r.slo_attainment)
     for k in ("mean", "p50", "p90", "p99"):
         add(f"TTFT {k} ms", lambda r, k=k: r.ttft_ms[k])
     for k in ("mean", "p50", "p90", "p99"):
-        add(f"ITL {k} ms", lambda r, k=k: r.itl_ms[k])
+        add(
+            f"ITL ({'/'.join(sorted({r.itl_statistic for r in reports}))}) {k} ms", lambda r, k=k: r.itl_ms[k]
+        )
+    add("ITL breaches", lambda r: r.itl_breaches)
+    for k in ("p50", "p90", "p99", "p99.9", "max"):
+        add(f"token gap {k} ms", lambda r, k=k: r.gap_ms[k])
     stage_names: list[str] = []
     for r in reports:
         stage_names += [s for s in r.stages if s not in stage_names]
@@ -304,11 +343,11 @@ def plot(reports: list[Report], path: str) -> None:
         ax.set_xlabel("time (s)")
         ax.legend(fontsize=7)
         ax = row[1]
-        a, tt, il = r.samples.get("arrival_s"), r.samples.get("ttft_s"), r.samples.get("itl_s")
+        a, tt, il = r.samples.get("arrival_s"), r.samples.get("ttft_s"), r.samples.get("itl_stat_s")
         if a is not None and a.size:
             step = max(1, a.size // 5000)
             ax.scatter(a[::step], tt[::step] * 1000, s=2, label="TTFT ms")
-            ax.scatter(a[::step], il[::step] * 1000, s=2, label="ITL ms")
+            ax.scatter(a[::step], il[::step] * 1000, s=2, label=f"ITL ({r.itl_statistic}) ms")
             if r.config.get("ttft_ms"):
                 ax.axhline(r.config["ttft_ms"], color="C0", ls="--", lw=0.8)
             if r.config.get("itl_ms"):

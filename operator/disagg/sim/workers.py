@@ -22,6 +22,7 @@ Host callbacks used here::
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from heapq import heappop, heappush
 
@@ -32,6 +33,7 @@ PREFILL = "prefill"
 DECODE = "decode"
 COLOCATED = "colocated"
 LINK = "link"
+QUEUED = -2.0  # Unit.tag of a send waiting for a place on its link
 
 
 class Component:
@@ -205,31 +207,42 @@ class Link(Component):
     Virtual-time PS: with n sends in their byte phase, each progresses at 1/n of
     the link; a send joining at virtual time V with `work` seconds of full-rate
     link time finishes when V reaches V + work.
+
+    With ``max_active`` > 0 the link carries at most that many sends at once
+    (setup or bytes; each chunk of a streamed send is one send); later sends wait
+    in a FIFO queue and start as earlier ones finish or are cancelled. The
+    stage's queue length and waits are this queue's.
     """
 
     __slots__ = (
+        "active_n",
         "busy_s",
         "bytes_done",
         "host",
         "last",
+        "max_active",
         "n",
         "name",
         "pbytes",
+        "queue",
         "setup_s",
         "setups",
         "stage",
         "v",
     )
 
-    def __init__(self, host, name: str, setup_s: float, stage: StageStats) -> None:
+    def __init__(self, host, name: str, setup_s: float, stage: StageStats, max_active: int = 0) -> None:
         super().__init__()
         self.host = host
         self.name = name
         self.setup_s = setup_s
         self.stage = stage
+        self.max_active = max_active  # 0: no limit
         self.setups: list[tuple[float, int, Unit]] = []  # (setup end, seq, unit)
         self.pbytes: list[tuple[float, int, Unit]] = []  # (finish tag, seq, unit)
+        self.queue: deque[tuple[Unit, int]] = deque()  # sends waiting for a free place, FIFO
         self.n = 0  # sends in the byte phase
+        self.active_n = 0  # sends in setup or in the byte phase
         self.v = 0.0  # virtual time
         self.last = 0.0  # real time of the last virtual-time update
         self.busy_s = 0.0
@@ -257,19 +270,38 @@ class Link(Component):
         self.next_time = t
 
     def active(self) -> int:
-        return sum(1 for _, _, u in self.setups if not u.dead) + sum(
-            1 for _, _, u in self.pbytes if not u.dead
-        )
+        """Sends in setup or in the byte phase (not the queued ones)."""
+        return self.active_n
 
     def start(self, unit: Unit, now: float, seq: int) -> None:
         unit.t0 = now
-        self.stage.enter(now, queued=False)
         self._sync(now)
+        if self.max_active and self.active_n >= self.max_active:
+            unit.tag = QUEUED
+            self.stage.enter(now)
+            self.queue.append((unit, seq))
+        else:
+            self.stage.enter(now, queued=False)
+            self._begin(unit, now, seq)
+        self._next()
+
+    def _begin(self, unit: Unit, now: float, seq: int) -> None:
+        """The send gets a place on the link: setup, then bytes."""
+        self.active_n += 1
+        unit.tag = -1.0
         if self.setup_s > 0:
             heappush(self.setups, (now + self.setup_s, seq, unit))
         else:
             self._join(unit, seq)
-        self._next()
+
+    def _admit_queued(self, now: float) -> None:
+        q = self.queue
+        while q and (not self.max_active or self.active_n < self.max_active):
+            unit, seq = q.popleft()
+            if unit.dead:
+                continue
+            self.stage.start(now, now - unit.t0)
+            self._begin(unit, now, seq)
 
     def _join(self, unit: Unit, seq: int) -> None:
         unit.tag = self.v + unit.work
@@ -282,9 +314,15 @@ class Link(Component):
             return
         self._sync(now)
         unit.dead = True
-        if unit.tag >= 0:
-            self.n -= 1
+        if unit.tag == QUEUED:
+            self.stage.unqueue(now)
+        else:
+            self.active_n -= 1
+            if unit.tag >= 0:
+                self.n -= 1
         self.stage.leave(now, now - unit.t0)
+        if self.queue:
+            self._admit_queued(now)
         self._next()
 
     def advance(self, now: float) -> None:
@@ -305,12 +343,15 @@ class Link(Component):
                 continue
             unit.dead = True
             self.n -= 1
+            self.active_n -= 1
             self.bytes_done += unit.nbytes
             self.stage.leave(now, now - unit.t0)
             done.append(unit)
         if self.n == 0:
             self.v = 0.0
             pb.clear()
+        if self.queue:
+            self._admit_queued(now)
         self._next()
         for unit in done:
             self.host.tx_done(self, unit, now)
@@ -338,7 +379,17 @@ class ServeWorker(Component):
     service time, and one decode step runs between consecutive prefills; with
     chunking each step carries one prefill chunk on top of the decode step.
     A sequence's first token comes at the end of its first decode step.
+
+    Token gaps: every completed step is logged as (first step index, gap)
+    runs in ``log_k``/``log_g`` (a run per change of gap length: a batch
+    change, or the first step after a stall, whose gap spans the stall). A
+    sequence that joined at step S and leaves at step E saw the gaps of steps
+    S+2 .. E; `gap_runs` reads them off the log when it finishes. The log is
+    cleared when the worker idles and trimmed to the oldest sequence it still
+    serves, so it stays short however long the run.
     """
+
+    LOG_TRIM = 4096  # log entries before the first trim
 
     __slots__ = (
         "batch",
@@ -353,6 +404,10 @@ class ServeWorker(Component):
         "kv_stage",
         "last",
         "last_pf",
+        "last_tok",
+        "log_g",
+        "log_k",
+        "log_trim",
         "mode",
         "name",
         "pf_i",
@@ -418,6 +473,10 @@ class ServeWorker(Component):
         self.last = 0.0
         self.draining = False
         self.removed = False
+        self.log_k: list[int] = []  # first step index of each run of equal gaps
+        self.log_g: list[float] = []  # the gap (s) before each step of the run
+        self.last_tok = 0.0  # end of the last completed decode step
+        self.log_trim = self.LOG_TRIM
 
     # -- routing signals
     def load(self) -> float:
@@ -473,20 +532,73 @@ class ServeWorker(Component):
         self.pq.append(job)
         self._wake(now)
 
+    # -- token gaps
+    def _log_steps(self, n: int, now: float) -> None:
+        """`n` decode steps of the current segment completed, the last one at `now`."""
+        d = self.d
+        k = self.steps + 1
+        first = self.t_base + d - self.last_tok
+        ks, gs = self.log_k, self.log_g
+        if abs(first - d) > 1e-9:  # after a stall (or a step of another length): a run of its own
+            if not gs or gs[-1] != first:
+                ks.append(k)
+                gs.append(first)
+            if n > 1:
+                ks.append(k + 1)
+                gs.append(d)
+        elif not gs or gs[-1] != d:
+            ks.append(k)
+            gs.append(d)
+        self.steps += n
+        self.last_tok = now
+        if len(ks) > self.log_trim:
+            self._trim_log()
+
+    def _trim_log(self) -> None:
+        """Drop log runs that end before the oldest gap any sequence in the batch still needs."""
+        ks, gs = self.log_k, self.log_g
+        need = min((e - j.output + 2 for e, _, j in self.batch), default=self.steps + 1)
+        i = bisect_right(ks, need) - 1
+        if i > 0:
+            del ks[:i]
+            del gs[:i]
+        self.log_trim = max(self.LOG_TRIM, 2 * len(ks))
+
+    def gap_runs(self, start: int, end: int) -> list[tuple[float, int]]:
+        """(gap s, count) runs of the steps start .. end (inclusive) from the log."""
+        out: list[tuple[float, int]] = []
+        if end < start:
+            return out
+        ks, gs = self.log_k, self.log_g
+        n = len(ks)
+        i = bisect_right(ks, start) - 1
+        if i < 0:
+            raise RuntimeError(f"{self.name}: gap log trimmed past step {start}")
+        while i < n and ks[i] <= end:
+            lo = ks[i] if ks[i] > start else start
+            hi = ks[i + 1] - 1 if i + 1 < n and ks[i + 1] - 1 < end else end
+            out.append((gs[i], hi - lo + 1))
+            i += 1
+        return out
+
     def advance(self, now: float) -> None:
         self._account(now)
         mode = self.mode
         if mode == STEPPING:
-            self.steps += round((now - self.t_base) / self.d)
+            n = round((now - self.t_base) / self.d)
+            if n > 0:
+                self._log_steps(n, now)
         elif mode == HYBRID:
-            self.steps += 1
+            self._log_steps(1, now)
         self.t_base = now
         host = self.host
         batch = self.batch
         steps = self.steps
         finished = []
         while batch and batch[0][0] <= steps:
-            finished.append(heappop(batch)[2])
+            end, _, j = heappop(batch)
+            j.gaps = self.gap_runs(end - j.output + 2, end)
+            finished.append(j)
         # Prefill progress.
         pf_done = None
         job = self.pf_job
@@ -562,6 +674,8 @@ class ServeWorker(Component):
             self.mode = IDLE
             self.d = 0.0
             self.next_time = INF
+            self.log_k.clear()
+            self.log_g.clear()
         for j in finished:
             self.kv_stage.leave(now, now - j.t_stage)
             host.serve_done(self, j, now)
@@ -598,4 +712,6 @@ class ServeWorker(Component):
             self.pf_job = None
         self.mode = IDLE
         self.next_time = INF
+        self.log_k.clear()
+        self.log_g.clear()
         return lost
