@@ -35,6 +35,7 @@ import numpy as np
 
 from disagg.model import GIB, DecodeModel, EncoderModel, PrefillModel, StageModels, TransferModel
 from disagg.queueing import erlang_b_stride
+from disagg.sizes import Covers, SizeDistribution, output_moments, prefill_moments, ttft_covers
 
 __all__ = [
     "SLO",
@@ -90,6 +91,13 @@ class Demand:
     media_fraction: float = 0.0
     items_per_request: float = 1.0
     prefix_hit_rate: float = 0.0
+    # Optional (docs/planner.md, "Request sizes and burstiness"): size classes of prompt and
+    # output tokens (the queues' service moments and per-class TTFT slack come from them; the
+    # mean/std fields above are then only reported), and the arrival process's squared
+    # coefficient of variation (Allen-Cunneen's ca^2; 1 = Poisson), e.g. the measured index
+    # of dispersion of arrival counts (disagg.burstiness).
+    sizes: SizeDistribution | None = None
+    arrival_ca2: float = 1.0
 
     def __post_init__(self) -> None:
         _num("arrival_rps", self.arrival_rps)
@@ -100,6 +108,9 @@ class Demand:
         _num("media_fraction", self.media_fraction, unit=True)
         _num("items_per_request", self.items_per_request)
         _num("prefix_hit_rate", self.prefix_hit_rate, unit=True)
+        _num("arrival_ca2", self.arrival_ca2)
+        if self.sizes is not None and not isinstance(self.sizes, SizeDistribution):
+            raise ValueError(f"sizes must be a SizeDistribution or None, got {type(self.sizes).__name__}")
 
     @property
     def prompt_tokens_cv(self) -> float:
@@ -366,6 +377,8 @@ class _Setup(NamedTuple):
     hold_s: float
     hold_cs2: float
     media: float
+    ca2: float = 1.0  # arrival squared CV (Demand.arrival_ca2)
+    covers: Covers | None = None  # per size class TTFT candidates (Demand.sizes)
 
 
 class _Ctx:
@@ -435,13 +448,75 @@ def _shape(ctx: _Ctx, d: Demand) -> _Setup:
         d.items_per_request,
         d.prefix_hit_rate,
     )
-    st = ctx.shapes.get(key)
+    extra = d.sizes is not None or d.arrival_ca2 != 1.0
+    skey = (*key, d.sizes, d.arrival_ca2) if extra else key
+    st = ctx.shapes.get(skey)
     if st is None:
         if len(ctx.shapes) >= _SHAPES_MAX:
             ctx.shapes.clear()
         st = _setup_fast(key, ctx) if ctx.fast else _setup_reference(key, ctx.m, ctx.slo, ctx.chunked)
-        ctx.shapes[key] = st
+        if extra:
+            st = _with_sizes(st, d, ctx)
+        ctx.shapes[skey] = st
     return st
+
+
+def _with_sizes(st: _Setup, d: Demand, ctx: _Ctx) -> _Setup:
+    """The setup with the arrival variability and the size classes (disagg.sizes) applied.
+
+    Queue service moments come from the classes; the bare TTFT (``fixed_s``) is the
+    slowest feasible class's (the full cover: the conservative one `predict` uses);
+    the planner tries every cover (`_pick_cover`).
+    """
+    st = st._replace(ca2=float(d.arrival_ca2))
+    if d.sizes is None:
+        return st
+    m, slo = ctx.m, ctx.slo
+    s_ms, cs2 = prefill_moments(d.sizes, m, d.prefix_hit_rate)
+    o_mean, o_cs2 = output_moments(d.sizes)
+    shared = st.enc_s + ctx.step1_ms / 1000.0
+    cov = ttft_covers(
+        d.sizes,
+        m,
+        slo.ttft_s,
+        slo.percentile,
+        chunked=ctx.chunked,
+        prefix_hit_rate=d.prefix_hit_rate,
+        extra_s=shared,
+    )
+    fixed = cov.fixed_s[-1] if cov.fixed_s else cov.floor_s
+    return st._replace(
+        fixed_s=fixed,
+        prefill_s=s_ms / 1000.0,
+        prefill_cs2=cs2,
+        hold_s=o_mean * st.step_cap_ms / 1000.0,
+        hold_cs2=o_cs2,
+        covers=cov,
+    )
+
+
+def _pick_cover(
+    st: _Setup, lam: float, bounds: dict[str, PoolBounds], gpus: tuple[int, int, int], target: float, p: float
+) -> tuple[_Setup, float, int]:
+    """The cheapest cover (fewest GPUs, then the most requests covered) at rate lam, no budget.
+
+    Returns the setup with that cover's bare TTFT, its wait percentile and its
+    index; without covers (no feasible class) the setup as is, p and -1.
+    """
+    cov = st.covers
+    if cov is None or not cov.fixed_s:
+        return st, p, -1
+    pick = len(cov.fixed_s) - 1  # the full cover: the default when none fits (budget, bounds)
+    if pick > 0:
+        best: tuple[int, float] | None = None
+        for i, (fx, q) in enumerate(zip(cov.fixed_s, cov.wait_percentile, strict=True)):
+            sol = _solve(lam, st, bounds, gpus, q, max(0.0, target - fx), None)
+            if sol is None:
+                continue
+            key = (_cost(sol[1], gpus, sol[2]), -cov.covered[i])
+            if best is None or key < best:
+                best, pick = key, i
+    return st._replace(fixed_s=cov.fixed_s[pick]), cov.wait_percentile[pick], pick
 
 
 def _setup(d: Demand, m: StageModels, slo: SLO, chunked: bool) -> _Setup:
@@ -564,10 +639,13 @@ def _setup_fast(key: tuple[float, ...], ctx: _Ctx) -> _Setup:
 
 
 def _specs(lam: float, st: _Setup, bounds: dict[str, PoolBounds]) -> tuple[_Spec, _Spec, _Spec]:
+    # Allen-Cunneen: the tables' factor (1 + cs2) / 2 becomes (ca2 + cs2) / 2; every stage
+    # sees the arrival variability (conservative for decode: a queue smooths its departures)
+    a = st.ca2 - 1.0
     return (
-        (lam * st.media, st.enc_s, ENCODER_CS2, 1, bounds["encoder"]),
-        (lam, st.prefill_s, st.prefill_cs2, 1, bounds["prefill"]),
-        (lam, st.hold_s, st.hold_cs2, st.b_eff, bounds["decode"]),
+        (lam * st.media, st.enc_s, ENCODER_CS2 + a, 1, bounds["encoder"]),
+        (lam, st.prefill_s, st.prefill_cs2 + a, 1, bounds["prefill"]),
+        (lam, st.hold_s, st.hold_cs2 + a, st.b_eff, bounds["decode"]),
     )
 
 
@@ -738,6 +816,11 @@ def _plan_disagg(
     st = _shape(ctx, d)
     target = slo.ttft_s
     reasons: list[str] = []
+    eb, pb, db = bounds["encoder"], bounds["prefill"], bounds["decode"]
+    gpus = (eb.gpus_per_replica, pb.gpus_per_replica, db.gpus_per_replica)
+    cover = -1
+    if st.covers is not None:  # size classes: p becomes the chosen cover's wait percentile
+        st, p, cover = _pick_cover(st, d.arrival_rps, bounds, gpus, target, p)
     slack = target - st.fixed_s
     best_itl = ctx.step1_ms / 1000.0
     if slack < 0:
@@ -750,8 +833,6 @@ def _plan_disagg(
     slo_ok = not reasons
     eff_slack = max(slack, 0.0)
 
-    eb, pb, db = bounds["encoder"], bounds["prefill"], bounds["decode"]
-    gpus = (eb.gpus_per_replica, pb.gpus_per_replica, db.gpus_per_replica)
     if budget is not None:
         min_cost = sum(b.min_replicas * b.gpus_per_replica for n, b in bounds.items() if n in POOLS)
         if budget < min_cost:
@@ -821,6 +902,11 @@ def _plan_disagg(
         "decode.expected_batch": n_occ,
         "decode.slot_hold_s": st.hold_s,
     }
+    if st.covers is not None:
+        stages_out["sizes.wait_percentile"] = p
+        stages_out["sizes.covered_fraction"] = st.covers.covered[cover] if cover >= 0 else 0.0
+        stages_out["sizes.idle_miss_fraction"] = st.covers.idle_miss_fraction
+        stages_out["sizes.arrival_ca2"] = st.ca2
     return _new(
         Plan,
         placement="disaggregated",
@@ -828,7 +914,7 @@ def _plan_disagg(
         stages=stages_out,
         ttft_s=ttft,
         itl_s=itl,
-        percentile=p,
+        percentile=slo.percentile,
         decode_per_prefill=dec.replicas / pr if pr else None,
         encoder_per_prefill=enc.replicas / pr if pr else None,
         capacity_ratio=(dec.service_s / dec.servers_per_replica) / st.prefill_s if st.prefill_s > 0 else None,
@@ -865,8 +951,8 @@ def _colocated_eval(
     if u >= 1.0:
         return None
     hold = st.hold_s / (1.0 - u)  # decode runs only when the worker is not prefilling
-    w_pf = _table(lam, st.prefill_s, st.prefill_cs2, 1, r, r, p)[1]
-    w_sl = _table(lam, hold, st.hold_cs2, st.b_eff, r, r, p)[1]
+    w_pf = _table(lam, st.prefill_s, st.prefill_cs2 + st.ca2 - 1.0, 1, r, r, p)[1]
+    w_sl = _table(lam, hold, st.hold_cs2 + st.ca2 - 1.0, st.b_eff, r, r, p)[1]
     if not w_pf or not w_sl:
         return None
     wp, ws = w_pf[0], w_sl[0]
@@ -1126,8 +1212,11 @@ def plan_replicas(
     p = s.percentile
     for d in demands:
         st = _shape(ctx, d)
+        q = p
+        if st.covers is not None:
+            st, q, _ = _pick_cover(st, d.arrival_rps, b, gpus, s.ttft_s, p)
         slack = s.ttft_s - st.fixed_s
-        sol = _solve(d.arrival_rps, st, b, gpus, p, max(0.0, slack), None)
+        sol = _solve(d.arrival_rps, st, b, gpus, q, max(0.0, slack), None)
         if sol is None:
             out.append((-1, -1, -1, False))
             continue
@@ -1154,11 +1243,10 @@ def predict(
     st = _setup(d, m, s, chunked)
     p = s.percentile
     waits = {}
-    for name, lam, svc, cs2, k in (
-        ("encoder", d.arrival_rps * st.media, st.enc_s, ENCODER_CS2, 1),
-        ("prefill", d.arrival_rps, st.prefill_s, st.prefill_cs2, 1),
-        ("decode", d.arrival_rps, st.hold_s, st.hold_cs2, st.b_eff),
-    ):
+    if st.covers is not None and st.covers.fixed_s:
+        p = st.covers.wait_percentile[-1]  # the full cover (st.fixed_s is its bare TTFT)
+    specs = _specs(d.arrival_rps, st, _bounds(None))
+    for name, (lam, svc, cs2, k, _b) in zip(POOLS, specs, strict=True):
         r = int(replicas.get(name, 0))
         r0, wps, _ = _table(lam, svc, cs2, k, r, r, p)
         waits[name] = wps[0] if wps and r0 == r else math.inf
