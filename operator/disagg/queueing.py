@@ -21,8 +21,10 @@ Everything broadcasts over numpy arrays of ``c`` and ``a``/``lam``.
 solves long recursions as one vectorised block (the recursion is linear in 1/B).
 
 M/G/c uses the Allen-Cunneen (Kingman-style) correction: the M/M/c wait is
-scaled by ``(ca^2 + cs^2) / 2`` with Poisson arrivals (ca^2 = 1), and the
-tail ``P(W > t) ~ C exp(-(c mu - lam) t / f)`` is stretched by the same factor.
+scaled by ``f = (ca^2 + cs^2) / 2``, and the tail ``P(W > t) ~ C exp(-(c mu -
+lam) t / f)`` is stretched by the same factor. ``ca^2`` is the arrival
+process's variability: 1 for Poisson (the default), the measured index of
+dispersion of arrival counts otherwise (`disagg.burstiness`).
 """
 
 from __future__ import annotations
@@ -209,27 +211,29 @@ def mgc_factor(cs2: Any, ca2: Any = 1.0) -> Any:
     return _out((_nonneg("ca2", ca2) + _nonneg("cs2", cs2)) / 2.0)
 
 
-def _mgc(c: Any, lam: Any, service: Any, cs2: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _mgc(
+    c: Any, lam: Any, service: Any, cs2: Any, ca2: Any = 1.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     s = np.asarray(service, dtype=float)
     if np.any(~np.isfinite(s)) or np.any(s <= 0):
         raise ValueError("service time must be > 0 and finite")
     pw, gap, _, _ = _rates(c, lam, 1.0 / s)
-    f = np.asarray(mgc_factor(cs2), dtype=float)
+    f = np.asarray(mgc_factor(cs2, ca2), dtype=float)
     return pw, gap, f
 
 
-def mgc_mean_wait(c: Any, lam: Any, service: Any, cs2: Any = 1.0) -> Any:
-    """Allen-Cunneen mean wait: Erlang-C wait x (1 + cs^2) / 2."""
-    pw, gap, f = _mgc(c, lam, service, cs2)
+def mgc_mean_wait(c: Any, lam: Any, service: Any, cs2: Any = 1.0, ca2: Any = 1.0) -> Any:
+    """Allen-Cunneen mean wait: Erlang-C wait x (ca^2 + cs^2) / 2."""
+    pw, gap, f = _mgc(c, lam, service, cs2, ca2)
     with np.errstate(divide="ignore", invalid="ignore"):
         w = np.where(gap > 0, f * pw / np.where(gap > 0, gap, 1.0), np.inf)
     return _out(np.where(pw == 0, 0.0, w))
 
 
-def mgc_wait_tail(t: Any, c: Any, lam: Any, service: Any, cs2: Any = 1.0) -> Any:
-    """P(W > t) ~ C exp(-(c mu - lam) t / f), f = (1 + cs^2) / 2."""
+def mgc_wait_tail(t: Any, c: Any, lam: Any, service: Any, cs2: Any = 1.0, ca2: Any = 1.0) -> Any:
+    """P(W > t) ~ C exp(-(c mu - lam) t / f), f = (ca^2 + cs^2) / 2."""
     t_a = _nonneg("t", t)
-    pw, gap, f = _mgc(c, lam, service, cs2)
+    pw, gap, f = _mgc(c, lam, service, cs2, ca2)
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = np.where(f > 0, np.maximum(gap, 0.0) / np.where(f > 0, f, 1.0), np.inf)
         tail = np.where(gap > 0, pw * np.exp(-rate * t_a), 1.0)
@@ -237,10 +241,10 @@ def mgc_wait_tail(t: Any, c: Any, lam: Any, service: Any, cs2: Any = 1.0) -> Any
     return _out(tail)
 
 
-def mgc_wait_percentile(p: float, c: Any, lam: Any, service: Any, cs2: Any = 1.0) -> Any:
-    """p-quantile of the queueing delay under the M/G/c tail approximation (inf if unstable)."""
+def mgc_wait_percentile(p: float, c: Any, lam: Any, service: Any, cs2: Any = 1.0, ca2: Any = 1.0) -> Any:
+    """p-quantile of the queueing delay under the G/G/c tail approximation (inf if unstable)."""
     q = _percentile(p)
-    pw, gap, f = _mgc(c, lam, service, cs2)
+    pw, gap, f = _mgc(c, lam, service, cs2, ca2)
     with np.errstate(divide="ignore", invalid="ignore"):
         t = f * np.log(np.maximum(pw, 1e-300) / (1.0 - q)) / np.where(gap > 0, gap, 1.0)
     t = np.where(pw <= 1.0 - q, 0.0, np.maximum(t, 0.0))
@@ -248,9 +252,11 @@ def mgc_wait_percentile(p: float, c: Any, lam: Any, service: Any, cs2: Any = 1.0
     return _out(t)
 
 
-def wait_percentile(p: float, c: Any, arrival_rps: Any, service_s: Any, cs2: Any = 1.0) -> Any:
-    """Queueing delay (seconds) at percentile p for c servers: M/G/c approximation."""
-    return mgc_wait_percentile(p, c, arrival_rps, service_s, cs2)
+def wait_percentile(
+    p: float, c: Any, arrival_rps: Any, service_s: Any, cs2: Any = 1.0, ca2: Any = 1.0
+) -> Any:
+    """Queueing delay (seconds) at percentile p for c servers: G/G/c (Allen-Cunneen) approximation."""
+    return mgc_wait_percentile(p, c, arrival_rps, service_s, cs2, ca2)
 
 
 def decode_slot_wait(

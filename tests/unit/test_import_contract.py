@@ -35,6 +35,7 @@ PURE = [
     "disagg.evaluate",
     "disagg.dashboard.history",
     "disagg.sizes",
+    "disagg.burstiness",
 ]
 # Modules that must exist for the contract to mean something.
 REQUIRED = {"disagg.api", "disagg.model", "disagg.queueing", "disagg.planner", "disagg.policy", "disagg.builders",
