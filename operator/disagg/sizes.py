@@ -48,7 +48,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from disagg.model import StageModels
+from disagg.model import GIB, StageModels
 
 __all__ = [
     "Covers",
@@ -125,6 +125,10 @@ class SizeDistribution:
         for name, vals in zip(("prompt", "output"), (p, o), strict=True):
             for suffix, v in zip(("tokens", "var", "weight"), vals, strict=True):
                 object.__setattr__(self, f"{name}_{suffix}", v)
+        object.__setattr__(self, "_hash", hash((*p, *o)))  # planner caches key on it: hash once
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
 
     @classmethod
     def _of(cls, p: _Classes, o: _Classes) -> SizeDistribution:
@@ -304,15 +308,17 @@ def bare_ms(d: SizeDistribution, m: StageModels, chunked: bool, prefix_hit_rate:
     """Per prompt class: own prefill + transfer (ms), the part of TTFT that is not waiting."""
     t = np.asarray(d.prompt_tokens)
     cached = prefix_hit_rate * t
-    pf = np.asarray(m.prefill.service_ms(t, cached), dtype=float)
-    if chunked and m.transfer.chunk_tokens > 0:
+    p, tr = m.prefill, m.transfer
+    # PrefillModel.service_ms and TransferModel.serial_ms, without their per-call validation
+    pf = p.fixed_ms + p.ms_per_token * (t - cached) + p.ms_per_token_sq * (t * t - cached * cached)
+    if chunked and tr.chunk_tokens > 0:
         tr = [
             m.transfer_ms(float(x), chunked=True, cached_tokens=float(c))
             for x, c in zip(t, cached, strict=True)
         ]
         transfer = np.asarray(tr, dtype=float)
     else:
-        transfer = np.asarray(m.transfer.serial_ms(t), dtype=float)
+        transfer = tr.setup_ms + 1000.0 * (tr.kv_bytes_per_token * t) / (tr.bandwidth_gibps * GIB)
     return pf + np.where(t > 0, transfer, 0.0)
 
 
