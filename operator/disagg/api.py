@@ -410,6 +410,13 @@ class SLO(_Model):
     percentile: float = Field(
         0.9, gt=0, lt=1, description="Quantile the targets apply to, in (0, 1), e.g. 0.9."
     )
+    ttft_seconds_per_thousand_tokens: float = Field(
+        0.0,
+        ge=0,
+        le=60,
+        description="Added to ttftSeconds per 1,000 prompt tokens: a TTFT target that grows with the "
+        "prompt (0: flat). The planner gives each request-size class its own target.",
+    )
 
 
 class SecretKeyRef(_Model):

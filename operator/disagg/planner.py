@@ -122,9 +122,13 @@ class SLO:
     ttft_s: float = 0.6
     itl_s: float = 0.15
     percentile: float = 0.9
+    # a TTFT target that grows with the prompt: ttft_s + this x prompt tokens / 1000 (per size
+    # class with Demand.sizes; at the mean prompt without)
+    ttft_s_per_1k_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         _num("ttft_s", self.ttft_s, positive=True)
+        _num("ttft_s_per_1k_tokens", self.ttft_s_per_1k_tokens)
         _num("itl_s", self.itl_s, positive=True)
         p = _num("percentile", self.percentile, positive=True)
         if p >= 1:
@@ -284,7 +288,16 @@ class Plan:
                 "items_per_request": _j(self.demand.items_per_request),
                 "prefix_hit_rate": _j(self.demand.prefix_hit_rate),
             },
-            "slo": {"ttft_s": self.slo.ttft_s, "itl_s": self.slo.itl_s, "percentile": self.slo.percentile},
+            "slo": {
+                "ttft_s": self.slo.ttft_s,
+                "itl_s": self.slo.itl_s,
+                "percentile": self.slo.percentile,
+                **(
+                    {"ttft_s_per_1k_tokens": self.slo.ttft_s_per_1k_tokens}
+                    if self.slo.ttft_s_per_1k_tokens
+                    else {}
+                ),
+            },
         }
 
 
@@ -483,6 +496,7 @@ def _with_sizes(st: _Setup, d: Demand, ctx: _Ctx) -> _Setup:
         chunked=ctx.chunked,
         prefix_hit_rate=d.prefix_hit_rate,
         extra_s=shared,
+        target_s_per_1k_tokens=slo.ttft_s_per_1k_tokens,
     )
     fixed = cov.fixed_s[-1] if cov.fixed_s else cov.floor_s
     return st._replace(
@@ -495,13 +509,19 @@ def _with_sizes(st: _Setup, d: Demand, ctx: _Ctx) -> _Setup:
     )
 
 
+def _ttft_target(slo: SLO, d: Demand) -> float:
+    """The TTFT target of the mean request (SLO.ttft_s_per_1k_tokens)."""
+    return slo.ttft_s + slo.ttft_s_per_1k_tokens * d.prompt_tokens_mean / 1000.0
+
+
 def _pick_cover(
-    st: _Setup, lam: float, bounds: dict[str, PoolBounds], gpus: tuple[int, int, int], target: float, p: float
+    st: _Setup, lam: float, bounds: dict[str, PoolBounds], gpus: tuple[int, int, int], p: float
 ) -> tuple[_Setup, float, int]:
     """The cheapest cover (fewest GPUs, then the most requests covered) at rate lam, no budget.
 
-    Returns the setup with that cover's bare TTFT, its wait percentile and its
-    index; without covers (no feasible class) the setup as is, p and -1.
+    Returns the setup with that cover's binding bare TTFT, its wait percentile
+    and its index (its target: ``st.covers.target_s[index]``); without covers
+    (no feasible class) the setup as is, p and -1.
     """
     cov = st.covers
     if cov is None or not cov.fixed_s:
@@ -510,7 +530,7 @@ def _pick_cover(
     if pick > 0:
         best: tuple[int, float] | None = None
         for i, (fx, q) in enumerate(zip(cov.fixed_s, cov.wait_percentile, strict=True)):
-            sol = _solve(lam, st, bounds, gpus, q, max(0.0, target - fx), None)
+            sol = _solve(lam, st, bounds, gpus, q, max(0.0, cov.target_s[i] - fx), None)
             if sol is None:
                 continue
             key = (_cost(sol[1], gpus, sol[2]), -cov.covered[i])
@@ -814,13 +834,14 @@ def _plan_disagg(
     p = slo.percentile
     ctx = _ctx(m, slo, chunked)
     st = _shape(ctx, d)
-    target = slo.ttft_s
+    target = _ttft_target(slo, d)
     reasons: list[str] = []
     eb, pb, db = bounds["encoder"], bounds["prefill"], bounds["decode"]
     gpus = (eb.gpus_per_replica, pb.gpus_per_replica, db.gpus_per_replica)
     cover = -1
-    if st.covers is not None:  # size classes: p becomes the chosen cover's wait percentile
-        st, p, cover = _pick_cover(st, d.arrival_rps, bounds, gpus, target, p)
+    if st.covers is not None:  # size classes: p and the target become the chosen cover's
+        st, p, cover = _pick_cover(st, d.arrival_rps, bounds, gpus, p)
+        target = st.covers.target_s[cover] if cover >= 0 else slo.ttft_s
     slack = target - st.fixed_s
     best_itl = ctx.step1_ms / 1000.0
     if slack < 0:
@@ -975,10 +996,11 @@ def _plan_colocated(
             f"gpu_budget ({budget}) is below the pools' minimum GPUs ({b.min_replicas * b.gpus_per_replica})"
         )
     r_cap = b.max_replicas if budget is None else min(b.max_replicas, budget // b.gpus_per_replica)
+    ttft_target = _ttft_target(slo, d)
 
     def ok(r: int, lam: float) -> bool:
         e = _colocated_eval(r, lam, d, m, slo, st)
-        return e is not None and e[0] <= slo.ttft_s + 1e-12 and e[1] <= slo.itl_s + 1e-12
+        return e is not None and e[0] <= ttft_target + 1e-12 and e[1] <= slo.itl_s + 1e-12
 
     def min_r(lam: float) -> int | None:
         lo = b.min_replicas
@@ -1212,10 +1234,11 @@ def plan_replicas(
     p = s.percentile
     for d in demands:
         st = _shape(ctx, d)
-        q = p
+        q, target = p, _ttft_target(s, d)
         if st.covers is not None:
-            st, q, _ = _pick_cover(st, d.arrival_rps, b, gpus, s.ttft_s, p)
-        slack = s.ttft_s - st.fixed_s
+            st, q, i = _pick_cover(st, d.arrival_rps, b, gpus, p)
+            target = st.covers.target_s[i] if i >= 0 else s.ttft_s
+        slack = target - st.fixed_s
         sol = _solve(d.arrival_rps, st, b, gpus, q, max(0.0, slack), None)
         if sol is None:
             out.append((-1, -1, -1, False))

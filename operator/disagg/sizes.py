@@ -14,8 +14,9 @@ instead:
   slack; `ttft_covers` turns the classes into candidate (slack, wait percentile)
   pairs, and the planner keeps the cheapest candidate (see below).
 
-Covers. Sort the prompt classes by bare latency and let ``F_k`` be the share of
-requests in classes 1..k. If the pools keep the wait below ``target - bare_k``
+Covers. Sort the prompt classes by slack (their TTFT target minus their bare
+latency), most first, and let ``F_k`` be the share of requests in classes 1..k.
+If the pools keep the wait below ``target_k - bare_k``
 with probability ``q``, every request of classes 1..k whose wait is below that
 meets TTFT, so at least ``F_k q`` of all requests meet it. Choosing
 ``q = p / F_k`` (needs ``F_k > p``) makes that at least ``p``. Each k with
@@ -323,13 +324,14 @@ def bare_ms(d: SizeDistribution, m: StageModels, chunked: bool, prefix_hit_rate:
 
 
 class Covers(NamedTuple):
-    """Candidate (bare latency s, wait percentile) pairs; see the module docstring."""
+    """Candidate (binding class, wait percentile) pairs; see the module docstring."""
 
-    fixed_s: tuple[float, ...]  # bare TTFT of the slowest covered class (services + transfer + step)
+    fixed_s: tuple[float, ...]  # bare TTFT of the binding (least-slack) covered class
+    target_s: tuple[float, ...]  # that class's own TTFT target
     wait_percentile: tuple[float, ...]  # percentile the summed waits must meet
     covered: tuple[float, ...]  # F_k: share of the feasible requests covered
     idle_miss_fraction: float  # share of all requests that miss even on an idle system
-    floor_s: float  # smallest bare TTFT of any class
+    floor_s: float  # bare TTFT of the class with the most slack (its slack is the best any has)
 
 
 def ttft_covers(
@@ -341,40 +343,49 @@ def ttft_covers(
     chunked: bool = False,
     prefix_hit_rate: float = 0.0,
     extra_s: float = 0.0,
+    target_s_per_1k_tokens: float = 0.0,
     max_covers: int = MAX_COVERS,
 ) -> Covers:
     """The cover candidates for a TTFT target at a percentile (module docstring).
 
     ``extra_s`` is the part of the bare TTFT every class shares (encoder service,
-    one decode step). Always includes the full cover (F = 1) when any class can
-    meet the target on an idle system; empty when none can.
+    one decode step). A class of t prompt tokens has the target
+    ``target_s + target_s_per_1k_tokens x t / 1000`` (an SLO that grows with the
+    prompt); classes are ordered by slack, target minus bare TTFT. Always includes
+    the full cover (F = 1) when any class can meet its target on an idle system;
+    empty when none can.
     """
     if not 0 < percentile < 1:
         raise ValueError(f"percentile must be in (0, 1), got {percentile!r}")
+    if not (math.isfinite(target_s_per_1k_tokens) and target_s_per_1k_tokens >= 0):
+        raise ValueError(f"target_s_per_1k_tokens must be >= 0, got {target_s_per_1k_tokens!r}")
     fixed = bare_ms(d, m, chunked, prefix_hit_rate) / 1000.0 + extra_s
+    target = target_s + target_s_per_1k_tokens * np.asarray(d.prompt_tokens) / 1000.0
     w = np.asarray(d.prompt_weight)
-    order = np.argsort(fixed, kind="stable")
-    fixed, w = fixed[order], w[order]
-    ok = fixed <= target_s + 1e-12
+    order = np.argsort(fixed - target, kind="stable")  # most slack first
+    fixed, target, w = fixed[order], target[order], w[order]
+    slack = target - fixed
+    ok = slack >= -1e-12
     feasible = float(w[ok].sum())
     idle_miss = 1.0 - feasible if feasible < 1.0 - 1e-12 else 0.0  # weights sum to 1 up to rounding
     if feasible <= 0:
-        return Covers((), (), (), idle_miss, float(fixed[0]))
-    f_ok, w_ok = fixed[ok], w[ok] / feasible
+        return Covers((), (), (), (), idle_miss, float(fixed[0]))
+    f_ok, t_ok, s_ok, w_ok = fixed[ok], target[ok], slack[ok], w[ok] / feasible
     cum = np.cumsum(w_ok)
     cum[-1] = 1.0
-    # classes with equal bare latency merge; a candidate needs F_k > p
+    # classes with equal slack merge; a candidate needs F_k > p
     last = len(cum) - 1
     idx = [
         i
         for i in range(len(cum))
-        if i == last or (percentile / cum[i] <= MAX_WAIT_PERCENTILE and f_ok[i + 1] > f_ok[i])
+        if i == last or (percentile / cum[i] <= MAX_WAIT_PERCENTILE and s_ok[i + 1] < s_ok[i])
     ]
     if len(idx) > max_covers:
         picks = np.linspace(0, len(idx) - 1, max_covers).round().astype(int)
         idx = [idx[j] for j in sorted(set(picks.tolist()))]
     return Covers(
         fixed_s=tuple(float(f_ok[i]) for i in idx),
+        target_s=tuple(float(t_ok[i]) for i in idx),
         wait_percentile=tuple(min(percentile / float(cum[i]), 1.0) for i in idx),
         covered=tuple(float(cum[i]) for i in idx),
         idle_miss_fraction=idle_miss,

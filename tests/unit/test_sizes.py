@@ -209,3 +209,35 @@ def test_sizes_meet_the_percentile_in_the_simulator_where_the_mean_request_does_
 
     assert attainment(mean_plan.replicas) < 0.9
     assert attainment(size_plan.replicas) >= 0.9
+
+
+# --------------------------------------------------------------------------- TTFT that grows with the prompt
+
+
+def test_a_per_token_ttft_target_is_the_mean_requests_target_without_sizes() -> None:
+    with pytest.raises(ValueError, match="ttft_s_per_1k_tokens"):
+        SLO(ttft_s_per_1k_tokens=-0.1)
+    d = Demand(20.0, 6000, 1500, 400, 100)
+    grown = plan(d, M, SLO(ttft_s=0.4, ttft_s_per_1k_tokens=0.05))
+    same = plan(d, M, SLO(ttft_s=0.4 + 0.05 * 6))  # the mean prompt's target
+    assert grown.replicas == same.replicas and grown.ttft_s == same.ttft_s
+    assert grown.total_gpus < plan(d, M, SLO(ttft_s=0.4)).total_gpus
+    assert grown.to_dict()["slo"]["ttft_s_per_1k_tokens"] == 0.05
+    assert "ttft_s_per_1k_tokens" not in same.to_dict()["slo"]
+
+
+def test_per_token_targets_rescue_long_prompts_from_idle_misses_and_reorder_the_classes() -> None:
+    d = SizeDistribution(
+        (500.0, 6000.0, 20_000.0), (0.0, 0.0, 0.0), (0.80, 0.15, 0.05), (400.0,), (0.0,), (1.0,)
+    )
+    flat = ttft_covers(d, M, 0.6, 0.9, extra_s=0.045)
+    grown = ttft_covers(d, M, 0.6, 0.9, extra_s=0.045, target_s_per_1k_tokens=0.05)
+    assert flat.idle_miss_fraction == pytest.approx(0.05)
+    assert grown.idle_miss_fraction == 0.0  # 20 k tokens: target 1.6 s, bare ~1.08 s
+    # slack with 50 ms per 1k tokens: 500 tokens 0.625 - 0.101 = 0.524 s, 6 k 0.9 - 0.370 = 0.530 s,
+    # 20 k 1.6 - 1.054 = 0.546 s: now the short class binds the full cover (flat: the 6 k class)
+    assert grown.target_s[-1] == pytest.approx(0.625)
+    assert grown.target_s[-1] - grown.fixed_s[-1] == pytest.approx(0.524, abs=1e-3)
+    assert flat.fixed_s[-1] == pytest.approx(0.37023, abs=1e-5)
+    pl = plan(demand_with_sizes(10.0, d), M, SLO(ttft_s=0.6, ttft_s_per_1k_tokens=0.05))
+    assert pl.feasible and pl.stages["sizes.idle_miss_fraction"] == 0.0
