@@ -370,6 +370,64 @@ def _table(lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: in
     return r0, wps, wms
 
 
+def _tables_at(
+    lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: int, ps: tuple[float, ...]
+) -> list[_Table]:
+    """`_table` at several percentiles from one Erlang-B pass (the size-class covers).
+
+    The pass runs to the first count with zero wait at the highest percentile;
+    each percentile's table is cut at its own first zero, with the same values
+    `_table` gives (tests/unit/test_sizes.py checks).
+    """
+    if lam <= 0 or service_s <= 0:
+        return [(r_lo, [0.0], [0.0]) for _ in ps]
+    a = lam * service_s
+    r0 = max(r_lo, int(a // k) + 1)
+    if r0 > r_hi:
+        return [(r0, [], []) for _ in ps]
+    f = (1.0 + cs2) / 2.0
+    mu = 1.0 / service_s
+    tail_min = 1.0 - max(ps)
+    pws: list[float] = []
+    gaps: list[float] = []
+    c = r0 * k
+    c_last = r_hi * k
+    if a < _INLINE_LOAD and c <= 50:  # as in `_table`: the inline scalar recursion from B(0) = 1
+        b, kk = 1.0, 0
+        while True:
+            while kk < c:
+                kk += 1
+                ab = a * b
+                b = ab / (kk + ab)
+            denom = c - a * (1.0 - b)
+            pws.append(min(1.0, c * b / denom) if denom > 0 else 1.0)
+            gaps.append(c * mu - lam)
+            if pws[-1] <= tail_min or c >= c_last:
+                break
+            c += k
+    else:
+        for b in erlang_b_stride(a, c, k):
+            denom = c - a * (1.0 - b)
+            pws.append(min(1.0, c * b / denom) if denom > 0 else 1.0)
+            gaps.append(c * mu - lam)
+            if pws[-1] <= tail_min or c >= c_last:
+                break
+            c += k
+    wms = [f * pw / gap for pw, gap in zip(pws, gaps, strict=True)]
+    log = math.log
+    out: list[_Table] = []
+    for p in ps:
+        tail = 1.0 - p
+        wps: list[float] = []
+        for pw, gap in zip(pws, gaps, strict=True):
+            wp = f * log(pw / tail) / gap if pw > tail else 0.0
+            wps.append(wp)
+            if wp <= 0.0:
+                break
+        out.append((r0, wps, wms[: len(wps)]))
+    return out
+
+
 # --------------------------------------------------------------------------- setup
 
 
@@ -529,11 +587,16 @@ def _pick_cover(
     pick = len(cov.fixed_s) - 1  # the full cover: the default when none fits (budget, bounds)
     if pick > 0:
         best: tuple[int, float] | None = None
-        for i, (fx, q) in enumerate(zip(cov.fixed_s, cov.wait_percentile, strict=True)):
-            sol = _solve(lam, st, bounds, gpus, q, max(0.0, cov.target_s[i] - fx), None)
-            if sol is None:
+        per_pool = [
+            _tables_at(lam_s, s, cs2, k, b.min_replicas, b.max_replicas, cov.wait_percentile)
+            for lam_s, s, cs2, k, b in _specs(lam, st, bounds)
+        ]
+        for i, fx in enumerate(cov.fixed_s):
+            tabs = [t[i] for t in per_pool]
+            idx = _search(tabs, gpus, max(0.0, cov.target_s[i] - fx))
+            if idx is None:
                 continue
-            key = (_cost(sol[1], gpus, sol[2]), -cov.covered[i])
+            key = (_cost(tabs, gpus, idx), -cov.covered[i])
             if best is None or key < best:
                 best, pick = key, i
     return st._replace(fixed_s=cov.fixed_s[pick]), cov.wait_percentile[pick], pick

@@ -44,6 +44,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from statistics import NormalDist
 from typing import Any, NamedTuple
 
@@ -176,13 +177,25 @@ class SizeDistribution:
 
     # ------------------------------------------------------------------ summaries
 
-    @property
+    # Derived once per distribution (cached in the instance dict; the fields are frozen).
+
+    @cached_property
     def prompt_mean_std(self) -> tuple[float, float]:
         return _moments(_Classes(self.prompt_tokens, self.prompt_var, self.prompt_weight))
 
-    @property
+    @cached_property
     def output_mean_std(self) -> tuple[float, float]:
         return _moments(_Classes(self.output_tokens, self.output_var, self.output_weight))
+
+    @cached_property
+    def prompt_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens, var, weight) of the prompt classes as numpy arrays (read-only)."""
+        out = tuple(
+            np.asarray(x, dtype=float) for x in (self.prompt_tokens, self.prompt_var, self.prompt_weight)
+        )
+        for a in out:
+            a.flags.writeable = False
+        return out  # type: ignore[return-value]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -288,9 +301,7 @@ def prefill_moments(d: SizeDistribution, m: StageModels, prefix_hit_rate: float 
     """
     pf = m.prefill
     h = prefix_hit_rate
-    t = np.asarray(d.prompt_tokens)
-    v = np.asarray(d.prompt_var)
-    w = np.asarray(d.prompt_weight)
+    t, v, w = d.prompt_arrays
     s = pf.fixed_ms + pf.ms_per_token * (1 - h) * t + pf.ms_per_token_sq * (1 - h * h) * (t * t + v)
     slope = pf.ms_per_token * (1 - h) + 2 * pf.ms_per_token_sq * (1 - h * h) * t
     mean = float(w @ s)
@@ -307,7 +318,7 @@ def output_moments(d: SizeDistribution) -> tuple[float, float]:
 
 def bare_ms(d: SizeDistribution, m: StageModels, chunked: bool, prefix_hit_rate: float = 0.0) -> np.ndarray:
     """Per prompt class: own prefill + transfer (ms), the part of TTFT that is not waiting."""
-    t = np.asarray(d.prompt_tokens)
+    t = d.prompt_arrays[0]
     cached = prefix_hit_rate * t
     p, tr = m.prefill, m.transfer
     # PrefillModel.service_ms and TransferModel.serial_ms, without their per-call validation
@@ -360,8 +371,12 @@ def ttft_covers(
     if not (math.isfinite(target_s_per_1k_tokens) and target_s_per_1k_tokens >= 0):
         raise ValueError(f"target_s_per_1k_tokens must be >= 0, got {target_s_per_1k_tokens!r}")
     fixed = bare_ms(d, m, chunked, prefix_hit_rate) / 1000.0 + extra_s
-    target = target_s + target_s_per_1k_tokens * np.asarray(d.prompt_tokens) / 1000.0
-    w = np.asarray(d.prompt_weight)
+    t, _, w = d.prompt_arrays
+    target = (
+        target_s + target_s_per_1k_tokens * t / 1000.0
+        if target_s_per_1k_tokens
+        else np.full(t.size, target_s)
+    )
     order = np.argsort(fixed - target, kind="stable")  # most slack first
     fixed, target, w = fixed[order], target[order], w[order]
     slack = target - fixed

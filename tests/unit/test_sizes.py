@@ -241,3 +241,16 @@ def test_per_token_targets_rescue_long_prompts_from_idle_misses_and_reorder_the_
     assert flat.fixed_s[-1] == pytest.approx(0.37023, abs=1e-5)
     pl = plan(demand_with_sizes(10.0, d), M, SLO(ttft_s=0.6, ttft_s_per_1k_tokens=0.05))
     assert pl.feasible and pl.stages["sizes.idle_miss_fraction"] == 0.0
+
+
+def test_tables_at_several_percentiles_equal_one_table_each() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        lam = float(rng.choice([0.0, rng.uniform(0.01, 5), rng.uniform(5, 400)]))
+        svc = float(rng.uniform(0.01, 3))
+        cs2, k = float(rng.uniform(0, 3)), int(rng.choice([1, 8, 32]))
+        lo = int(rng.integers(0, 3))
+        hi = lo + int(rng.integers(0, 400))
+        ps = tuple(sorted(rng.uniform(0.5, 0.999, int(rng.integers(1, 6)))))
+        got = planner._tables_at(lam, svc, cs2, k, lo, hi, ps)
+        assert got == [planner._table(lam, svc, cs2, k, lo, hi, p) for p in ps]
