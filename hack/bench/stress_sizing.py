@@ -2,6 +2,7 @@
 """Stress workloads for issue 14's sizing inputs: what each one does under autoscaling.
 
 Usage: PYTHONPATH=operator python hack/bench/stress_sizing.py [--minutes 60] [--startup 60]
+       PYTHONPATH=operator python hack/bench/stress_sizing.py --trace FILE [--rate-scale K]
 
 Replays synthetic workloads none of the constants were tuned on -- smooth Poisson (what
 each input costs), on/off bursts, heavy-tailed prompt lengths, a sudden shift from short
@@ -31,7 +32,7 @@ from disagg import evaluate as ev
 from disagg.burstiness import arrival_counts, burst_headroom, index_of_dispersion
 from disagg.policy import sizing_rate
 from disagg.sizes import SizeDistribution
-from disagg.workload import Workload, burst, piecewise_poisson, poisson
+from disagg.workload import Workload, burst, load_trace, piecewise_poisson, poisson
 
 COUNT_S = 15.0  # arrival counts per scrape
 DISPERSION_SPAN_S = 600.0
@@ -138,12 +139,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--startup", type=float, default=60.0)
+    ap.add_argument(
+        "--trace", help="replay this trace (Azure CSV or Mooncake JSONL) instead of the synthetic set"
+    )
+    ap.add_argument("--rate-scale", type=int, default=1, help="with --trace: superpose K copies")
     args = ap.parse_args()
     s = ev.with_startup(ev.EvalSettings(), args.startup)
     for name, flags in VARIANTS.items():
         if flags is not None:
             ev._CLASSES[name] = variant(name, *flags)
-    for wname, w in workloads(args.minutes).items():
+    if args.trace:
+        w = load_trace(args.trace)
+        sets = {args.trace: ev.rate_scaled(w, args.rate_scale) if args.rate_scale > 1 else w}
+    else:
+        sets = workloads(args.minutes)
+    for wname, w in sets.items():
         print(f"{wname}: {len(w):,} requests over {w.duration_s / 60:.0f} min, start-up {args.startup:.0f} s")
         for name in VARIANTS:
             t0 = time.perf_counter()

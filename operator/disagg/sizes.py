@@ -188,6 +188,28 @@ class SizeDistribution:
         return _moments(_Classes(self.output_tokens, self.output_var, self.output_weight))
 
     @cached_property
+    def prompt_slices(self) -> tuple[np.ndarray, np.ndarray]:
+        """(upper edge, weight) of `SUBCLASSES_PER_BUCKET` equal slices of every spread class.
+
+        A class of mean t and variance v is taken as uniform on t -/+ sqrt(3 v)
+        (clipped at 0) and cut into equal slices. The covers judge each slice by
+        its upper edge, so every request of a covered slice has at least the
+        cover's slack, and a class that straddles the idle-feasibility limit is
+        split at it to a slice's resolution, not dropped or kept whole.
+        """
+        t, v, w = self.prompt_arrays
+        half = np.sqrt(3.0 * v)
+        n = np.where(v > 0, SUBCLASSES_PER_BUCKET, 1)
+        lo = np.repeat(np.maximum(t - half, 0.0), n)
+        hi = np.repeat(t + half, n)
+        k = np.concatenate([np.arange(1, m + 1) for m in n.tolist()]) / np.repeat(n, n)
+        edges = lo + (hi - lo) * k
+        weights = np.repeat(w / n, n)
+        for a in (edges, weights):
+            a.flags.writeable = False
+        return edges, weights
+
+    @cached_property
     def prompt_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tokens, var, weight) of the prompt classes as numpy arrays (read-only)."""
         out = tuple(
@@ -316,9 +338,16 @@ def output_moments(d: SizeDistribution) -> tuple[float, float]:
     return mean, (std / mean) ** 2
 
 
-def bare_ms(d: SizeDistribution, m: StageModels, chunked: bool, prefix_hit_rate: float = 0.0) -> np.ndarray:
-    """Per prompt class: own prefill + transfer (ms), the part of TTFT that is not waiting."""
-    t = d.prompt_arrays[0]
+def bare_ms(
+    d: SizeDistribution,
+    m: StageModels,
+    chunked: bool,
+    prefix_hit_rate: float = 0.0,
+    *,
+    tokens: np.ndarray | None = None,
+) -> np.ndarray:
+    """Per prompt class (or at ``tokens``): own prefill + transfer (ms), the part of TTFT that is not waiting."""
+    t = d.prompt_arrays[0] if tokens is None else tokens
     cached = prefix_hit_rate * t
     p, tr = m.prefill, m.transfer
     # PrefillModel.service_ms and TransferModel.serial_ms, without their per-call validation
@@ -360,7 +389,8 @@ def ttft_covers(
     """The cover candidates for a TTFT target at a percentile (module docstring).
 
     ``extra_s`` is the part of the bare TTFT every class shares (encoder service,
-    one decode step). A class of t prompt tokens has the target
+    one decode step). Each class is judged by slices at their upper edges
+    (`SizeDistribution.prompt_slices`). A slice of t prompt tokens has the target
     ``target_s + target_s_per_1k_tokens x t / 1000`` (an SLO that grows with the
     prompt); classes are ordered by slack, target minus bare TTFT. Always includes
     the full cover (F = 1) when any class can meet its target on an idle system;
@@ -370,8 +400,8 @@ def ttft_covers(
         raise ValueError(f"percentile must be in (0, 1), got {percentile!r}")
     if not (math.isfinite(target_s_per_1k_tokens) and target_s_per_1k_tokens >= 0):
         raise ValueError(f"target_s_per_1k_tokens must be >= 0, got {target_s_per_1k_tokens!r}")
-    fixed = bare_ms(d, m, chunked, prefix_hit_rate) / 1000.0 + extra_s
-    t, _, w = d.prompt_arrays
+    t, w = d.prompt_slices
+    fixed = bare_ms(d, m, chunked, prefix_hit_rate, tokens=t) / 1000.0 + extra_s
     target = (
         target_s + target_s_per_1k_tokens * t / 1000.0
         if target_s_per_1k_tokens
