@@ -254,3 +254,14 @@ def test_tables_at_several_percentiles_equal_one_table_each() -> None:
         ps = tuple(sorted(rng.uniform(0.5, 0.999, int(rng.integers(1, 6)))))
         got = planner._tables_at(lam, svc, cs2, k, lo, hi, ps)
         assert got == [planner._table(lam, svc, cs2, k, lo, hi, p) for p in ps]
+
+
+def test_a_class_straddling_the_idle_limit_is_split_by_slices() -> None:
+    # one class uniform on 5,000..7,000 tokens; 6,000 tokens is exactly the limit (0.37023 s bare)
+    d = SizeDistribution((6000.0,), (1000.0**2 / 3,), (1.0,), (400.0,), (0.0,), (1.0,))
+    edges, weights = d.prompt_slices
+    assert edges.tolist() == pytest.approx([5500, 6000, 6500, 7000])
+    assert weights.sum() == pytest.approx(1.0)
+    c = ttft_covers(d, M, 0.3702298, 0.9, extra_s=0.045)
+    assert c.idle_miss_fraction == pytest.approx(0.5)  # the upper half misses on an idle system
+    assert c.fixed_s[-1] == pytest.approx(0.37023, abs=1e-5)  # the lower half is covered to its top
