@@ -34,8 +34,16 @@ from typing import Any, Literal, NamedTuple, TypeVar
 import numpy as np
 
 from disagg.model import GIB, DecodeModel, EncoderModel, PrefillModel, StageModels, TransferModel
-from disagg.queueing import erlang_b_stride
-from disagg.sizes import Covers, SizeDistribution, output_moments, prefill_moments, ttft_covers
+from disagg.queueing import erlang_b_stride, summed_wait_tail
+from disagg.sizes import (
+    RELAXED_SHARES,
+    Covers,
+    SizeDistribution,
+    miss_fraction,
+    output_moments,
+    prefill_moments,
+    ttft_covers,
+)
 
 __all__ = [
     "SLO",
@@ -370,21 +378,25 @@ def _table(lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: in
     return r0, wps, wms
 
 
+# One pool's Erlang pass: (r0, P(wait), drain rate c mu - lam, Allen-Cunneen factor) per count.
+_Raw = tuple[int, list[float], list[float], float]
+
+
 def _tables_at(
     lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: int, ps: tuple[float, ...]
-) -> list[_Table]:
-    """`_table` at several percentiles from one Erlang-B pass (the size-class covers).
+) -> tuple[list[_Table], _Raw]:
+    """`_table` at several percentiles from one Erlang-B pass (the size-class covers), and the pass.
 
     The pass runs to the first count with zero wait at the highest percentile;
     each percentile's table is cut at its own first zero, with the same values
     `_table` gives (tests/unit/test_sizes.py checks).
     """
     if lam <= 0 or service_s <= 0:
-        return [(r_lo, [0.0], [0.0]) for _ in ps]
+        return [(r_lo, [0.0], [0.0]) for _ in ps], (r_lo, [0.0], [1.0], 1.0)
     a = lam * service_s
     r0 = max(r_lo, int(a // k) + 1)
     if r0 > r_hi:
-        return [(r0, [], []) for _ in ps]
+        return [(r0, [], []) for _ in ps], (r0, [], [], 1.0)
     f = (1.0 + cs2) / 2.0
     mu = 1.0 / service_s
     tail_min = 1.0 - max(ps)
@@ -425,7 +437,7 @@ def _tables_at(
             if wp <= 0.0:
                 break
         out.append((r0, wps, wms[: len(wps)]))
-    return out
+    return out, (r0, pws, gaps, f)
 
 
 # --------------------------------------------------------------------------- setup
@@ -572,34 +584,71 @@ def _ttft_target(slo: SLO, d: Demand) -> float:
     return slo.ttft_s + slo.ttft_s_per_1k_tokens * d.prompt_tokens_mean / 1000.0
 
 
-def _pick_cover(
-    st: _Setup, lam: float, bounds: dict[str, PoolBounds], gpus: tuple[int, int, int], p: float
-) -> tuple[_Setup, float, int]:
-    """The cheapest cover (fewest GPUs, then the most requests covered) at rate lam, no budget.
+class _Pick(NamedTuple):
+    """The size-class candidate the planner sizes for (`_pick_cover`)."""
 
-    Returns the setup with that cover's binding bare TTFT, its wait percentile
-    and its index (its target: ``st.covers.target_s[index]``); without covers
-    (no feasible class) the setup as is, p and -1.
+    st: _Setup  # fixed_s: the binding slice's bare TTFT
+    percentile: float  # the wait percentile
+    target: float  # the binding slice's TTFT target
+    covered: float  # share of the feasible requests at or below the binding slice
+    miss: float | None  # exact mixture miss fraction of a relaxed candidate (None: a cover)
+
+
+def _pick_cover(
+    st: _Setup, lam: float, bounds: dict[str, PoolBounds], gpus: tuple[int, int, int], p: float, ttft_s: float
+) -> _Pick:
+    """The cheapest size-class candidate at rate lam, no budget (docs/planner.md).
+
+    Covers guarantee the target share under the wait model (a bound); relaxed
+    candidates size for one slice at the SLO percentile and are kept only when
+    the exact mixture over every slice (`sizes.miss_fraction`) meets it. Fewest
+    GPUs wins, then the most requests covered. Without feasible slices: the
+    setup as is at p.
     """
     cov = st.covers
     if cov is None or not cov.fixed_s:
-        return st, p, -1
-    pick = len(cov.fixed_s) - 1  # the full cover: the default when none fits (budget, bounds)
-    if pick > 0:
-        best: tuple[int, float] | None = None
-        per_pool = [
-            _tables_at(lam_s, s, cs2, k, b.min_replicas, b.max_replicas, cov.wait_percentile)
-            for lam_s, s, cs2, k, b in _specs(lam, st, bounds)
-        ]
-        for i, fx in enumerate(cov.fixed_s):
-            tabs = [t[i] for t in per_pool]
-            idx = _search(tabs, gpus, max(0.0, cov.target_s[i] - fx))
-            if idx is None:
-                continue
-            key = (_cost(tabs, gpus, idx), -cov.covered[i])
-            if best is None or key < best:
-                best, pick = key, i
-    return st._replace(fixed_s=cov.fixed_s[pick]), cov.wait_percentile[pick], pick
+        return _Pick(st, p, ttft_s, 0.0, None)
+    last = len(cov.fixed_s) - 1  # the full cover: the default when nothing fits (bounds)
+    per_pool = [
+        _tables_at(lam_s, s, cs2, k, b.min_replicas, b.max_replicas, cov.wait_percentile)
+        for lam_s, s, cs2, k, b in _specs(lam, st, bounds)
+    ]
+    best: tuple[int, float] | None = None
+    pick = _Pick(st._replace(fixed_s=cov.fixed_s[last]), p, cov.target_s[last], 1.0, None)
+    for i, fx in enumerate(cov.fixed_s):
+        tabs = [t[0][i] for t in per_pool]
+        idx = _search(tabs, gpus, max(0.0, cov.target_s[i] - fx))
+        if idx is None:
+            continue
+        key = (_cost(tabs, gpus, idx), -cov.covered[i])
+        if best is None or key < best:
+            best = key
+            pick = _Pick(
+                st._replace(fixed_s=fx), cov.wait_percentile[i], cov.target_s[i], cov.covered[i], None
+            )
+    if best is None or cov.slices is None:
+        return pick
+    fixed, target, _, cum = cov.slices
+    p_tabs = [t[0][last] for t in per_pool]  # the full cover's tables are at p
+    raws = [t[1] for t in per_pool]
+    seen: set[int] = set()
+    for share in RELAXED_SHARES:
+        j = min(int(np.searchsorted(cum, share - 1e-12)), len(cum) - 1)
+        if j in seen:
+            continue
+        seen.add(j)
+        idx = _search(p_tabs, gpus, max(0.0, float(target[j] - fixed[j])))
+        if idx is None:
+            continue
+        key = (_cost(p_tabs, gpus, idx), -float(cum[j]))
+        if key >= best:
+            continue
+        stages = [(r[1][i], r[2][i], r[3]) for r, i in zip(raws, idx, strict=True)]
+        miss = miss_fraction(cov, lambda s, stages=stages: summed_wait_tail(s, stages))
+        if miss <= 1.0 - p + 1e-12:
+            best = key
+            pick = _Pick(st._replace(fixed_s=float(fixed[j])), p, float(target[j]), float(cum[j]), miss)
+    return pick
 
 
 def _setup(d: Demand, m: StageModels, slo: SLO, chunked: bool) -> _Setup:
@@ -901,10 +950,10 @@ def _plan_disagg(
     reasons: list[str] = []
     eb, pb, db = bounds["encoder"], bounds["prefill"], bounds["decode"]
     gpus = (eb.gpus_per_replica, pb.gpus_per_replica, db.gpus_per_replica)
-    cover = -1
-    if st.covers is not None:  # size classes: p and the target become the chosen cover's
-        st, p, cover = _pick_cover(st, d.arrival_rps, bounds, gpus, p)
-        target = st.covers.target_s[cover] if cover >= 0 else slo.ttft_s
+    pick: _Pick | None = None
+    if st.covers is not None:  # size classes: p and the target become the chosen candidate's
+        pick = _pick_cover(st, d.arrival_rps, bounds, gpus, p, target)
+        st, p, target = pick.st, pick.percentile, pick.target
     slack = target - st.fixed_s
     best_itl = ctx.step1_ms / 1000.0
     if slack < 0:
@@ -986,9 +1035,10 @@ def _plan_disagg(
         "decode.expected_batch": n_occ,
         "decode.slot_hold_s": st.hold_s,
     }
-    if st.covers is not None:
+    if pick is not None and st.covers is not None:
         stages_out["sizes.wait_percentile"] = p
-        stages_out["sizes.covered_fraction"] = st.covers.covered[cover] if cover >= 0 else 0.0
+        stages_out["sizes.covered_fraction"] = pick.covered
+        stages_out["sizes.mixture_miss"] = math.nan if pick.miss is None else pick.miss
         stages_out["sizes.idle_miss_fraction"] = st.covers.idle_miss_fraction
         stages_out["sizes.arrival_ca2"] = st.ca2
     return _new(
@@ -1299,8 +1349,8 @@ def plan_replicas(
         st = _shape(ctx, d)
         q, target = p, _ttft_target(s, d)
         if st.covers is not None:
-            st, q, i = _pick_cover(st, d.arrival_rps, b, gpus, p)
-            target = st.covers.target_s[i] if i >= 0 else s.ttft_s
+            pk = _pick_cover(st, d.arrival_rps, b, gpus, p, target)
+            st, q, target = pk.st, pk.percentile, pk.target
         slack = target - st.fixed_s
         sol = _solve(d.arrival_rps, st, b, gpus, q, max(0.0, slack), None)
         if sol is None:

@@ -51,6 +51,7 @@ __all__ = [
     "mmc_mean_wait",
     "mmc_wait_percentile",
     "mmc_wait_tail",
+    "summed_wait_tail",
     "wait_percentile",
 ]
 
@@ -257,6 +258,37 @@ def wait_percentile(
 ) -> Any:
     """Queueing delay (seconds) at percentile p for c servers: G/G/c (Allen-Cunneen) approximation."""
     return mgc_wait_percentile(p, c, arrival_rps, service_s, cs2, ca2)
+
+
+def summed_wait_tail(s: Any, stages: list[tuple[float, float, float]]) -> Any:
+    """P(W_1 + ... + W_n > s) under the sum-of-percentiles model of the stage waits.
+
+    ``stages``: per stage (P(wait), drain rate c mu - lam, Allen-Cunneen factor f),
+    whose p-quantile wait is ``(f / gap) ln(P(wait) / (1 - p))`` when P(wait) > 1 - p,
+    else 0. The planner sizes with the sum of the stage quantiles at one p; this is
+    the inverse: the tail x = 1 - p at which that sum equals s. With the stages
+    active at x (P(wait) >= x), ``x = exp((sum a_i ln P_i - s) / sum a_i)``,
+    ``a_i = f_i / gap_i``. An unstable stage (gap <= 0) gives 1. Vectorised over s.
+    """
+    s_a = np.asarray(s, dtype=float)
+    act = []
+    for pw, gap, f in stages:
+        if gap <= 0 and pw > 0:
+            return _out(np.ones_like(s_a))
+        if pw > 0 and f > 0:
+            act.append((float(pw), float(f) / float(gap)))
+    if not act:
+        return _out(np.zeros_like(s_a))
+    act.sort(reverse=True)  # largest P(wait) first: stage j is active while x <= P_j
+    x = np.zeros_like(s_a)
+    a_sum = b_sum = 0.0
+    for j, (pw, a) in enumerate(act):
+        a_sum += a
+        b_sum += a * math.log(pw)
+        xj = np.minimum(np.exp((b_sum - np.maximum(s_a, 0.0)) / a_sum), pw)
+        lower = act[j + 1][0] if j + 1 < len(act) else 0.0
+        x = np.where((xj >= lower) & (x == 0.0), xj, x)
+    return _out(x)
 
 
 def decode_slot_wait(

@@ -56,6 +56,7 @@ __all__ = [
     "Covers",
     "SizeDistribution",
     "demand_with_sizes",
+    "miss_fraction",
     "output_moments",
     "prefill_moments",
     "ttft_covers",
@@ -66,6 +67,9 @@ SUBCLASSES_PER_BUCKET = 4  # a histogram bucket becomes this many equal-width cl
 # where the classes that set a high percentile live, coarse in the body.
 CLASS_EDGES = (0.0, 0.25, 0.5, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999, 1.0)
 MAX_COVERS = 8  # candidate covers the planner tries (the F = 1 cover is always one of them)
+# Relaxed candidates: size for the slice at these shares of the feasible requests at the SLO
+# percentile itself, kept only when the exact mixture (`miss_fraction`) meets the target.
+RELAXED_SHARES = (0.5, 0.75, 0.9, 0.95, 0.99, 0.999)
 # Covers that would need the waits below this far into their tail are not tried: they
 # only win when nearly every request is covered anyway, and their tables are long.
 MAX_WAIT_PERCENTILE = 0.999
@@ -372,6 +376,8 @@ class Covers(NamedTuple):
     covered: tuple[float, ...]  # F_k: share of the feasible requests covered
     idle_miss_fraction: float  # share of all requests that miss even on an idle system
     floor_s: float  # bare TTFT of the class with the most slack (its slack is the best any has)
+    # every feasible slice, most slack first: bare TTFT, target, share (of the feasible), cumulative
+    slices: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 def ttft_covers(
@@ -414,7 +420,7 @@ def ttft_covers(
     feasible = float(w[ok].sum())
     idle_miss = 1.0 - feasible if feasible < 1.0 - 1e-12 else 0.0  # weights sum to 1 up to rounding
     if feasible <= 0:
-        return Covers((), (), (), (), idle_miss, float(fixed[0]))
+        return Covers((), (), (), (), idle_miss, float(fixed[0]), None)
     f_ok, t_ok, s_ok, w_ok = fixed[ok], target[ok], slack[ok], w[ok] / feasible
     cum = np.cumsum(w_ok)
     cum[-1] = 1.0
@@ -435,7 +441,20 @@ def ttft_covers(
         covered=tuple(float(cum[i]) for i in idx),
         idle_miss_fraction=idle_miss,
         floor_s=float(fixed[0]),
+        slices=(f_ok, t_ok, w_ok, cum),
     )
+
+
+def miss_fraction(cov: Covers, tail: Any) -> float:
+    """Share of the feasible requests missing TTFT: sum over slices of weight x P(wait > slack).
+
+    ``tail(s)``: P(summed waits > s), vectorised (`disagg.queueing.summed_wait_tail`).
+    The exact mixture under the planner's wait model, where a cover is a bound.
+    """
+    if cov.slices is None:
+        return 1.0
+    fixed, target, w, _ = cov.slices
+    return float(w @ np.asarray(tail(target - fixed), dtype=float))
 
 
 def demand_with_sizes(arrival_rps: float, sizes: SizeDistribution, **kw: Any) -> Any:
