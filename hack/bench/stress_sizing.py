@@ -2,7 +2,7 @@
 """Stress workloads for issue 14's sizing inputs: what each one does under autoscaling.
 
 Usage: PYTHONPATH=operator python hack/bench/stress_sizing.py [--minutes 60] [--startup 60]
-       PYTHONPATH=operator python hack/bench/stress_sizing.py --trace FILE [--rate-scale K]
+       PYTHONPATH=operator python hack/bench/stress_sizing.py --trace FILE [--rate-scale K] [--diurnal]
 
 Replays synthetic workloads none of the constants were tuned on -- smooth Poisson (what
 each input costs), on/off bursts, heavy-tailed prompt lengths, a sudden shift from short
@@ -143,6 +143,7 @@ def main() -> None:
         "--trace", help="replay this trace (Azure CSV or Mooncake JSONL) instead of the synthetic set"
     )
     ap.add_argument("--rate-scale", type=int, default=1, help="with --trace: superpose K copies")
+    ap.add_argument("--diurnal", action="store_true", help="with --trace: its diurnal day (evaluate.diurnal)")
     args = ap.parse_args()
     s = ev.with_startup(ev.EvalSettings(), args.startup)
     for name, flags in VARIANTS.items():
@@ -150,7 +151,11 @@ def main() -> None:
             ev._CLASSES[name] = variant(name, *flags)
     if args.trace:
         w = load_trace(args.trace)
-        sets = {args.trace: ev.rate_scaled(w, args.rate_scale) if args.rate_scale > 1 else w}
+        if args.diurnal:
+            w = ev.diurnal(w, args.rate_scale)
+        elif args.rate_scale > 1:
+            w = ev.rate_scaled(w, args.rate_scale)
+        sets = {args.trace: w}
     else:
         sets = workloads(args.minutes)
     for wname, w in sets.items():

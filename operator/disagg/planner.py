@@ -33,10 +33,10 @@ from typing import Any, Literal, NamedTuple, TypeVar
 
 import numpy as np
 
+from disagg import sizes as _sizes
 from disagg.model import GIB, DecodeModel, EncoderModel, PrefillModel, StageModels, TransferModel
 from disagg.queueing import erlang_b_stride, summed_wait_tail
 from disagg.sizes import (
-    RELAXED_SHARES,
     Covers,
     SizeDistribution,
     miss_fraction,
@@ -632,7 +632,7 @@ def _pick_cover(
     p_tabs = [t[0][last] for t in per_pool]  # the full cover's tables are at p
     raws = [t[1] for t in per_pool]
     seen: set[int] = set()
-    for share in RELAXED_SHARES:
+    for share in _sizes.RELAXED_SHARES:  # read at call time: a module setting
         j = min(int(np.searchsorted(cum, share - 1e-12)), len(cum) - 1)
         if j in seen:
             continue

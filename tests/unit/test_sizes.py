@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from disagg import planner
+from disagg import sizes as sizes_mod
 from disagg.model import PrefillModel, StageModels
 from disagg.planner import SLO, Demand, plan, plan_replicas, predict
 from disagg.queueing import summed_wait_tail
@@ -183,7 +184,9 @@ def test_summed_wait_tail_inverts_the_sum_of_stage_percentiles() -> None:
     assert summed_wait_tail(0.3, [(0.0, 2.0, 1.0)]) == 0.0  # never waits
 
 
-def test_relaxed_candidates_are_cheaper_and_verified_by_the_mixture() -> None:
+def test_relaxed_candidates_are_cheaper_and_verified_by_the_mixture(monkeypatch) -> None:
+    monkeypatch.setattr(sizes_mod, "RELAXED_SHARES", (0.5, 0.75, 0.9, 0.95, 0.99, 0.999))
+    planner._clear_caches()
     # 8 % long prompts with little slack at p90: no cover can leave them out at a wait
     # percentile below 0.999 cheaply; sizing the short slice at p90, verified over both
     # classes, is cheaper than covering the long ones
