@@ -592,6 +592,7 @@ class _Pick(NamedTuple):
     target: float  # the binding slice's TTFT target
     covered: float  # share of the feasible requests at or below the binding slice
     miss: float | None  # exact mixture miss fraction of a relaxed candidate (None: a cover)
+    tabs: list[_Table] | None = None  # the pools' tables at the demand's rate and this percentile
 
 
 def _pick_cover(
@@ -614,7 +615,14 @@ def _pick_cover(
         for lam_s, s, cs2, k, b in _specs(lam, st, bounds)
     ]
     best: tuple[int, float] | None = None
-    pick = _Pick(st._replace(fixed_s=cov.fixed_s[last]), p, cov.target_s[last], 1.0, None)
+    pick = _Pick(
+        st._replace(fixed_s=cov.fixed_s[last]),
+        p,
+        cov.target_s[last],
+        1.0,
+        None,
+        [t[0][last] for t in per_pool],
+    )
     for i, fx in enumerate(cov.fixed_s):
         tabs = [t[0][i] for t in per_pool]
         idx = _search(tabs, gpus, max(0.0, cov.target_s[i] - fx))
@@ -624,7 +632,7 @@ def _pick_cover(
         if best is None or key < best:
             best = key
             pick = _Pick(
-                st._replace(fixed_s=fx), cov.wait_percentile[i], cov.target_s[i], cov.covered[i], None
+                st._replace(fixed_s=fx), cov.wait_percentile[i], cov.target_s[i], cov.covered[i], None, tabs
             )
     if best is None or cov.slices is None:
         return pick
@@ -647,7 +655,9 @@ def _pick_cover(
         miss = miss_fraction(cov, lambda s, stages=stages: summed_wait_tail(s, stages))
         if miss <= 1.0 - p + 1e-12:
             best = key
-            pick = _Pick(st._replace(fixed_s=float(fixed[j])), p, float(target[j]), float(cum[j]), miss)
+            pick = _Pick(
+                st._replace(fixed_s=float(fixed[j])), p, float(target[j]), float(cum[j]), miss, p_tabs
+            )
     return pick
 
 
@@ -973,7 +983,8 @@ def _plan_disagg(
 
     lam = d.arrival_rps
     specs_full = _specs(lam, st, bounds)
-    tabs_full = _tables(specs_full, p)
+    # the size-class pick's tables are these (same specs and percentile; `_tables_at` == `_table`)
+    tabs_full = pick.tabs if pick is not None and pick.tabs is not None else _tables(specs_full, p)
     (_, w_e, _), (_, w_p, _), (_, w_d, _) = tabs_full
     # best TTFT these bounds allow: each pool at its largest table entry
     best_ttft = st.fixed_s + (w_e[-1] + w_p[-1] + w_d[-1]) if w_e and w_p and w_d else math.inf
