@@ -408,6 +408,13 @@ class SLO(_Model):
         description="How one request's inter-token gaps meet itlSeconds: max (every gap: one stall is a breach), "
         "p99 (the 99th percentile gap) or mean (the mean gap).",
     )
+    ttft_seconds_per_thousand_tokens: float = Field(
+        0.0,
+        ge=0,
+        le=60,
+        description="Added to ttftSeconds per 1,000 prompt tokens: a TTFT target that grows with the "
+        "prompt (0: flat). The planner gives each request-size class its own target.",
+    )
 
 
 class SecretKeyRef(_Model):

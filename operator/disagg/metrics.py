@@ -490,3 +490,140 @@ def pod_in_flight_fresh(snap: Snapshot, pool: str, pod: str, scrape_interval_s: 
     if any(pod not in part for part in parts):
         return None
     return sum(part[pod] for part in parts)
+
+
+# --------------------------------------------------------------------------- sizing inputs
+# Request-size distribution and burstiness (disagg.sizes, disagg.burstiness). Separate
+# query names from `build_queries`, all optional: when one is missing the planner keeps
+# the mean/std request shape and Poisson arrivals, never a zero.
+
+
+def sizing_queries(
+    engine: str,
+    namespace: str,
+    deployment: str,
+    pools: Sequence[str],
+    window_s: int,
+    sub_window_s: int,
+    horizon_s: int | None = None,
+) -> list[Query]:
+    """Histogram buckets of prompt/output tokens, and arrival counts per sub-window.
+
+    * ``prompt_tokens_histogram`` / ``output_tokens_histogram`` (kind ``histogram``):
+      ``sum by (le) (rate(<tokens>_bucket[window]))``, with ``*_sum_rate`` for the
+      ``+Inf`` bucket's mean;
+    * ``arrival_counts`` (kind ``series``): arrivals per ``sub_window_s`` over the
+      window, a subquery (``increase`` needs two scrapes in a sub-window: use at
+      least twice the scrape interval) -- the index of dispersion's input;
+    * ``arrival_counts_horizon`` (kind ``series``, with ``horizon_s``): the same over
+      the trailing horizon -- the automatic headroom's input.
+    """
+    if sub_window_s <= 0 or window_s <= 0:
+        raise ValueError("window_s and sub_window_s must be > 0")
+    p = preset(engine)
+    w, sub = f"{int(window_s)}s", f"{int(sub_window_s)}s"
+    front, back = front_pool(pools), back_pool(pools)
+    fs, bs = pool_selector(namespace, deployment, front), pool_selector(namespace, deployment, back)
+    q = [
+        Query(
+            "prompt_tokens_histogram",
+            f"sum by (le) (rate({p.prompt_tokens}_bucket{{{fs}}}[{w}]))",
+            "histogram",
+            required=False,
+            pool=front,
+        ),
+        Query(
+            "prompt_tokens_sum_rate",
+            f"sum(rate({p.prompt_tokens}_sum{{{fs}}}[{w}]))",
+            "scalar",
+            required=False,
+            pool=front,
+        ),
+        Query(
+            "output_tokens_histogram",
+            f"sum by (le) (rate({p.output_tokens}_bucket{{{bs}}}[{w}]))",
+            "histogram",
+            required=False,
+            pool=back,
+        ),
+        Query(
+            "output_tokens_sum_rate",
+            f"sum(rate({p.output_tokens}_sum{{{bs}}}[{w}]))",
+            "scalar",
+            required=False,
+            pool=back,
+        ),
+    ]
+    counts = f"sum(increase({p.prompt_tokens}_count{{{fs}}}[{sub}]))"
+    q.append(Query("arrival_counts", f"({counts})[{w}:{sub}]", "series", required=False, pool=front))
+    if horizon_s:
+        q.append(
+            Query(
+                "arrival_counts_horizon",
+                f"({counts})[{int(horizon_s)}s:{sub}]",
+                "series",
+                required=False,
+                pool=front,
+            )
+        )
+    return q
+
+
+def parse_histogram(result: Sequence[Mapping[str, Any]] | None, name: str) -> list[tuple[float, float]]:
+    """Cumulative ``(le, value)`` pairs of one histogram, sorted by ``le``, validated."""
+    pts: list[tuple[float, float]] = []
+    seen: set[float] = set()
+    for s in result or []:
+        le = (s.get("metric") or {}).get("le")
+        if le is None:
+            raise MetricError(name, "invalid", "bucket series without le")
+        try:
+            bound = math.inf if le in ("+Inf", "Inf", "inf") else float(le)
+        except ValueError:
+            raise MetricError(name, "invalid", f"bucket bound {le!r} is not a number") from None
+        if bound in seen:
+            raise MetricError(name, "multiple", f"several series for le={le}")
+        seen.add(bound)
+        pts.append((bound, _value(s, name)))
+    if not pts:
+        raise MetricError(name, "missing", "no buckets")
+    pts.sort()
+    if pts[-1][1] <= 0:
+        raise MetricError(name, "missing", "no observations in the window")
+    for i in range(1, len(pts)):
+        (_, below), (le, cum) = pts[i - 1], pts[i]
+        if cum < below - 1e-9 * max(1.0, below):
+            raise MetricError(name, "invalid", f"buckets are not cumulative at le={le}")
+    return pts
+
+
+def parse_series(result: Sequence[Mapping[str, Any]] | None, name: str) -> list[float]:
+    """The values of exactly one range-vector series (a subquery), oldest first."""
+    if not result:
+        raise MetricError(name, "missing", "empty result")
+    if len(result) > 1:
+        raise MetricError(name, "multiple", f"{len(result)} series where one was expected")
+    values = result[0].get("values")
+    if not isinstance(values, list) or not values:
+        raise MetricError(name, "missing", "a series without values")
+    out: list[float] = []
+    for v in values:
+        out.append(_value({"value": v}, name))
+    return out
+
+
+def size_distribution(
+    prompt: Sequence[Mapping[str, Any]] | None,
+    output: Sequence[Mapping[str, Any]] | None,
+    prompt_sum: float | None = None,
+    output_sum: float | None = None,
+) -> Any:
+    """A `disagg.sizes.SizeDistribution` from the two histogram answers (MetricError if unusable)."""
+    from disagg.sizes import SizeDistribution
+
+    pb = parse_histogram(prompt, "prompt_tokens_histogram")
+    ob = parse_histogram(output, "output_tokens_histogram")
+    try:
+        return SizeDistribution.from_buckets(pb, ob, prompt_sum=prompt_sum, output_sum=output_sum)
+    except ValueError as exc:
+        raise MetricError("size_distribution", "invalid", str(exc)) from exc

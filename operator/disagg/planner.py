@@ -33,6 +33,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 
 import numpy as np
 
+from disagg import sizes as _sizes
 from disagg.model import (
     DEFAULT_ITL_STATISTIC,
     GIB,
@@ -44,7 +45,15 @@ from disagg.model import (
     check_itl_statistic,
     gap_p99_rank,
 )
-from disagg.queueing import erlang_b_stride, poisson_cdf, poisson_quantile
+from disagg.queueing import erlang_b_stride, poisson_cdf, poisson_quantile, summed_wait_tail
+from disagg.sizes import (
+    Covers,
+    SizeDistribution,
+    miss_fraction,
+    output_moments,
+    prefill_moments,
+    ttft_covers,
+)
 
 __all__ = [
     "SLO",
@@ -100,6 +109,13 @@ class Demand:
     media_fraction: float = 0.0
     items_per_request: float = 1.0
     prefix_hit_rate: float = 0.0
+    # Optional (docs/planner.md, "Request sizes and burstiness"): size classes of prompt and
+    # output tokens (the queues' service moments and per-class TTFT slack come from them; the
+    # mean/std fields above are then only reported), and the arrival process's squared
+    # coefficient of variation (Allen-Cunneen's ca^2; 1 = Poisson), e.g. the measured index
+    # of dispersion of arrival counts (disagg.burstiness).
+    sizes: SizeDistribution | None = None
+    arrival_ca2: float = 1.0
 
     def __post_init__(self) -> None:
         _num("arrival_rps", self.arrival_rps)
@@ -110,6 +126,9 @@ class Demand:
         _num("media_fraction", self.media_fraction, unit=True)
         _num("items_per_request", self.items_per_request)
         _num("prefix_hit_rate", self.prefix_hit_rate, unit=True)
+        _num("arrival_ca2", self.arrival_ca2)
+        if self.sizes is not None and not isinstance(self.sizes, SizeDistribution):
+            raise ValueError(f"sizes must be a SizeDistribution or None, got {type(self.sizes).__name__}")
 
     @property
     def prompt_tokens_cv(self) -> float:
@@ -124,9 +143,13 @@ class SLO:
     itl_s: float = 0.15
     percentile: float = 0.9
     itl_statistic: str = DEFAULT_ITL_STATISTIC
+    # a TTFT target that grows with the prompt: ttft_s + this x prompt tokens / 1000 (per size
+    # class with Demand.sizes; at the mean prompt without)
+    ttft_s_per_1k_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         _num("ttft_s", self.ttft_s, positive=True)
+        _num("ttft_s_per_1k_tokens", self.ttft_s_per_1k_tokens)
         _num("itl_s", self.itl_s, positive=True)
         check_itl_statistic(self.itl_statistic)
         p = _num("percentile", self.percentile, positive=True)
@@ -292,6 +315,11 @@ class Plan:
                 "itl_s": self.slo.itl_s,
                 "percentile": self.slo.percentile,
                 "itl_statistic": self.slo.itl_statistic,
+                **(
+                    {"ttft_s_per_1k_tokens": self.slo.ttft_s_per_1k_tokens}
+                    if self.slo.ttft_s_per_1k_tokens
+                    else {}
+                ),
             },
         }
 
@@ -365,6 +393,68 @@ def _table(lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: in
     return r0, wps, wms
 
 
+# One pool's Erlang pass: (r0, P(wait), drain rate c mu - lam, Allen-Cunneen factor) per count.
+_Raw = tuple[int, list[float], list[float], float]
+
+
+def _tables_at(
+    lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: int, ps: tuple[float, ...]
+) -> tuple[list[_Table], _Raw]:
+    """`_table` at several percentiles from one Erlang-B pass (the size-class covers), and the pass.
+
+    The pass runs to the first count with zero wait at the highest percentile;
+    each percentile's table is cut at its own first zero, with the same values
+    `_table` gives (tests/unit/test_sizes.py checks).
+    """
+    if lam <= 0 or service_s <= 0:
+        return [(r_lo, [0.0], [0.0]) for _ in ps], (r_lo, [0.0], [1.0], 1.0)
+    a = lam * service_s
+    r0 = max(r_lo, int(a // k) + 1)
+    if r0 > r_hi:
+        return [(r0, [], []) for _ in ps], (r0, [], [], 1.0)
+    f = (1.0 + cs2) / 2.0
+    mu = 1.0 / service_s
+    tail_min = 1.0 - max(ps)
+    pws: list[float] = []
+    gaps: list[float] = []
+    c = r0 * k
+    c_last = r_hi * k
+    if a < _INLINE_LOAD and c <= 50:  # as in `_table`: the inline scalar recursion from B(0) = 1
+        b, kk = 1.0, 0
+        while True:
+            while kk < c:
+                kk += 1
+                ab = a * b
+                b = ab / (kk + ab)
+            denom = c - a * (1.0 - b)
+            pws.append(min(1.0, c * b / denom) if denom > 0 else 1.0)
+            gaps.append(c * mu - lam)
+            if pws[-1] <= tail_min or c >= c_last:
+                break
+            c += k
+    else:
+        for b in erlang_b_stride(a, c, k):
+            denom = c - a * (1.0 - b)
+            pws.append(min(1.0, c * b / denom) if denom > 0 else 1.0)
+            gaps.append(c * mu - lam)
+            if pws[-1] <= tail_min or c >= c_last:
+                break
+            c += k
+    wms = [f * pw / gap for pw, gap in zip(pws, gaps, strict=True)]
+    log = math.log
+    out: list[_Table] = []
+    for p in ps:
+        tail = 1.0 - p
+        wps: list[float] = []
+        for pw, gap in zip(pws, gaps, strict=True):
+            wp = f * log(pw / tail) / gap if pw > tail else 0.0
+            wps.append(wp)
+            if wp <= 0.0:
+                break
+        out.append((r0, wps, wms[: len(wps)]))
+    return out, (r0, pws, gaps, f)
+
+
 # --------------------------------------------------------------------------- setup
 
 
@@ -385,6 +475,8 @@ class _Setup(NamedTuple):
     hold_s: float
     hold_cs2: float
     media: float
+    ca2: float = 1.0  # arrival squared CV (Demand.arrival_ca2)
+    covers: Covers | None = None  # per size class TTFT candidates (Demand.sizes)
 
 
 class _Ctx:
@@ -454,13 +546,134 @@ def _shape(ctx: _Ctx, d: Demand) -> _Setup:
         d.items_per_request,
         d.prefix_hit_rate,
     )
-    st = ctx.shapes.get(key)
+    extra = d.sizes is not None or d.arrival_ca2 != 1.0
+    skey = (*key, d.sizes, d.arrival_ca2) if extra else key
+    st = ctx.shapes.get(skey)
     if st is None:
         if len(ctx.shapes) >= _SHAPES_MAX:
             ctx.shapes.clear()
         st = _setup_fast(key, ctx) if ctx.fast else _setup_reference(key, ctx.m, ctx.slo, ctx.chunked)
-        ctx.shapes[key] = st
+        if extra:
+            st = _with_sizes(st, d, ctx)
+        ctx.shapes[skey] = st
     return st
+
+
+def _with_sizes(st: _Setup, d: Demand, ctx: _Ctx) -> _Setup:
+    """The setup with the arrival variability and the size classes (disagg.sizes) applied.
+
+    Queue service moments come from the classes; the bare TTFT (``fixed_s``) is the
+    slowest feasible class's (the full cover: the conservative one `predict` uses);
+    the planner tries every cover (`_pick_cover`).
+    """
+    st = st._replace(ca2=float(d.arrival_ca2))
+    if d.sizes is None:
+        return st
+    m, slo = ctx.m, ctx.slo
+    s_ms, cs2 = prefill_moments(d.sizes, m, d.prefix_hit_rate)
+    o_mean, o_cs2 = output_moments(d.sizes)
+    shared = st.enc_s + ctx.step1_ms / 1000.0
+    cov = ttft_covers(
+        d.sizes,
+        m,
+        slo.ttft_s,
+        slo.percentile,
+        chunked=ctx.chunked,
+        prefix_hit_rate=d.prefix_hit_rate,
+        extra_s=shared,
+        target_s_per_1k_tokens=slo.ttft_s_per_1k_tokens,
+    )
+    fixed = cov.fixed_s[-1] if cov.fixed_s else cov.floor_s
+    return st._replace(
+        fixed_s=fixed,
+        prefill_s=s_ms / 1000.0,
+        prefill_cs2=cs2,
+        hold_s=o_mean * st.step_cap_ms / 1000.0,
+        hold_cs2=o_cs2,
+        covers=cov,
+    )
+
+
+def _ttft_target(slo: SLO, d: Demand) -> float:
+    """The TTFT target of the mean request (SLO.ttft_s_per_1k_tokens)."""
+    return slo.ttft_s + slo.ttft_s_per_1k_tokens * d.prompt_tokens_mean / 1000.0
+
+
+class _Pick(NamedTuple):
+    """The size-class candidate the planner sizes for (`_pick_cover`)."""
+
+    st: _Setup  # fixed_s: the binding slice's bare TTFT
+    percentile: float  # the wait percentile
+    target: float  # the binding slice's TTFT target
+    covered: float  # share of the feasible requests at or below the binding slice
+    miss: float | None  # exact mixture miss fraction of a relaxed candidate (None: a cover)
+    tabs: list[_Table] | None = None  # the pools' tables at the demand's rate and this percentile
+
+
+def _pick_cover(
+    st: _Setup, lam: float, bounds: dict[str, PoolBounds], gpus: tuple[int, int, int], p: float, ttft_s: float
+) -> _Pick:
+    """The cheapest size-class candidate at rate lam, no budget (docs/planner.md).
+
+    Covers guarantee the target share under the wait model (a bound); relaxed
+    candidates size for one slice at the SLO percentile and are kept only when
+    the exact mixture over every slice (`sizes.miss_fraction`) meets it. Fewest
+    GPUs wins, then the most requests covered. Without feasible slices: the
+    setup as is at p.
+    """
+    cov = st.covers
+    if cov is None or not cov.fixed_s:
+        return _Pick(st, p, ttft_s, 0.0, None)
+    last = len(cov.fixed_s) - 1  # the full cover: the default when nothing fits (bounds)
+    per_pool = [
+        _tables_at(lam_s, s, cs2, k, b.min_replicas, b.max_replicas, cov.wait_percentile)
+        for lam_s, s, cs2, k, b in _specs(lam, st, bounds)
+    ]
+    best: tuple[int, float] | None = None
+    pick = _Pick(
+        st._replace(fixed_s=cov.fixed_s[last]),
+        p,
+        cov.target_s[last],
+        1.0,
+        None,
+        [t[0][last] for t in per_pool],
+    )
+    for i, fx in enumerate(cov.fixed_s):
+        tabs = [t[0][i] for t in per_pool]
+        idx = _search(tabs, gpus, max(0.0, cov.target_s[i] - fx))
+        if idx is None:
+            continue
+        key = (_cost(tabs, gpus, idx), -cov.covered[i])
+        if best is None or key < best:
+            best = key
+            pick = _Pick(
+                st._replace(fixed_s=fx), cov.wait_percentile[i], cov.target_s[i], cov.covered[i], None, tabs
+            )
+    if best is None or cov.slices is None:
+        return pick
+    fixed, target, _, cum = cov.slices
+    p_tabs = [t[0][last] for t in per_pool]  # the full cover's tables are at p
+    raws = [t[1] for t in per_pool]
+    seen: set[int] = set()
+    for share in _sizes.RELAXED_SHARES:  # read at call time: a module setting
+        j = min(int(np.searchsorted(cum, share - 1e-12)), len(cum) - 1)
+        if j in seen:
+            continue
+        seen.add(j)
+        idx = _search(p_tabs, gpus, max(0.0, float(target[j] - fixed[j])))
+        if idx is None:
+            continue
+        key = (_cost(p_tabs, gpus, idx), -float(cum[j]))
+        if key >= best:
+            continue
+        stages = [(r[1][i], r[2][i], r[3]) for r, i in zip(raws, idx, strict=True)]
+        miss = miss_fraction(cov, lambda s, stages=stages: summed_wait_tail(s, stages))
+        if miss <= 1.0 - p + 1e-12:
+            best = key
+            pick = _Pick(
+                st._replace(fixed_s=float(fixed[j])), p, float(target[j]), float(cum[j]), miss, p_tabs
+            )
+    return pick
 
 
 def _setup(d: Demand, m: StageModels, slo: SLO, chunked: bool) -> _Setup:
@@ -583,10 +796,13 @@ def _setup_fast(key: tuple[float, ...], ctx: _Ctx) -> _Setup:
 
 
 def _specs(lam: float, st: _Setup, bounds: dict[str, PoolBounds]) -> tuple[_Spec, _Spec, _Spec]:
+    # Allen-Cunneen: the tables' factor (1 + cs2) / 2 becomes (ca2 + cs2) / 2; every stage
+    # sees the arrival variability (conservative for decode: a queue smooths its departures)
+    a = st.ca2 - 1.0
     return (
-        (lam * st.media, st.enc_s, ENCODER_CS2, 1, bounds["encoder"]),
-        (lam, st.prefill_s, st.prefill_cs2, 1, bounds["prefill"]),
-        (lam, st.hold_s, st.hold_cs2, st.b_eff, bounds["decode"]),
+        (lam * st.media, st.enc_s, ENCODER_CS2 + a, 1, bounds["encoder"]),
+        (lam, st.prefill_s, st.prefill_cs2 + a, 1, bounds["prefill"]),
+        (lam, st.hold_s, st.hold_cs2 + a, st.b_eff, bounds["decode"]),
     )
 
 
@@ -755,8 +971,14 @@ def _plan_disagg(
     p = slo.percentile
     ctx = _ctx(m, slo, chunked)
     st = _shape(ctx, d)
-    target = slo.ttft_s
+    target = _ttft_target(slo, d)
     reasons: list[str] = []
+    eb, pb, db = bounds["encoder"], bounds["prefill"], bounds["decode"]
+    gpus = (eb.gpus_per_replica, pb.gpus_per_replica, db.gpus_per_replica)
+    pick: _Pick | None = None
+    if st.covers is not None:  # size classes: p and the target become the chosen candidate's
+        pick = _pick_cover(st, d.arrival_rps, bounds, gpus, p, target)
+        st, p, target = pick.st, pick.percentile, pick.target
     slack = target - st.fixed_s
     best_itl = ctx.step1_ms / 1000.0
     if slack < 0:
@@ -769,8 +991,6 @@ def _plan_disagg(
     slo_ok = not reasons
     eff_slack = max(slack, 0.0)
 
-    eb, pb, db = bounds["encoder"], bounds["prefill"], bounds["decode"]
-    gpus = (eb.gpus_per_replica, pb.gpus_per_replica, db.gpus_per_replica)
     if budget is not None:
         min_cost = sum(b.min_replicas * b.gpus_per_replica for n, b in bounds.items() if n in POOLS)
         if budget < min_cost:
@@ -778,7 +998,8 @@ def _plan_disagg(
 
     lam = d.arrival_rps
     specs_full = _specs(lam, st, bounds)
-    tabs_full = _tables(specs_full, p)
+    # the size-class pick's tables are these (same specs and percentile; `_tables_at` == `_table`)
+    tabs_full = pick.tabs if pick is not None and pick.tabs is not None else _tables(specs_full, p)
     (_, w_e, _), (_, w_p, _), (_, w_d, _) = tabs_full
     # best TTFT these bounds allow: each pool at its largest table entry
     best_ttft = st.fixed_s + (w_e[-1] + w_p[-1] + w_d[-1]) if w_e and w_p and w_d else math.inf
@@ -840,6 +1061,12 @@ def _plan_disagg(
         "decode.expected_batch": n_occ,
         "decode.slot_hold_s": st.hold_s,
     }
+    if pick is not None and st.covers is not None:
+        stages_out["sizes.wait_percentile"] = p
+        stages_out["sizes.covered_fraction"] = pick.covered
+        stages_out["sizes.mixture_miss"] = math.nan if pick.miss is None else pick.miss
+        stages_out["sizes.idle_miss_fraction"] = st.covers.idle_miss_fraction
+        stages_out["sizes.arrival_ca2"] = st.ca2
     return _new(
         Plan,
         placement="disaggregated",
@@ -847,7 +1074,7 @@ def _plan_disagg(
         stages=stages_out,
         ttft_s=ttft,
         itl_s=itl,
-        percentile=p,
+        percentile=slo.percentile,
         decode_per_prefill=dec.replicas / pr if pr else None,
         encoder_per_prefill=enc.replicas / pr if pr else None,
         capacity_ratio=(dec.service_s / dec.servers_per_replica) / st.prefill_s if st.prefill_s > 0 else None,
@@ -951,8 +1178,8 @@ def _colocated_eval(
         return None
     hold = st.hold_s / (1.0 - u)  # decode runs only when the worker is not prefilling
     cs2_eff = st.prefill_cs2 * (st.prefill_s / s_eff) ** 2
-    r0, w_pf, _ = _table(lam_r, s_eff, cs2_eff, 1, 1, 1, p)
-    w_sl = _table(lam, hold, st.hold_cs2, st.b_eff, r, r, p)[1]
+    r0, w_pf, _ = _table(lam_r, s_eff, cs2_eff + st.ca2 - 1.0, 1, 1, 1, p)
+    w_sl = _table(lam, hold, st.hold_cs2 + st.ca2 - 1.0, st.b_eff, r, r, p)[1]
     if r0 != 1 or not w_pf or not w_sl:
         return None
     busy = 1.0 - math.exp(-lam_r * hold)
@@ -979,10 +1206,11 @@ def _plan_colocated(
     min_cost = b.min_replicas * gc + eb.min_replicas * ge
     if budget is not None and budget < min_cost:
         raise ValueError(f"gpu_budget ({budget}) is below the pools' minimum GPUs ({min_cost})")
+    ttft_target = _ttft_target(slo, d)
 
     def ok(r: int, lam: float, extra: float) -> bool:
         e = _colocated_eval(r, lam, d, m, slo, st)
-        return e is not None and e[0] + extra <= slo.ttft_s + 1e-12 and e[1] <= slo.itl_s + 1e-12
+        return e is not None and e[0] + extra <= ttft_target + 1e-12 and e[1] <= slo.itl_s + 1e-12
 
     def min_r(lam: float, extra: float, r_cap: int) -> int | None:
         lo = b.min_replicas
@@ -1472,8 +1700,12 @@ def plan_replicas(
     p = s.percentile
     for d in demands:
         st = _shape(ctx, d)
-        slack = s.ttft_s - st.fixed_s
-        sol = _solve(d.arrival_rps, st, b, gpus, p, max(0.0, slack), None)
+        q, target = p, _ttft_target(s, d)
+        if st.covers is not None:
+            pk = _pick_cover(st, d.arrival_rps, b, gpus, p, target)
+            st, q, target = pk.st, pk.percentile, pk.target
+        slack = target - st.fixed_s
+        sol = _solve(d.arrival_rps, st, b, gpus, q, max(0.0, slack), None)
         if sol is None:
             out.append((-1, -1, -1, False))
             continue
@@ -1500,11 +1732,10 @@ def predict(
     st = _setup(d, m, s, chunked)
     p = s.percentile
     waits = {}
-    for name, lam, svc, cs2, k in (
-        ("encoder", d.arrival_rps * st.media, st.enc_s, ENCODER_CS2, 1),
-        ("prefill", d.arrival_rps, st.prefill_s, st.prefill_cs2, 1),
-        ("decode", d.arrival_rps, st.hold_s, st.hold_cs2, st.b_eff),
-    ):
+    if st.covers is not None and st.covers.fixed_s:
+        p = st.covers.wait_percentile[-1]  # the full cover (st.fixed_s is its bare TTFT)
+    specs = _specs(d.arrival_rps, st, _bounds(None))
+    for name, (lam, svc, cs2, k, _b) in zip(POOLS, specs, strict=True):
         r = int(replicas.get(name, 0))
         r0, wps, _ = _table(lam, svc, cs2, k, r, r, p)
         waits[name] = wps[0] if wps and r0 == r else math.inf

@@ -256,23 +256,31 @@ def sizing_rate(
     ttft_observed: float | None = None,
     ttft_target: float | None = None,
     ttft_comfort: float = 0.5,
+    dispersion: float | None = None,
+    auto_headroom: float | None = None,
 ) -> tuple[float, PolicyState]:
     """The arrival rate to plan for, shared by the operator's loop and `disagg evaluate`.
 
     * fast attack: a short-window rate whose lower confidence bound is above the
       window's rate is a real step up, not noise, and is taken at once;
     * the rate one lead time ahead (`forecast_rate`), never below the observation;
-    * plus ``z`` standard deviations of the Poisson counting noise of a rate measured
-      over ``window_s`` (var = rate / window);
+    * plus ``z`` standard deviations of the counting noise of a rate measured over
+      ``window_s``: var = dispersion x rate / window, where ``dispersion`` is the
+      measured index of dispersion of arrival counts (`disagg.burstiness`; None or a
+      bad value: 1, Poisson);
     * plus the capacity to clear, within ``backlog_drain_s``, the backlog expected
       when capacity added now serves: the ``queued`` requests plus their growth
       since the previous call projected over ``backlog_lead_s`` (default: the
       forecast horizon, i.e. the start-up time).
 
     The demand part (forecast + noise, not the backlog) is multiplied by
-    ``1 + config.headroom``: standing spare capacity for bursts that rise faster
-    than a worker starts, which no reactive rule can catch (docs/evaluation.md).
-    It is kept even when the observed TTFT is comfortable: the user asked for it.
+    ``1 + max(config.headroom, auto_headroom)``: standing spare capacity for bursts
+    that rise faster than a worker starts, which no reactive rule can catch
+    (docs/evaluation.md). ``auto_headroom`` is derived from the observed burst
+    profile and start-up (`disagg.burstiness.burst_headroom`); ``config.headroom``
+    (``spec.autoscaling.headroom``) is then a floor under it. The headroom is kept
+    even when the observed TTFT is comfortable: the bursts it covers come faster
+    than the comfort can be lost.
 
     A backlog term larger than the counting-noise term marks this recommendation
     as backlog-driven (``state.backlog_times``): `decide` then lets it hold
@@ -286,7 +294,10 @@ def sizing_rate(
         r = max(r, lcb)
     state = observe_rate(state, now, r, config)
     f = forecast_rate(state, now, config) or 0.0
-    noise = z * math.sqrt(max(f, 0.0) / window_s)
+    disp = 1.0
+    if dispersion is not None and math.isfinite(dispersion) and dispersion > 0:
+        disp = float(dispersion)
+    noise = z * math.sqrt(disp * max(f, 0.0) / window_s)
     backlog = 0.0
     q = float(queued) if queued is not None and math.isfinite(queued) and queued > 0 else 0.0
     if q > 0 and backlog_drain_s > 0:
@@ -310,7 +321,10 @@ def sizing_rate(
     if backlog > noise:
         marks = (*marks, float(now))
     state = replace(state, queue_sample=(float(now), q), backlog_times=marks[-64:])
-    return (f + noise) * (1.0 + config.headroom) + backlog, state
+    headroom = config.headroom
+    if auto_headroom is not None and math.isfinite(auto_headroom) and auto_headroom > headroom:
+        headroom = float(auto_headroom)
+    return (f + noise) * (1.0 + headroom) + backlog, state
 
 
 # --------------------------------------------------------------------------- budget helpers

@@ -21,8 +21,10 @@ Everything broadcasts over numpy arrays of ``c`` and ``a``/``lam``.
 solves long recursions as one vectorised block (the recursion is linear in 1/B).
 
 M/G/c uses the Allen-Cunneen (Kingman-style) correction: the M/M/c wait is
-scaled by ``(ca^2 + cs^2) / 2`` with Poisson arrivals (ca^2 = 1), and the
-tail ``P(W > t) ~ C exp(-(c mu - lam) t / f)`` is stretched by the same factor.
+scaled by ``f = (ca^2 + cs^2) / 2``, and the tail ``P(W > t) ~ C exp(-(c mu -
+lam) t / f)`` is stretched by the same factor. ``ca^2`` is the arrival
+process's variability: 1 for Poisson (the default), the measured index of
+dispersion of arrival counts otherwise (`disagg.burstiness`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ __all__ = [
     "mmc_wait_tail",
     "poisson_cdf",
     "poisson_quantile",
+    "summed_wait_tail",
     "wait_percentile",
 ]
 
@@ -211,27 +214,29 @@ def mgc_factor(cs2: Any, ca2: Any = 1.0) -> Any:
     return _out((_nonneg("ca2", ca2) + _nonneg("cs2", cs2)) / 2.0)
 
 
-def _mgc(c: Any, lam: Any, service: Any, cs2: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _mgc(
+    c: Any, lam: Any, service: Any, cs2: Any, ca2: Any = 1.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     s = np.asarray(service, dtype=float)
     if np.any(~np.isfinite(s)) or np.any(s <= 0):
         raise ValueError("service time must be > 0 and finite")
     pw, gap, _, _ = _rates(c, lam, 1.0 / s)
-    f = np.asarray(mgc_factor(cs2), dtype=float)
+    f = np.asarray(mgc_factor(cs2, ca2), dtype=float)
     return pw, gap, f
 
 
-def mgc_mean_wait(c: Any, lam: Any, service: Any, cs2: Any = 1.0) -> Any:
-    """Allen-Cunneen mean wait: Erlang-C wait x (1 + cs^2) / 2."""
-    pw, gap, f = _mgc(c, lam, service, cs2)
+def mgc_mean_wait(c: Any, lam: Any, service: Any, cs2: Any = 1.0, ca2: Any = 1.0) -> Any:
+    """Allen-Cunneen mean wait: Erlang-C wait x (ca^2 + cs^2) / 2."""
+    pw, gap, f = _mgc(c, lam, service, cs2, ca2)
     with np.errstate(divide="ignore", invalid="ignore"):
         w = np.where(gap > 0, f * pw / np.where(gap > 0, gap, 1.0), np.inf)
     return _out(np.where(pw == 0, 0.0, w))
 
 
-def mgc_wait_tail(t: Any, c: Any, lam: Any, service: Any, cs2: Any = 1.0) -> Any:
-    """P(W > t) ~ C exp(-(c mu - lam) t / f), f = (1 + cs^2) / 2."""
+def mgc_wait_tail(t: Any, c: Any, lam: Any, service: Any, cs2: Any = 1.0, ca2: Any = 1.0) -> Any:
+    """P(W > t) ~ C exp(-(c mu - lam) t / f), f = (ca^2 + cs^2) / 2."""
     t_a = _nonneg("t", t)
-    pw, gap, f = _mgc(c, lam, service, cs2)
+    pw, gap, f = _mgc(c, lam, service, cs2, ca2)
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = np.where(f > 0, np.maximum(gap, 0.0) / np.where(f > 0, f, 1.0), np.inf)
         tail = np.where(gap > 0, pw * np.exp(-rate * t_a), 1.0)
@@ -239,10 +244,10 @@ def mgc_wait_tail(t: Any, c: Any, lam: Any, service: Any, cs2: Any = 1.0) -> Any
     return _out(tail)
 
 
-def mgc_wait_percentile(p: float, c: Any, lam: Any, service: Any, cs2: Any = 1.0) -> Any:
-    """p-quantile of the queueing delay under the M/G/c tail approximation (inf if unstable)."""
+def mgc_wait_percentile(p: float, c: Any, lam: Any, service: Any, cs2: Any = 1.0, ca2: Any = 1.0) -> Any:
+    """p-quantile of the queueing delay under the G/G/c tail approximation (inf if unstable)."""
     q = _percentile(p)
-    pw, gap, f = _mgc(c, lam, service, cs2)
+    pw, gap, f = _mgc(c, lam, service, cs2, ca2)
     with np.errstate(divide="ignore", invalid="ignore"):
         t = f * np.log(np.maximum(pw, 1e-300) / (1.0 - q)) / np.where(gap > 0, gap, 1.0)
     t = np.where(pw <= 1.0 - q, 0.0, np.maximum(t, 0.0))
@@ -250,9 +255,42 @@ def mgc_wait_percentile(p: float, c: Any, lam: Any, service: Any, cs2: Any = 1.0
     return _out(t)
 
 
-def wait_percentile(p: float, c: Any, arrival_rps: Any, service_s: Any, cs2: Any = 1.0) -> Any:
-    """Queueing delay (seconds) at percentile p for c servers: M/G/c approximation."""
-    return mgc_wait_percentile(p, c, arrival_rps, service_s, cs2)
+def wait_percentile(
+    p: float, c: Any, arrival_rps: Any, service_s: Any, cs2: Any = 1.0, ca2: Any = 1.0
+) -> Any:
+    """Queueing delay (seconds) at percentile p for c servers: G/G/c (Allen-Cunneen) approximation."""
+    return mgc_wait_percentile(p, c, arrival_rps, service_s, cs2, ca2)
+
+
+def summed_wait_tail(s: Any, stages: list[tuple[float, float, float]]) -> Any:
+    """P(W_1 + ... + W_n > s) under the sum-of-percentiles model of the stage waits.
+
+    ``stages``: per stage (P(wait), drain rate c mu - lam, Allen-Cunneen factor f),
+    whose p-quantile wait is ``(f / gap) ln(P(wait) / (1 - p))`` when P(wait) > 1 - p,
+    else 0. The planner sizes with the sum of the stage quantiles at one p; this is
+    the inverse: the tail x = 1 - p at which that sum equals s. With the stages
+    active at x (P(wait) >= x), ``x = exp((sum a_i ln P_i - s) / sum a_i)``,
+    ``a_i = f_i / gap_i``. An unstable stage (gap <= 0) gives 1. Vectorised over s.
+    """
+    s_a = np.asarray(s, dtype=float)
+    act = []
+    for pw, gap, f in stages:
+        if gap <= 0 and pw > 0:
+            return _out(np.ones_like(s_a))
+        if pw > 0 and f > 0:
+            act.append((float(pw), float(f) / float(gap)))
+    if not act:
+        return _out(np.zeros_like(s_a))
+    act.sort(reverse=True)  # largest P(wait) first: stage j is active while x <= P_j
+    x = np.zeros_like(s_a)
+    a_sum = b_sum = 0.0
+    for j, (pw, a) in enumerate(act):
+        a_sum += a
+        b_sum += a * math.log(pw)
+        xj = np.minimum(np.exp((b_sum - np.maximum(s_a, 0.0)) / a_sum), pw)
+        lower = act[j + 1][0] if j + 1 < len(act) else 0.0
+        x = np.where((xj >= lower) & (x == 0.0), xj, x)
+    return _out(x)
 
 
 # --------------------------------------------------------------------------- Poisson counts

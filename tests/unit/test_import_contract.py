@@ -36,6 +36,8 @@ PURE = [
     "disagg.dashboard.history",
     "disagg.autoscaler",
     "disagg.names",
+    "disagg.sizes",
+    "disagg.burstiness",
 ]
 # Modules that must exist for the contract to mean something.
 REQUIRED = {

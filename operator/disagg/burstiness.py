@@ -1,0 +1,130 @@
+"""Measured burstiness of the arrival process, and the standing headroom bursts call for.
+
+Pure (numpy and the standard library). Two numbers, both from arrival counts per
+equal sub-window (per scrape from Prometheus, or per bin from a window's requests):
+
+* `index_of_dispersion`: variance over mean of the counts. A Poisson process has 1
+  at every time scale; batches of B simultaneous requests have B; on/off traffic
+  more than 1 at the scale of its bursts. It is the arrival term of Allen-Cunneen
+  (``ca^2``, `disagg.planner.Demand.arrival_ca2`) and scales the variance of the
+  forecast's counting noise (`disagg.policy.sizing_rate`, ``dispersion``). By
+  default it is the Allan form, half the mean squared difference of consecutive
+  counts, which a slow trend (a diurnal ramp, which the forecast follows) does not
+  inflate.
+* `burst_headroom`: how far the planned-for rate (the trailing-window rate) rose
+  within one start-up time, beyond counting noise, at a high quantile over the
+  trailing horizon, relative to the rate it rose from. Capacity added when a burst
+  is seen serves one start-up later; this is the standing spare capacity that
+  covers the bursts seen so far. ``spec.autoscaling.headroom`` is a floor under it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["arrival_counts", "burst_headroom", "index_of_dispersion"]
+
+MIN_COUNTS = 4  # sub-windows needed before a dispersion means anything
+BURST_QUANTILE = 0.95  # the rises the standing headroom covers (over the trailing horizon)
+NOISE_Z = 1.645  # rises within this many standard deviations of counting noise are noise
+MAX_AUTO_HEADROOM = 2.0  # the automatic headroom never asks for more than 3x the demand
+
+
+def _counts(counts: Sequence[float] | np.ndarray, name: str = "counts") -> np.ndarray:
+    c = np.asarray(counts, dtype=float).ravel()
+    if c.size and (not np.all(np.isfinite(c)) or np.any(c < 0)):
+        raise ValueError(f"{name} must be finite and >= 0 (a missing scrape is dropped, not zero)")
+    return c
+
+
+def arrival_counts(
+    arrival_s: Sequence[float] | np.ndarray, sub_window_s: float, start: float, end: float
+) -> np.ndarray:
+    """Arrivals per sub-window of [start, end) (the last partial sub-window dropped)."""
+    if not (sub_window_s > 0 and math.isfinite(sub_window_s)):
+        raise ValueError(f"sub_window_s must be > 0, got {sub_window_s!r}")
+    n = int((end - start) // sub_window_s)
+    if n <= 0:
+        return np.zeros(0)
+    edges = start + sub_window_s * np.arange(n + 1)
+    got, _ = np.histogram(np.asarray(arrival_s, dtype=float), bins=edges)
+    return got.astype(float)
+
+
+def index_of_dispersion(counts: Sequence[float] | np.ndarray, *, detrend: bool = True) -> float | None:
+    """Variance / mean of arrival counts per equal sub-window; None without enough data.
+
+    ``detrend`` (default): the Allan form ``mean((c[i+1] - c[i])^2) / (2 mean(c))``,
+    unbiased for any process with independent counts and insensitive to a linear
+    trend. Otherwise the plain sample variance (ddof 1) over the mean. None when
+    there are fewer than `MIN_COUNTS` sub-windows or no arrival at all: the caller
+    keeps its default (Poisson, 1), it never reads a missing value as smooth.
+    """
+    c = _counts(counts)
+    if c.size < MIN_COUNTS:
+        return None
+    mean = float(c.mean())
+    if mean <= 0:
+        return None
+    if detrend:
+        d = np.diff(c)
+        return float(d @ d) / (2.0 * d.size) / mean
+    return float(c.var(ddof=1)) / mean
+
+
+def burst_headroom(
+    counts: Sequence[float] | np.ndarray,
+    sub_window_s: float,
+    *,
+    startup_s: float,
+    window_s: float,
+    quantile: float = BURST_QUANTILE,
+    z: float = NOISE_Z,
+    dispersion: float = 1.0,
+    floor: float = 0.0,
+    cap: float = MAX_AUTO_HEADROOM,
+) -> float | None:
+    """Standing headroom (a fraction of the demand) for bursts that rise faster than start-up.
+
+    ``counts``: arrivals per sub-window over the trailing horizon, oldest first.
+    At every sub-window end t, the planned-for rate is the mean over the trailing
+    ``window_s``, m(t); the rise is ``max m(s) for s in (t, t + startup_s]`` minus
+    m(t), less ``z`` standard deviations of the counting noise of that difference
+    (Poisson noise times ``dispersion``, the index of dispersion); relative to m(t). The result is the ``quantile`` of those relative rises,
+    between ``floor`` and ``cap``. None when the horizon is shorter than one
+    window plus one start-up (the caller keeps the floor).
+
+    On smooth traffic the rises stay within counting noise and this is ~0 (see
+    docs/planner.md for what it costs where they do not).
+    """
+    if not (sub_window_s > 0 and window_s > 0 and startup_s >= 0):
+        raise ValueError("sub_window_s and window_s must be > 0, startup_s >= 0")
+    if not 0 < quantile < 1:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile!r}")
+    if not (dispersion > 0 and math.isfinite(dispersion)):
+        raise ValueError(f"dispersion must be > 0, got {dispersion!r}")
+    if floor < 0 or cap < floor:
+        raise ValueError(f"need 0 <= floor <= cap, got floor={floor!r}, cap={cap!r}")
+    c = _counts(counts)
+    k = max(1, round(window_s / sub_window_s))  # sub-windows per planning window
+    lead = max(1, math.ceil(startup_s / sub_window_s - 1e-9))  # sub-windows per start-up
+    if c.size < k + lead:
+        return None
+    w = k * sub_window_s
+    cs = np.concatenate(([0.0], np.cumsum(c)))
+    m = (cs[k:] - cs[:-k]) / w  # m[j]: rate over the window ending at sub-window k - 1 + j
+    n = m.size - lead
+    if n <= 0:
+        return None
+    # the largest planned-for rate within one start-up after each point (sliding max)
+    ahead = np.lib.stride_tricks.sliding_window_view(m[1:], lead).max(axis=1)[:n]
+    now = m[:n]
+    rise = ahead - now - z * np.sqrt(dispersion * (ahead + now) / w)
+    ok = now > 0
+    if not ok.any():
+        return None
+    rel = np.maximum(rise[ok], 0.0) / now[ok]
+    return float(min(cap, max(floor, float(np.quantile(rel, quantile)))))
