@@ -21,7 +21,7 @@ from typing import Any
 import kopf
 
 from disagg import api, builders, reconcile
-from disagg.kube import Kube, NotFound
+from disagg.kube import Kube, NotFound, login_settings
 from disagg.leader import LeaderElector
 
 log = logging.getLogger("disagg.handlers")
@@ -38,6 +38,17 @@ def kube() -> Kube:
     return State.kube
 
 
+@kopf.on.login(retries=3, backoff=1.0)
+async def login(**_: Any) -> kopf.ConnectionInfo:
+    """Kopf's watches use exactly the credentials of the operator's own client (disagg.kube).
+
+    Defining this handler replaces Kopf's default login, which reads ~/.kube/config or
+    $KUBECONFIG on its own and could watch another cluster than the one the operator writes to.
+    Kopf calls it again when the API server answers 401 (e.g. a rotated service-account token).
+    """
+    return kopf.ConnectionInfo(**await login_settings(State.options.get("kubeconfig")))
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.peering.standalone = True
@@ -46,7 +57,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 150
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = 30
-    State.kube = await Kube.connect(os.environ.get("KUBECONFIG") or None)
+    State.kube = await Kube.connect(State.options.get("kubeconfig"))
     election = State.options.get("leader_election")
     if election:
         # Watches start only after this handler returns: a standby does nothing at all.

@@ -67,6 +67,49 @@ def resource_for(obj_or_kind: dict | str) -> Resource:
         raise ValueError(f"disagg.kube does not handle kind {kind!r}") from None
 
 
+async def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
+    """The one place the operator's credentials come from (its own client and Kopf's login alike).
+
+    `kubeconfig` if given; else the in-cluster service account when running in a pod
+    without $KUBECONFIG; else $KUBECONFIG or ~/.kube/config (current context).
+    """
+    cfg = client.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not (kubeconfig or os.environ.get("KUBECONFIG")):
+        config.load_incluster_config(client_configuration=cfg)
+    else:
+        try:
+            await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        except (config.ConfigException, OSError) as exc:
+            where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+            raise RuntimeError(
+                f"cannot load Kubernetes credentials from {where}: {exc}. "
+                "Pass --kubeconfig FILE, set $KUBECONFIG, or run in a pod with a service account."
+            ) from exc
+    return cfg
+
+
+async def login_settings(kubeconfig: str | None = None) -> dict[str, Any]:
+    """Keyword arguments of `kopf.ConnectionInfo` for the same credentials as `Kube.connect`.
+
+    Kopf's own login would read ~/.kube/config by itself, so its watches could use another
+    cluster or identity than the operator's writes; the handler in disagg.handlers uses this.
+    """
+    cfg = await load_configuration(kubeconfig)
+    if cfg.refresh_api_key_hook is not None:  # in-cluster: re-read a rotated token
+        cfg.refresh_api_key_hook(cfg)
+    auth = cfg.api_key.get("BearerToken")
+    scheme, _, credential = (auth or "").partition(" ")
+    return {
+        "server": cfg.host,
+        "ca_path": cfg.ssl_ca_cert or None,
+        "insecure": not cfg.verify_ssl,
+        "scheme": scheme or None,
+        "token": credential or None,
+        "certificate_path": cfg.cert_file or None,
+        "private_key_path": cfg.key_file or None,
+    }
+
+
 class NotFound(Exception):
     pass
 
@@ -93,11 +136,7 @@ class Kube:
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None, field_manager: str = FIELD_MANAGER) -> Kube:
-        cfg = client.Configuration()
-        if os.environ.get("KUBERNETES_SERVICE_HOST") and not (kubeconfig or os.environ.get("KUBECONFIG")):
-            config.load_incluster_config(client_configuration=cfg)
-        else:
-            await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        cfg = await load_configuration(kubeconfig)
         return cls(client.ApiClient(configuration=cfg), field_manager=field_manager)
 
     async def close(self) -> None:

@@ -73,13 +73,14 @@ def run(args: argparse.Namespace) -> int:
 
     from disagg import handlers
 
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     handlers.State.options = {
+        # One source of credentials for Kopf's watches (handlers.login) and the operator's own
+        # client (handlers.startup): this file, else $KUBECONFIG / ~/.kube/config / in-cluster.
+        "kubeconfig": args.kubeconfig,
         "metrics_port": args.metrics_port,
         "dashboard_port": args.dashboard_port,
         "bind": args.bind,
