@@ -27,7 +27,7 @@ LABEL_POOL = "disagg.dev/pool"
 ANNOTATION_TEMPLATE_HASH = "disagg.dev/template-hash"
 #: Pod condition the operator sets False on a worker being drained (removes it from endpoints).
 READINESS_GATE = "disagg.dev/routable"
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = api.GPU_RESOURCE
 MANAGED_BY = "disagg-operator"
 PART_OF = "disagg"
 DEFAULT_HTTP_PORT = 8000

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -103,10 +104,14 @@ def test_routable_pod_without_metrics_is_incomplete():
 
 def test_query_failure_is_missing():
     qs = m.build_queries("vllm", "n", "d", ["prefill", "decode"], 60, 0.9)
-    results = {q.name: ConnectionError("refused") for q in qs}
+    results = {q.name: m.QueryFailed("cannot reach Prometheus (ConnectionError)") for q in qs}
     snap = m.build_snapshot(qs, results, NOW, 1.0, {})
     assert not snap.ok
-    assert "arrival_rps" in snap.reason() and "refused" in snap.reason()
+    assert "arrival_rps" in snap.reason() and "cannot reach Prometheus" in snap.reason()
+    # Any other exception is shown by its type only: its text may come from a reply body.
+    results = {q.name: ConnectionError("<body>") for q in qs}
+    reason = m.build_snapshot(qs, results, NOW, 1.0, {}).reason()
+    assert "ConnectionError" in reason and "<body>" not in reason
 
 
 def test_percent_where_fraction_expected_is_invalid():
@@ -118,3 +123,39 @@ def test_percent_where_fraction_expected_is_invalid():
     results["kv_usage_max"] = [sample(87.5)]
     snap = m.build_snapshot(qs, results, NOW, 1.0, {})
     assert not snap.ok and "percentage" in snap.reason()
+
+
+def kubernetes_pod_name(deployment: str, pod_template_hash: str, random5: str = "x7k2q") -> str:
+    """A pod name as the ReplicaSet controller and the API server make it (generateName rules)."""
+    base = f"{deployment}-{pod_template_hash}-"[:58]
+    return base + random5
+
+
+def selector_regex(selector: str) -> re.Pattern[str]:
+    pattern = re.search(r'pod=~"(.*)"', selector).group(1).replace("\\\\", "\\")
+    return re.compile(pattern)
+
+
+@pytest.mark.parametrize("name_length", [1, 20, 38, 40, 42, 44, 45, 46, 48, 50, 53])
+@pytest.mark.parametrize("pool", ["prefill", "decode", "colocated"])
+def test_pool_selector_matches_pod_names_cut_to_63(name_length, pool):
+    """Every valid DisaggDeployment name autoscales: the selector survives pod-name truncation."""
+    name = ("llama" + "x" * 60)[:name_length]
+    regex = selector_regex(m.pool_selector("ns", name, pool))
+    for h in ("5", "7d9c6", "6f8b9c7d4f", "b8d5c7f9c"):
+        pod = kubernetes_pod_name(f"{name}-{pool}", h)
+        assert len(pod) <= 63
+        assert regex.fullmatch(pod), (pod, regex.pattern)
+    # Another pool's pods, or pods of a Deployment whose name extends this one, do not match.
+    other = "decode" if pool != "decode" else "prefill"
+    assert not regex.fullmatch(kubernetes_pod_name(f"{name}-{other}", "7d9c6f8b4"))
+    if name_length + len(pool) < 40:
+        assert not regex.fullmatch(kubernetes_pod_name(f"{name}-{pool}-x", "7d9c6f8b4"))
+
+
+def test_old_prefix_selector_missed_truncated_names():
+    """The case the issue reports: a 45-character name whose decode pods are cut."""
+    name = "a" * 45
+    pod = kubernetes_pod_name(f"{name}-decode", "6f8b9c7d4f")
+    assert not re.fullmatch(f"{name}-decode-[a-z0-9]+-[a-z0-9]+", pod)
+    assert selector_regex(m.pool_selector("ns", name, "decode")).fullmatch(pod)
