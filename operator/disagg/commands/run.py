@@ -51,6 +51,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="Prometheus for DisaggDeployments that name none (default: $DISAGG_PROMETHEUS_URL)",
     )
     p.add_argument(
+        "--allow-prometheus-url",
+        action="append",
+        default=[],
+        metavar="URL_PREFIX",
+        help="a DisaggDeployment may name its own spec.autoscaling.prometheus.url only if it starts "
+        "with one of these (repeatable); default: none, every object uses --prometheus-url",
+    )
+    p.add_argument(
+        "--allow-prometheus-secret",
+        action="append",
+        default=[],
+        metavar="NAMESPACE/NAME",
+        help="a Secret usable as per-object Prometheus credentials without the label "
+        'disagg.dev/prometheus-credentials="true" (repeatable)',
+    )
+    p.add_argument(
         "--leader-election",
         action="store_true",
         help="hold a Lease before acting, so that of several replicas only one writes",
@@ -71,7 +87,12 @@ def run(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from disagg import handlers
+    from disagg import handlers, promclient
+
+    promclient.POLICY = promclient.AccessPolicy(
+        allowed_url_prefixes=tuple(args.allow_prometheus_url),
+        allowed_secrets=frozenset(args.allow_prometheus_secret),
+    )
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
