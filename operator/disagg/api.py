@@ -77,6 +77,10 @@ MSG_COLOCATED_FORBIDS_PD = "placement.mode 'colocated' does not allow pools.pref
 MSG_DISAGG_NEEDS_PD = (
     "placement.mode 'disaggregated' or 'conditional' requires pools.prefill and pools.decode"
 )
+MSG_COLOCATED_FORBIDS_ENCODER = (
+    "placement.mode 'colocated' does not allow pools.encoder: the colocated plan sizes one pool "
+    "only, so an encoder pool would never be scaled; use 'disaggregated' for encoder/prefill/decode"
+)
 MSG_DISAGG_FORBIDS_COLOCATED = "pools.colocated is only allowed with placement.mode 'colocated'"
 MSG_GPU_BUDGET = "autoscaling.gpuBudget must be at least the sum over pools of minReplicas * gpusPerReplica"
 MSG_TEMPLATE_SPEC = "template.spec is required (a core/v1 PodTemplateSpec: metadata and spec)"
@@ -142,6 +146,7 @@ SPEC_RULES = [
         field_path=".pools",
     ),
     cel(f"{_IS_COLOCATED} || !has(self.pools.colocated)", MSG_DISAGG_FORBIDS_COLOCATED, field_path=".pools"),
+    cel(f"!{_IS_COLOCATED} || !has(self.pools.encoder)", MSG_COLOCATED_FORBIDS_ENCODER, field_path=".pools"),
     cel(
         "!has(self.autoscaling) || !has(self.autoscaling.gpuBudget) || "
         f"self.autoscaling.gpuBudget >= {_gpu_sum_expr()}",
@@ -715,6 +720,8 @@ class DisaggDeploymentSpec(_Model):
                 raise ValueError(MSG_COLOCATED_NEEDS_POOL)
             if p.prefill is not None or p.decode is not None:
                 raise ValueError(MSG_COLOCATED_FORBIDS_PD)
+            if p.encoder is not None:
+                raise ValueError(MSG_COLOCATED_FORBIDS_ENCODER)
         else:
             if p.prefill is None or p.decode is None:
                 raise ValueError(MSG_DISAGG_NEEDS_PD)

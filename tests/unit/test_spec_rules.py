@@ -19,7 +19,8 @@ def spec_of(placement: str = "disaggregated", **autoscaling) -> api.DisaggDeploy
         if placement == "colocated"
         else {"prefill": {"maxReplicas": 2, "template": tpl}, "decode": {"maxReplicas": 4, "template": tpl}}
     )
-    pools["encoder"] = {"maxReplicas": 2, "template": tpl}
+    if placement != "colocated":  # the colocated plan sizes one pool only
+        pools["encoder"] = {"maxReplicas": 2, "template": tpl}
     return api.parse_spec(
         {
             "engine": "vllm",
