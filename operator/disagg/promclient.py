@@ -151,8 +151,16 @@ async def _secret_value(kube: Kube, namespace: str, ref: api.SecretKeyRef, polic
 def _default_client(default_url: str | None) -> PromClient:
     if not default_url:
         raise QueryFailed("no Prometheus URL: the operator has no --prometheus-url")
-    # The operator-wide Prometheus (the chart passes its credentials as environment).
+    # The operator-wide Prometheus. The chart mounts its token Secret as a file (re-read here,
+    # so a rotated token takes effect); $DISAGG_PROMETHEUS_BEARER_TOKEN also works.
     token = os.environ.get("DISAGG_PROMETHEUS_BEARER_TOKEN") or None
+    token_file = os.environ.get("DISAGG_PROMETHEUS_BEARER_TOKEN_FILE")
+    if token_file:
+        try:
+            with open(token_file) as f:
+                token = f.read().strip() or None
+        except OSError as exc:
+            raise QueryFailed(f"cannot read the Prometheus token file ({type(exc).__name__})") from None
     insecure = os.environ.get("DISAGG_PROMETHEUS_INSECURE_SKIP_VERIFY", "").lower() in ("1", "true", "yes")
     key: tuple = (default_url, token, insecure, None)
     if key not in _cache:

@@ -273,10 +273,12 @@ def test_render_all_on(helm_bin: str) -> None:
     assert "--verbose" in args
     env = {e["name"]: e for e in c["env"]}
     assert env["DISAGG_PROMETHEUS_URL"]["value"] == values["prometheus"]["url"]
-    assert env["DISAGG_PROMETHEUS_BEARER_TOKEN"]["valueFrom"]["secretKeyRef"] == {
-        "name": "prometheus-token",
-        "key": "token",
-    }
+    token_file = env["DISAGG_PROMETHEUS_BEARER_TOKEN_FILE"]["value"]
+    (vol,) = [v for v in dep["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    assert vol["secret"]["secretName"] == "prometheus-token"
+    assert vol["secret"]["items"] == [{"key": "token", "path": "token"}]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
+    assert token_file == mount["mountPath"] + "/token" and mount["readOnly"] is True
     assert c["livenessProbe"]["httpGet"]["port"] == "liveness"
     assert {p["name"]: p["containerPort"] for p in c["ports"]}["liveness"] == 9092
     (sm,) = by_kind(docs, "ServiceMonitor")

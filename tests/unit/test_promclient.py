@@ -150,3 +150,13 @@ def test_no_secret_is_read_for_a_url_that_is_not_allowed():
             kube, prom_cfg("http://attacker:9090"), promclient.AccessPolicy(("http://prom.team-a:9090",))
         )
     assert kube.reads == []
+
+
+def test_operator_token_is_read_from_the_mounted_file(tmp_path, monkeypatch):
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file\n")
+    monkeypatch.delenv("DISAGG_PROMETHEUS_BEARER_TOKEN", raising=False)
+    monkeypatch.setenv("DISAGG_PROMETHEUS_BEARER_TOKEN_FILE", str(token_file))
+    promclient._cache.clear()
+    c = promclient._default_client("http://default:9090")
+    assert c._session.headers["Authorization"] == "Bearer from-file"
