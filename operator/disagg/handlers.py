@@ -20,7 +20,8 @@ from typing import Any
 
 import kopf
 
-from disagg import api, builders, reconcile
+from disagg import api, builders, health, reconcile
+from disagg.health import Health
 from disagg.kube import Kube, NotFound, login_settings
 from disagg.leader import LeaderElector
 
@@ -31,6 +32,8 @@ class State:
     kube: Kube | None = None
     tasks: list[asyncio.Task] = []
     options: dict[str, Any] = {}
+    health = Health()
+    health_runner: Any = None
 
 
 def kube() -> Kube:
@@ -57,6 +60,10 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 150
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = 30
+    port = State.options.get("health_port")
+    if port and State.health_runner is None:
+        # Before anything that can wait (the Lease): a standby must answer its liveness probe.
+        State.health_runner = await health.serve(State.health, State.options.get("bind", "127.0.0.1"), port)
     State.kube = await Kube.connect(State.options.get("kubeconfig"))
     election = State.options.get("leader_election")
     if election:
@@ -67,6 +74,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     hook = State.options.get("on_startup")
     if hook:
         await hook(State)
+    State.health.leading = True  # readiness: this replica acts (holds the Lease, or no election)
 
 
 @kopf.on.cleanup()
@@ -78,6 +86,10 @@ async def cleanup(**_: Any) -> None:
     if State.kube:
         await State.kube.close()
         State.kube = None
+    State.health.leading = False
+    if State.health_runner is not None:
+        await State.health_runner.cleanup()
+        State.health_runner = None
 
 
 async def reconcile_owner(namespace: str, name: str) -> None:

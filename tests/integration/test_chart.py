@@ -220,7 +220,7 @@ def test_exposure_defaults(helm_bin: str) -> None:
     args = c["args"]
     assert args[args.index("--dashboard-port") + 1] == "0"  # the dashboard is off
     assert {p["name"] for p in c["ports"]} == {"metrics", "liveness"}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "liveness"}
     (svc,) = by_kind(docs, "Service")
     assert [p["name"] for p in svc["spec"]["ports"]] == ["metrics"]
     (np,) = by_kind(docs, "NetworkPolicy")

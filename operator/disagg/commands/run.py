@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--liveness-port",
         type=int,
         default=8082,
-        help="port of Kopf's liveness probe /healthz (0 disables; default 8082)",
+        help="port of the probes: /healthz (alive, from start-up on) and /readyz (this replica "
+        "acts: it holds the Lease or runs without election); 0 disables; default 8082",
     )
     p.add_argument(
         "--bind",
@@ -105,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         "metrics_port": args.metrics_port,
         "dashboard_port": args.dashboard_port,
         "bind": args.bind,
+        "health_port": args.liveness_port,
         "autoscaler": not args.no_autoscaler,
         "prometheus_url": args.prometheus_url,
         "namespaces": list(args.namespace),
@@ -120,11 +122,11 @@ def run(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         if exc.name != "disagg.runtime":
             raise
-    liveness = f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port else None
+    # The probes are the operator's own (disagg.health), served before the Lease is held;
+    # Kopf's liveness endpoint would start only after start-up, i.e. never on a standby.
     kopf.run(
         standalone=True,
         clusterwide=not args.namespace,
         namespaces=args.namespace or (),
-        liveness_endpoint=liveness,
     )
     return 0
