@@ -38,6 +38,8 @@ export KWOK_WORKDIR="${STATE}/kwok"
 # Nothing below may fall back to the user's kubeconfig: kubectl gets --kubeconfig explicitly,
 # and kwokctl's own default follows $KUBECONFIG, so point it at the state dir too.
 export KUBECONFIG="${KUBECONFIG_PATH}"
+# kubectl's discovery cache too (it defaults to ~/.kube/cache).
+export KUBECACHEDIR="${STATE}/kube-cache"
 
 log() { echo "[cluster] $*" >&2; }
 die() { echo "hack/cluster.sh: ERROR: $*" >&2; exit 1; }

@@ -165,11 +165,18 @@ POOL_RULES = [
 ]
 
 
+#: The GPU resource as a CEL field name (Kubernetes escapes '.' and '/' in property names).
+_GPU_FIELD = GPU_RESOURCE.replace(".", "__dot__").replace("/", "__slash__")
+
+
 def _gpu_quantity_ok(quantities: str) -> str:
-    """CEL: `quantities` (a container's limits or requests) sets no GPUs or exactly gpusPerReplica."""
+    """CEL: `quantities` (a container's limits or requests) sets no GPUs or exactly gpusPerReplica.
+
+    The quantity is an int or a string ("8"): equal to gpusPerReplica in either form.
+    """
+    q = f"{quantities}.{_GPU_FIELD}"
     return (
-        f"!has({quantities}) || !('{GPU_RESOURCE}' in {quantities}) || "
-        f"string({quantities}['{GPU_RESOURCE}']) == string(self.gpusPerReplica)"
+        f"!has({quantities}) || !has({q}) || {q} == self.gpusPerReplica || {q} == string(self.gpusPerReplica)"
     )
 
 
@@ -216,7 +223,6 @@ NAME_RULES = [
         f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && "
         f"self.metadata.name.matches('{DNS1035_LABEL_PATTERN}')",
         MSG_NAME,
-        field_path=".metadata.name",
     )
 ]
 
@@ -254,8 +260,15 @@ FreeForm = Annotated[
 _QUANTITIES = {
     "type": "object",
     "description": "Quantities by resource name; nvidia.com/gpu, if set, must equal gpusPerReplica.",
-    "maxProperties": 64,
-    "additionalProperties": {"x-kubernetes-int-or-string": True},
+    "x-kubernetes-preserve-unknown-fields": True,
+    # Typed (and short) so the CEL rule's cost is bounded; other resources are kept as they are.
+    "properties": {
+        GPU_RESOURCE: {
+            "x-kubernetes-int-or-string": True,
+            "maxLength": 8,
+            "description": "Whole GPUs per container.",
+        }
+    },
 }
 
 #: A full PodTemplateSpec, kept verbatim (validated by the Deployment it ends up in). Only the
