@@ -193,5 +193,7 @@ def test_bad_kubeconfig_is_not_replaced_by_home_admin(cluster, crd, namespace, t
         assert children(cluster, namespace, "badlogin") == [], log.read_text(errors="replace")
         text = log.read_text(errors="replace")
         assert "401" in text or "Unauthorized" in text or "LoginError" in text, text
+        # Kopf's watches did not receive the object: they did not log in as ~/.kube/config's admin.
+        assert "on_disaggdeployment" not in text, text
     finally:
         stop(proc)
