@@ -55,6 +55,9 @@ async def login(**_: Any) -> kopf.ConnectionInfo:
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.peering.standalone = True
+    # No cluster-wide scanning of CRDs and namespaces: the resources are known (API discovery at
+    # start-up) and the namespaces are given exactly, so the chart grants no list on either.
+    settings.scanning.disabled = True
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150

@@ -408,7 +408,8 @@ def test_install_and_uninstall(cluster, crd, helm_bin: str, namespace: str) -> N
         assert dep["spec"]["strategy"]["type"] == "Recreate"
         cluster.get_json("serviceaccount", full, "-n", namespace)
         svc = cluster.get_json("service", full, "-n", namespace)
-        assert {p["name"] for p in svc["spec"]["ports"]} == {"metrics", "dashboard"}
+        assert {p["name"] for p in svc["spec"]["ports"]} == {"metrics"}  # the dashboard is off by default
+        cluster.get_json("networkpolicy", full, "-n", namespace)
         cr = cluster.get_json("clusterrole", cluster_name)
         assert rel in cr["metadata"]["name"]
         crb = cluster.get_json("clusterrolebinding", cluster_name)
@@ -431,7 +432,7 @@ def test_install_and_uninstall(cluster, crd, helm_bin: str, namespace: str) -> N
             node["status"]["nodeInfo"]["kubeletVersion"].startswith("kwok")
         )
         sa = cluster.kubectl(
-            "auth", "can-i", "patch", "disaggdeployments.disagg.dev", "-n", "default",
+            "auth", "can-i", "list", "disaggdeployments.disagg.dev", "-n", "default",
             f"--as=system:serviceaccount:{namespace}:{full}", check=False,
         )  # fmt: skip
         assert sa.stdout.strip() == "yes", "cluster-wide install grants every namespace"

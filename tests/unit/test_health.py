@@ -62,6 +62,7 @@ def test_startup_serves_probes_before_waiting_for_the_lease(monkeypatch):
             pass
 
         peering = _NS()
+        scanning = _NS()
         posting = _NS()
         watching = _NS()
         networking = _NS()
