@@ -17,7 +17,11 @@
 #   DISAGG_NODE_MEMORY    memory per node                  (default: 1Ti)
 #   DISAGG_STATE_DIR      state (kwokctl workdir, kubeconfig)
 #                         (default: ~/.cache/disagg-operator/state)
-# The kubeconfig is written to ${DISAGG_STATE_DIR}/<name>.kubeconfig.
+# The kubeconfig is written to ${DISAGG_STATE_DIR}/<name>.kubeconfig, and nowhere else:
+# kwokctl's create and delete default to adding/removing the cluster's context in
+# ~/.kube/config (or $KUBECONFIG) and making it current, so every kwokctl call that takes
+# --kubeconfig gets the state-dir file. The user's own kubeconfig is never read or written
+# (tests/integration/test_kubeconfig_isolation.py checks it stays byte-identical).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -31,6 +35,11 @@ NODE_MEM="${DISAGG_NODE_MEMORY:-1Ti}"
 STATE="${DISAGG_STATE_DIR:-${HOME}/.cache/disagg-operator/state}"
 KUBECONFIG_PATH="${STATE}/${NAME}.kubeconfig"
 export KWOK_WORKDIR="${STATE}/kwok"
+# Nothing below may fall back to the user's kubeconfig: kubectl gets --kubeconfig explicitly,
+# and kwokctl's own default follows $KUBECONFIG, so point it at the state dir too.
+export KUBECONFIG="${KUBECONFIG_PATH}"
+# kubectl's discovery cache too (it defaults to ~/.kube/cache).
+export KUBECACHEDIR="${STATE}/kube-cache"
 
 log() { echo "[cluster] $*" >&2; }
 die() { echo "hack/cluster.sh: ERROR: $*" >&2; exit 1; }
@@ -141,13 +150,14 @@ up() {
       # safer than restarting half-dead components.
       log "cluster '${NAME}' exists but is not serving: recreating it"
       kill_leftovers
-      kwokctl delete cluster --name "${NAME}" >&2 || true
+      kwokctl delete cluster --name "${NAME}" --kubeconfig "${KUBECONFIG_PATH}" >&2 || true
     fi
     if ! is_running; then
       local cfg
       cfg="$(write_config)"
       log "creating cluster '${NAME}' (Kubernetes ${KUBE_VERSION}, kwok ${KWOK_VERSION}, binary runtime, 127.0.0.1)"
-      kwokctl create cluster --name "${NAME}" --config "${cfg}" --wait 90s >&2 \
+      mkdir -p "${STATE}"
+      kwokctl create cluster --name "${NAME}" --config "${cfg}" --kubeconfig "${KUBECONFIG_PATH}" --wait 90s >&2 \
         || die "kwokctl could not create the cluster; see the messages above and the logs in ${KWOK_WORKDIR}/clusters/${NAME}/logs. 'make cluster-down' and retry."
     fi
     kwokctl get kubeconfig --name "${NAME}" > "${KUBECONFIG_PATH}.tmp"
@@ -172,7 +182,7 @@ down() {
   kill_leftovers
   if [[ -x "${BIN}/kwokctl" ]] && kwokctl get clusters 2>/dev/null | grep -qx "${NAME}"; then
     log "deleting cluster '${NAME}'"
-    kwokctl delete cluster --name "${NAME}" >&2 || true
+    kwokctl delete cluster --name "${NAME}" --kubeconfig "${KUBECONFIG_PATH}" >&2 || true
   else
     log "no cluster '${NAME}' to delete"
   fi

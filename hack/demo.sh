@@ -103,7 +103,8 @@ print(json.dumps(spec))
 PY
 
   start_bg operator disagg run --kubeconfig "${STATE}/operator.kubeconfig" --namespace "${NS}" \
-    --metrics-port "${METRICS_PORT}" --dashboard-port "${DASH_PORT}" --liveness-port 8082
+    --metrics-port "${METRICS_PORT}" --dashboard-port "${DASH_PORT}" --liveness-port 8082 \
+    --allow-prometheus-url "http://127.0.0.1:${PROM_PORT}"
 
   start_bg emulator disagg emulate --kubeconfig "${KUBECONFIG}" --namespace "${NS}" \
     --metrics-port "${EMU_PORT}" --schedule "${SCHEDULE}" --input-tokens 3000 --input-tokens-std 1500 \

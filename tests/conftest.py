@@ -88,9 +88,17 @@ class Cluster:
         raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
 
 
+def user_kubeconfig_state() -> bytes | None:
+    """The bytes of the user's ~/.kube/config, or None when there is none."""
+    path = Path.home() / ".kube" / "config"
+    return path.read_bytes() if path.is_file() else None
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     binp = tools_bin()
+    # The local cluster must never touch the user's kubeconfig (checked when the session ends).
+    kubeconfig_before = user_kubeconfig_state()
     status = subprocess.run([str(HACK / "cluster.sh"), "status"], capture_output=True, text=True)
     started = status.returncode != 0
     up = subprocess.run([str(HACK / "cluster.sh"), "up"], capture_output=True, text=True, timeout=900)
@@ -100,6 +108,7 @@ def cluster() -> Iterator[Cluster]:
     yield c
     if started and os.environ.get("DISAGG_KEEP_CLUSTER") != "1":
         subprocess.run([str(HACK / "cluster.sh"), "down"], capture_output=True, text=True)
+    assert user_kubeconfig_state() == kubeconfig_before, "the tests changed the user's kubeconfig"
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ Pure module: no kopf, no kubernetes client, no HTTP.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -36,6 +37,9 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 
 #: Pool names in pipeline order (`colocated` replaces prefill+decode); defined in disagg.names.
 POOL_NAMES = names.POOL_NAMES
+
+#: Extended resource of one GPU (the device plugin's name).
+GPU_RESOURCE = "nvidia.com/gpu"
 
 # Upper bounds keep CEL cost estimates low and integer arithmetic far from overflow.
 MAX_REPLICAS = 10_000
@@ -57,7 +61,34 @@ MSG_DISAGG_NEEDS_PD = (
 )
 MSG_DISAGG_FORBIDS_COLOCATED = "pools.colocated is only allowed with placement.mode 'colocated'"
 MSG_GPU_BUDGET = "autoscaling.gpuBudget must be at least the sum over pools of minReplicas * gpusPerReplica"
+MSG_TEMPLATE_SPEC = "template.spec is required (a core/v1 PodTemplateSpec: metadata and spec)"
 MSG_TEMPLATE_CONTAINERS = "template.spec.containers must list at least one container"
+MSG_CONTAINER_IMAGE = "every container of template.spec.containers needs a name and a non-empty image"
+MSG_GPUS_DISAGREE = (
+    "gpusPerReplica must equal the nvidia.com/gpu that the template's containers request or limit "
+    "(the planner and the GPU budget count gpusPerReplica): set both to the same number, or leave "
+    "nvidia.com/gpu out of the template and the operator adds gpusPerReplica"
+)
+MSG_WINDOW_VS_SCRAPE = (
+    "autoscaling.metricWindowSeconds must be at least twice scrapeIntervalSeconds: "
+    "a rate needs two samples in its window"
+)
+MSG_PROMETHEUS_URL = "autoscaling.prometheus.url must be an http:// or https:// URL with a host, e.g. http://prometheus.monitoring:9090"
+
+# Names. Every child is named <name>-<pool> (disagg.builders.child_name) and must be a valid
+# Service name (RFC 1035 label: lowercase letters, digits and '-', starting with a letter,
+# at most 63 characters); <name> is also a label value (at most 63). So the longest
+# DisaggDeployment name leaves room for the longest "-<pool>" suffix.
+DNS1035_LABEL_MAX = 63
+DNS1035_LABEL_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+#: Longest "-<pool>" suffix the builders append to a DisaggDeployment's name.
+LONGEST_CHILD_SUFFIX = max(len(f"-{pool}") for pool in POOL_NAMES)
+MAX_NAME_LENGTH = DNS1035_LABEL_MAX - LONGEST_CHILD_SUFFIX
+MSG_NAME = (
+    f"metadata.name must be at most {MAX_NAME_LENGTH} characters of lowercase letters, digits and '-', "
+    "starting with a letter and ending with a letter or digit (no dots): it names the pools' "
+    f"Services <name>-<pool>, which must be DNS-1035 labels of at most {DNS1035_LABEL_MAX} characters"
+)
 
 
 def cel(rule: str, message: str, reason: str | None = None, field_path: str | None = None) -> dict[str, Any]:
@@ -110,6 +141,76 @@ POOL_RULES = [
     ),
 ]
 
+
+#: The GPU resource as a CEL field name (Kubernetes escapes '.' and '/' in property names).
+_GPU_FIELD = GPU_RESOURCE.replace(".", "__dot__").replace("/", "__slash__")
+
+
+def _gpu_quantity_ok(quantities: str) -> str:
+    """CEL: `quantities` (a container's limits or requests) sets no GPUs or exactly gpusPerReplica.
+
+    The quantity is an int or a string ("8"): equal to gpusPerReplica in either form.
+    """
+    q = f"{quantities}.{_GPU_FIELD}"
+    return (
+        f"!has({quantities}) || !has({q}) || {q} == self.gpusPerReplica || {q} == string(self.gpusPerReplica)"
+    )
+
+
+POOL_RULES.append(
+    cel(
+        "!has(self.template.spec) || !has(self.template.spec.containers) || "
+        "self.template.spec.containers.all(c, !has(c.resources) || "
+        f"(({_gpu_quantity_ok('c.resources.limits')}) && ({_gpu_quantity_ok('c.resources.requests')})))",
+        MSG_GPUS_DISAGREE,
+        field_path=".gpusPerReplica",
+    )
+)
+
+TEMPLATE_RULES = [
+    cel("has(self.spec)", MSG_TEMPLATE_SPEC),
+]
+TEMPLATE_SPEC_RULES = [
+    cel("has(self.containers) && self.containers.size() > 0", MSG_TEMPLATE_CONTAINERS),
+]
+CONTAINER_RULES = [
+    cel(
+        "has(self.name) && self.name != '' && has(self.image) && self.image.trim() != ''", MSG_CONTAINER_IMAGE
+    ),
+]
+
+AUTOSCALING_RULES = [
+    cel(
+        "!has(self.metricWindowSeconds) || !has(self.scrapeIntervalSeconds) || "
+        "self.metricWindowSeconds >= 2 * self.scrapeIntervalSeconds",
+        MSG_WINDOW_VS_SCRAPE,
+        field_path=".metricWindowSeconds",
+    )
+]
+
+#: scheme://host[:port][/path], no spaces, query or fragment.
+PROMETHEUS_URL_PATTERN = "^https?://[-A-Za-z0-9.:]+(/[^ ?#]*)?$"
+PROMETHEUS_RULES = [
+    cel(f"self.url.matches('{PROMETHEUS_URL_PATTERN}')", MSG_PROMETHEUS_URL, field_path=".url"),
+]
+
+#: Applied to the whole object (crdgen puts them at the root of the schema).
+NAME_RULES = [
+    cel(
+        f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && "
+        f"self.metadata.name.matches('{DNS1035_LABEL_PATTERN}')",
+        MSG_NAME,
+    )
+]
+
+
+def name_error(name: str) -> str | None:
+    """Why `name` cannot name a DisaggDeployment (the NAME_RULES check, offline), or None."""
+    if len(name) > MAX_NAME_LENGTH or not re.fullmatch(DNS1035_LABEL_PATTERN, name):
+        return MSG_NAME
+    return None
+
+
 DRAIN_RULES = [
     cel(
         # has(): the API server also checks the `default: {}` itself, before nested defaults apply.
@@ -132,18 +233,74 @@ FreeForm = Annotated[
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
 
-#: A full PodTemplateSpec, kept verbatim (validated by the Deployment it ends up in).
+#: Resource quantities (limits or requests): quantity strings or integers by resource name.
+_QUANTITIES = {
+    "type": "object",
+    "description": "Quantities by resource name; nvidia.com/gpu, if set, must equal gpusPerReplica.",
+    "x-kubernetes-preserve-unknown-fields": True,
+    # Typed (and short) so the CEL rule's cost is bounded; other resources are kept as they are.
+    "properties": {
+        GPU_RESOURCE: {
+            "x-kubernetes-int-or-string": True,
+            "maxLength": 8,
+            "description": "Whole GPUs per container.",
+        }
+    },
+}
+
+#: A full PodTemplateSpec, kept verbatim (validated by the Deployment it ends up in). Only the
+#: parts the operator relies on are typed, so the API server can check them at admission:
+#: a spec, at least one container, each with a name and an image, and its GPU quantities.
 PodTemplate = Annotated[
     dict[str, Any],
     WithJsonSchema(
         {
             "type": "object",
             "x-kubernetes-preserve-unknown-fields": True,
+            "x-kubernetes-validations": TEMPLATE_RULES,
             "description": (
                 "Pod template of the pool's workers (a core/v1 PodTemplateSpec: metadata and spec). "
                 "The operator adds its labels, a readiness gate of type disagg.dev/routable and, unless "
-                "set, nvidia.com/gpu requests and limits on the engine container."
+                "set, nvidia.com/gpu requests and limits of gpusPerReplica on the engine container."
             ),
+            "properties": {
+                "spec": {
+                    "type": "object",
+                    "description": "The workers' core/v1 PodSpec.",
+                    "x-kubernetes-preserve-unknown-fields": True,
+                    "x-kubernetes-validations": TEMPLATE_SPEC_RULES,
+                    "properties": {
+                        "containers": {
+                            "type": "array",
+                            "description": "At least one container, each with a name and an image.",
+                            "maxItems": 32,
+                            "items": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                                "x-kubernetes-validations": CONTAINER_RULES,
+                                "properties": {
+                                    "name": {
+                                        "type": "string",
+                                        "maxLength": 253,
+                                        "description": "Container name.",
+                                    },
+                                    "image": {
+                                        "type": "string",
+                                        "maxLength": 4096,
+                                        "description": "Container image.",
+                                    },
+                                    "resources": {
+                                        "type": "object",
+                                        "description": "Compute resources of the container.",
+                                        "x-kubernetes-preserve-unknown-fields": True,
+                                        "properties": {"limits": _QUANTITIES, "requests": _QUANTITIES},
+                                    },
+                                },
+                            },
+                        }
+                    },
+                }
+            },
         }
     ),
 ]
@@ -301,9 +458,19 @@ class Pool(_Model):
     @field_validator("template")
     @classmethod
     def _check_template(cls, v: dict[str, Any]) -> dict[str, Any]:
-        containers = (v.get("spec") or {}).get("containers")
+        if not isinstance(v.get("spec"), dict):
+            raise ValueError(MSG_TEMPLATE_SPEC)
+        containers = v["spec"].get("containers")
         if not isinstance(containers, list) or not containers:
             raise ValueError(MSG_TEMPLATE_CONTAINERS)
+        for c in containers:
+            if not (
+                isinstance(c, dict)
+                and c.get("name")
+                and isinstance(c.get("image"), str)
+                and c["image"].strip()
+            ):
+                raise ValueError(MSG_CONTAINER_IMAGE)
         return v
 
     @model_validator(mode="after")
@@ -312,11 +479,25 @@ class Pool(_Model):
             raise ValueError(MSG_MIN_LE_MAX)
         if self.replicas is not None and not (self.min_replicas <= self.replicas <= self.max_replicas):
             raise ValueError(MSG_REPLICAS_IN_RANGE)
+        if any(q != str(self.gpus_per_replica) for q in template_gpus(self.template)):
+            raise ValueError(MSG_GPUS_DISAGREE)
         return self
 
     @property
     def initial_replicas(self) -> int:
         return self.min_replicas if self.replicas is None else self.replicas
+
+
+def template_gpus(template: dict[str, Any]) -> list[str]:
+    """Every nvidia.com/gpu quantity the template's containers request or limit, as text."""
+    out = []
+    for c in (template.get("spec") or {}).get("containers") or []:
+        resources = (c.get("resources") if isinstance(c, dict) else None) or {}
+        for part in ("limits", "requests"):
+            quantities = resources.get(part) or {}
+            if GPU_RESOURCE in quantities:
+                out.append(str(quantities[GPU_RESOURCE]))
+    return out
 
 
 class EncoderPool(Pool):
@@ -445,6 +626,15 @@ class PrometheusConfig(_Model):
     bearer_token_secret_ref: SecretKeyRef | None = Field(None, description="Bearer token for the API.")
     tls: PrometheusTLS | None = Field(None, description="TLS settings.")
 
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": PROMETHEUS_RULES})
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, v: str) -> str:
+        if not re.fullmatch(PROMETHEUS_URL_PATTERN, v):
+            raise ValueError(MSG_PROMETHEUS_URL)
+        return v
+
 
 class Autoscaling(_Model):
     """Autoscaler settings."""
@@ -504,6 +694,14 @@ class Autoscaling(_Model):
         max_length=32,
         description="PromQL overrides by query name (see docs/metrics.md); the engine preset fills the rest.",
     )
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": AUTOSCALING_RULES})
+
+    @model_validator(mode="after")
+    def _check_window(self) -> Autoscaling:
+        if self.metric_window_seconds < 2 * self.scrape_interval_seconds:
+            raise ValueError(MSG_WINDOW_VS_SCRAPE)
+        return self
 
 
 class DisaggDeploymentSpec(_Model):
@@ -598,7 +796,7 @@ class DisaggDeploymentStatus(_Status):
     conditions: list[Condition] | None = Field(
         None,
         max_length=16,
-        description="Ready, Progressing, Degraded, MetricsAvailable, Draining, BudgetLimited, InvalidSpec.",
+        description=", ".join(names.CONDITION_TYPES) + ".",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     pools: dict[str, PoolStatus] | None = Field(
@@ -623,6 +821,75 @@ class DisaggDeploymentStatus(_Status):
 def parse_spec(spec: dict[str, Any]) -> DisaggDeploymentSpec:
     """Validate a spec dict (camelCase, as stored by the API server)."""
     return DisaggDeploymentSpec.model_validate(spec)
+
+
+def spec_warnings(spec: DisaggDeploymentSpec) -> list[tuple[str, str]]:
+    """Values that are allowed but probably mistakes, as (field path, why) pairs.
+
+    What can never work is refused by the rules above; these can work, so the operator
+    accepts them and reports a Warning condition and Event naming the field.
+    """
+    out: list[tuple[str, str]] = []
+    a = spec.autoscaling
+    if a.metric_window_seconds < 4 * a.scrape_interval_seconds:
+        out.append(
+            (
+                "spec.autoscaling.metricWindowSeconds",
+                f"{a.metric_window_seconds} s holds fewer than 4 scrapes of {a.scrape_interval_seconds} s: "
+                "one missed scrape leaves a rate with no samples and the autoscaler holds",
+            )
+        )
+    if a.interval_seconds < a.scrape_interval_seconds:
+        out.append(
+            (
+                "spec.autoscaling.intervalSeconds",
+                f"{a.interval_seconds} s is shorter than the scrape interval ({a.scrape_interval_seconds} s): "
+                "decisions repeat on the same samples",
+            )
+        )
+    if a.enabled and 0 < a.scale_down_stabilization_seconds < a.interval_seconds:
+        out.append(
+            (
+                "spec.autoscaling.scaleDownStabilizationSeconds",
+                f"{a.scale_down_stabilization_seconds} s is shorter than one decision interval "
+                f"({a.interval_seconds} s): it stabilizes nothing",
+            )
+        )
+    if spec.slo.ttft_seconds > 60:
+        out.append(
+            (
+                "spec.slo.ttftSeconds",
+                f"{spec.slo.ttft_seconds:g} seconds to the first token; is it milliseconds?",
+            )
+        )
+    if spec.slo.itl_seconds > 5:
+        out.append(
+            ("spec.slo.itlSeconds", f"{spec.slo.itl_seconds:g} seconds between tokens; is it milliseconds?")
+        )
+    if spec.placement.mode != "conditional" and spec.placement.split_threshold_tokens != "auto":
+        out.append(
+            (
+                "spec.placement.splitThresholdTokens",
+                f"only used by placement.mode 'conditional', not {spec.placement.mode!r}",
+            )
+        )
+    prom = a.prometheus
+    if prom is not None and prom.url.startswith("http://"):
+        if prom.bearer_token_secret_ref is not None:
+            out.append(
+                ("spec.autoscaling.prometheus.url", "a bearer token would be sent in clear text over http://")
+            )
+        if prom.tls is not None:
+            out.append(("spec.autoscaling.prometheus.tls", "TLS settings are unused with an http:// URL"))
+    for name, pool in pools(spec).items():
+        if a.enabled and pool.min_replicas == pool.max_replicas:
+            out.append(
+                (
+                    f"spec.pools.{name}.maxReplicas",
+                    f"equals minReplicas ({pool.min_replicas}): the autoscaler cannot resize this pool",
+                )
+            )
+    return out
 
 
 def pool_names(spec: DisaggDeploymentSpec) -> list[str]:

@@ -23,7 +23,7 @@ from typing import Any
 from disagg import api
 from disagg.names import ANNOTATION_TEMPLATE_HASH, LABEL_DEPLOYMENT, LABEL_POOL, MANAGER, READINESS_GATE
 
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = api.GPU_RESOURCE
 PART_OF = "disagg"
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_METRICS_PORT = 9090

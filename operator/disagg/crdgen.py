@@ -130,6 +130,8 @@ def openapi_schema() -> dict[str, Any]:
             "from Prometheus metrics under latency SLOs and a GPU budget."
         ),
         "required": ["spec"],
+        # metadata.name is only reachable from the root; the rule keeps every child name valid.
+        "x-kubernetes-validations": api.NAME_RULES,
         "properties": {
             "apiVersion": {
                 "type": "string",

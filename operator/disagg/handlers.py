@@ -20,8 +20,9 @@ from typing import Any
 
 import kopf
 
-from disagg import api, loop, names, reconcile
-from disagg.kube import Kube, NotFound
+from disagg import api, health, loop, names, reconcile
+from disagg.health import Health
+from disagg.kube import Kube, NotFound, login_settings
 from disagg.leader import LeaderElector
 
 log = logging.getLogger("disagg.handlers")
@@ -31,6 +32,8 @@ class State:
     kube: Kube | None = None
     tasks: list[asyncio.Task] = []
     options: dict[str, Any] = {}
+    health = Health()
+    health_runner: Any = None
 
 
 def kube() -> Kube:
@@ -38,15 +41,33 @@ def kube() -> Kube:
     return State.kube
 
 
+@kopf.on.login(retries=3, backoff=1.0)
+async def login(**_: Any) -> kopf.ConnectionInfo:
+    """Kopf's watches use exactly the credentials of the operator's own client (disagg.kube).
+
+    Defining this handler replaces Kopf's default login, which reads ~/.kube/config or
+    $KUBECONFIG on its own and could watch another cluster than the one the operator writes to.
+    Kopf calls it again when the API server answers 401 (e.g. a rotated service-account token).
+    """
+    return kopf.ConnectionInfo(**await login_settings(State.options.get("kubeconfig")))
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.peering.standalone = True
+    # No cluster-wide scanning of CRDs and namespaces: the resources are known (API discovery at
+    # start-up) and the namespaces are given exactly, so the chart grants no list on either.
+    settings.scanning.disabled = True
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = 30
-    State.kube = await Kube.connect(os.environ.get("KUBECONFIG") or None)
+    port = State.options.get("health_port")
+    if port and State.health_runner is None:
+        # Before anything that can wait (the Lease): a standby must answer its liveness probe.
+        State.health_runner = await health.serve(State.health, State.options.get("bind", "127.0.0.1"), port)
+    State.kube = await Kube.connect(State.options.get("kubeconfig"))
     election = State.options.get("leader_election")
     if election:
         # Watches start only after this handler returns: a standby does nothing at all.
@@ -56,6 +77,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     hook = State.options.get("on_startup")
     if hook:
         await hook(State)
+    State.health.leading = True  # readiness: this replica acts (holds the Lease, or no election)
 
 
 @kopf.on.cleanup()
@@ -67,6 +89,10 @@ async def cleanup(**_: Any) -> None:
     if State.kube:
         await State.kube.close()
         State.kube = None
+    State.health.leading = False
+    if State.health_runner is not None:
+        await State.health_runner.cleanup()
+        State.health_runner = None
 
 
 async def reconcile_owner(namespace: str, name: str) -> None:

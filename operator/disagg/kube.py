@@ -8,6 +8,7 @@ awaited on Kopf's event loop; nothing here blocks it.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import logging
@@ -15,6 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -23,6 +25,19 @@ from disagg.api import GROUP, KIND, PLURAL, VERSION
 log = logging.getLogger("disagg.kube")
 
 FIELD_MANAGER = "disagg-operator"
+
+#: Longest wait for one API call (connect + answer): a black-holed API server cannot hold a
+#: reconcile, the autoscaler or the dashboard for longer.
+REQUEST_TIMEOUT_S = 10.0
+#: Lease calls answer within this or fail, so renewing leadership is never starved (the
+#: elector renews every few seconds and gives up before its Lease could expire).
+LEASE_REQUEST_TIMEOUT_S = 2.0
+#: Attempts of an idempotent call (GET, PATCH, DELETE) on a timeout, a dropped connection or
+#: a 429/5xx, waiting RETRY_BACKOFF_S, then twice that, between attempts. POST is never repeated.
+ATTEMPTS = 3
+RETRY_BACKOFF_S = 0.5
+RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+IDEMPOTENT_METHODS = frozenset({"GET", "PATCH", "DELETE"})
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,49 @@ def resource_for(obj_or_kind: dict | str) -> Resource:
         raise ValueError(f"disagg.kube does not handle kind {kind!r}") from None
 
 
+async def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
+    """The one place the operator's credentials come from (its own client and Kopf's login alike).
+
+    `kubeconfig` if given; else the in-cluster service account when running in a pod
+    without $KUBECONFIG; else $KUBECONFIG or ~/.kube/config (current context).
+    """
+    cfg = client.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not (kubeconfig or os.environ.get("KUBECONFIG")):
+        config.load_incluster_config(client_configuration=cfg)
+    else:
+        try:
+            await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        except (config.ConfigException, OSError) as exc:
+            where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+            raise RuntimeError(
+                f"cannot load Kubernetes credentials from {where}: {exc}. "
+                "Pass --kubeconfig FILE, set $KUBECONFIG, or run in a pod with a service account."
+            ) from exc
+    return cfg
+
+
+async def login_settings(kubeconfig: str | None = None) -> dict[str, Any]:
+    """Keyword arguments of `kopf.ConnectionInfo` for the same credentials as `Kube.connect`.
+
+    Kopf's own login would read ~/.kube/config by itself, so its watches could use another
+    cluster or identity than the operator's writes; the handler in disagg.handlers uses this.
+    """
+    cfg = await load_configuration(kubeconfig)
+    if cfg.refresh_api_key_hook is not None:  # in-cluster: re-read a rotated token
+        cfg.refresh_api_key_hook(cfg)
+    auth = cfg.api_key.get("BearerToken")
+    scheme, _, credential = (auth or "").partition(" ")
+    return {
+        "server": cfg.host,
+        "ca_path": cfg.ssl_ca_cert or None,
+        "insecure": not cfg.verify_ssl,
+        "scheme": scheme or None,
+        "token": credential or None,
+        "certificate_path": cfg.cert_file or None,
+        "private_key_path": cfg.key_file or None,
+    }
+
+
 class NotFound(Exception):
     pass
 
@@ -90,14 +148,12 @@ class Kube:
         self.api = api
         self.field_manager = field_manager
         self.writes = 0  # count of mutating calls, for benchmarks and tests
+        self.retries = 0  # repeated attempts after a timeout, dropped connection or 429/5xx
+        self.request_timeout_s = REQUEST_TIMEOUT_S
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None, field_manager: str = FIELD_MANAGER) -> Kube:
-        cfg = client.Configuration()
-        if os.environ.get("KUBERNETES_SERVICE_HOST") and not (kubeconfig or os.environ.get("KUBECONFIG")):
-            config.load_incluster_config(client_configuration=cfg)
-        else:
-            await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        cfg = await load_configuration(kubeconfig)
         return cls(client.ApiClient(configuration=cfg), field_manager=field_manager)
 
     async def close(self) -> None:
@@ -114,28 +170,53 @@ class Kube:
         headers = {"Accept": "application/json", "Content-Type": content_type}
         if method != "GET":
             self.writes += 1
+        is_lease = "/leases" in path
+        timeout = LEASE_REQUEST_TIMEOUT_S if is_lease else self.request_timeout_s
+        attempts = ATTEMPTS if method in IDEMPOTENT_METHODS and not is_lease else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                resp = await self.api.call_api(
+                    path,
+                    method,
+                    query_params=query or [],
+                    header_params=headers,
+                    body=body,
+                    auth_settings=["BearerToken"],
+                    _preload_content=False,
+                    _return_http_data_only=True,
+                    _request_timeout=timeout,
+                )
+                raw = await asyncio.wait_for(resp.read(), timeout)
+                if resp.status not in RETRYABLE_STATUS or attempt == attempts:
+                    break
+                why = f"HTTP {resp.status}"
+            except ApiException as exc:
+                if exc.status == 404:
+                    raise NotFound(path) from exc
+                if exc.status == 409:
+                    raise Conflict(f"{path}: {exc.reason}") from exc
+                if exc.status not in RETRYABLE_STATUS or attempt == attempts:
+                    raise
+                why = f"{exc.status} {exc.reason}"
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                if attempt == attempts:
+                    raise ApiError(
+                        0,
+                        f"{method} {path}: no answer from the API server ({why}) after {attempts} attempt(s)",
+                    ) from exc
+            self.retries += 1
+            log.warning("%s %s failed (%s); attempt %d of %d", method, path, why, attempt + 1, attempts)
+            await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
         try:
-            resp = await self.api.call_api(
-                path,
-                method,
-                query_params=query or [],
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _return_http_data_only=True,
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                raise NotFound(path) from exc
-            if exc.status == 409:
-                raise Conflict(f"{path}: {exc.reason}") from exc
-            raise
-        raw = await resp.read()
-        data = json.loads(raw) if raw else {}
+            data = json.loads(raw) if raw else {}
+        except ValueError:  # a proxy's HTML error page, say
+            data = {}
         code = resp.status
         if not 200 <= code <= 299:
-            message = data.get("message") if isinstance(data, dict) else str(raw[:500])
+            message = (
+                data.get("message") if isinstance(data, dict) and data else raw[:200].decode(errors="replace")
+            )
             if code == 404:
                 raise NotFound(f"{path}: {message}")
             if code == 409:

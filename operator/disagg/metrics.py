@@ -87,13 +87,45 @@ def preset(engine: str) -> Preset:
         raise ValueError(f"unknown engine {engine!r}; known: {', '.join(sorted(PRESETS))}") from None
 
 
-def pool_selector(namespace: str, deployment: str, pool: str) -> str:
-    """Series of one pool: pods are named <deployment>-<pool>-<hash>-<id> by their Deployment.
+#: How Kubernetes names a pool's pods: the ReplicaSet is <deployment>-<pod-template-hash>
+#: (the hash is 1 to 10 lowercase letters and digits), its pods take generateName "<replicaset>-",
+#: cut to 58 characters, plus 5 random letters and digits, so a pod name has at most 63.
+POD_TEMPLATE_HASH_MAX = 10
+GENERATE_NAME_BASE_MAX = 58
+GENERATE_NAME_RANDOM = 5
 
-    Relies only on the `namespace` and `pod` labels that every Kubernetes scrape config
-    attaches, so no relabelling of a `pool` label is needed.
+
+def pod_name_regex(deployment_name: str) -> str:
+    """RE2 pattern of exactly the pod names a Deployment's ReplicaSets generate, truncation included.
+
+    Without truncation: <deployment>-<hash>-<5 random>. When the name is long, generateName is
+    cut before the random part, so the hash, its dash or even the end of the Deployment's name
+    may be missing; the pattern follows the cut instead of assuming the full prefix.
     """
-    return f'namespace="{namespace}",pod=~"{deployment}-{pool}-[a-z0-9]+-[a-z0-9]+"'
+    base = f"{deployment_name}-"
+    rand = f"[a-z0-9]{{{GENERATE_NAME_RANDOM}}}"
+    if len(base) >= GENERATE_NAME_BASE_MAX:
+        return _escape(base[:GENERATE_NAME_BASE_MAX]) + rand
+    room = GENERATE_NAME_BASE_MAX - len(base)  # characters left for "<hash>-"
+    if room > POD_TEMPLATE_HASH_MAX:
+        return f"{_escape(base)}[a-z0-9]{{1,{POD_TEMPLATE_HASH_MAX}}}-{rand}"
+    # Either "<hash>-" fits (hash shorter than `room`), or it is cut to `room` characters.
+    whole = f"[a-z0-9]{{1,{room - 1}}}-{rand}" if room > 1 else None
+    cut = f"[a-z0-9]{{{room + GENERATE_NAME_RANDOM}}}"
+    return f"{_escape(base)}({whole}|{cut})" if whole else f"{_escape(base)}{cut}"
+
+
+def _escape(text: str) -> str:
+    """A DNS name as an RE2 literal ('.' is the only special character such a name can hold)."""
+    return text.replace(".", "\\\\.")
+
+
+def pool_selector(namespace: str, deployment: str, pool: str) -> str:
+    """Series of one pool, selected by the `namespace` and `pod` labels every Kubernetes scrape
+    config attaches (no relabelling of a `pool` label is needed). The pod names are matched as
+    Kubernetes generates them, so long DisaggDeployment names, whose pod names are cut to 63
+    characters, still match (see pod_name_regex)."""
+    return f'namespace="{namespace}",pod=~"{pod_name_regex(f"{deployment}-{pool}")}"'
 
 
 @dataclass(frozen=True)
@@ -277,6 +309,14 @@ def build_queries(
     return q
 
 
+class QueryFailed(Exception):
+    """A Prometheus query that gave no answer, with a short message that is safe to show.
+
+    The message is built from fixed text and the HTTP status code only: a reply's body (which
+    whoever runs the endpoint controls) never reaches the object's status or its Events.
+    """
+
+
 class MetricError(ValueError):
     """A value that must be treated as missing."""
 
@@ -399,7 +439,9 @@ def build_snapshot(
         res = results.get(q.name)
         try:
             if isinstance(res, Exception):
-                raise MetricError(q.name, "missing", f"query failed: {type(res).__name__}: {res}"[:300])
+                # Only our own fixed wording is shown; any other error by its type alone.
+                detail = str(res) if isinstance(res, QueryFailed) else type(res).__name__
+                raise MetricError(q.name, "missing", f"query failed: {detail}"[:300])
             if q.kind == "scalar":
                 snap.values[q.name] = parse_scalar(res, q.name)
             elif q.kind == "buckets":

@@ -47,6 +47,8 @@ COND_DRAINING = "Draining"
 COND_BUDGET_LIMITED = "BudgetLimited"
 COND_INVALID_SPEC = "InvalidSpec"
 COND_DRAIN_HELD = "DrainHeld"  # a timed-out drain waits: its pod's work is unknown
+COND_RECONCILE_FAILED = "ReconcileFailed"  # a child write was refused (the API server's message)
+COND_WARNING = "Warning"  # the spec has unusual values (each named with its field)
 #: Every condition type written to status.conditions, in display order.
 CONDITION_TYPES = (
     COND_READY,
@@ -57,6 +59,8 @@ CONDITION_TYPES = (
     COND_BUDGET_LIMITED,
     COND_INVALID_SPEC,
     COND_DRAIN_HELD,
+    COND_RECONCILE_FAILED,
+    COND_WARNING,
 )
 
 # --------------------------------------------------------------------------- readiness-gate reasons

@@ -14,10 +14,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from disagg import api, builders, names, status
-from disagg.kube import Kube, NotFound
+from disagg.kube import ApiError, Conflict, Kube, NotFound
 
 log = logging.getLogger("disagg.reconcile")
 
@@ -124,10 +125,17 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], replicas: Mapping[str, 
     ns, name = meta["namespace"], meta["name"]
     generation = meta.get("generation")
     summary: dict[str, Any] = {"applied": [], "deleted": [], "statusWritten": False}
-    try:
-        spec = api.parse_spec(body.get("spec") or {})
-    except ValidationError as exc:
-        msg = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())[:1000]
+    # A name the API server would refuse for a child (objects stored before the CRD's name rule)
+    # is an invalid spec too: nothing is created rather than half the pools.
+    msg = api.name_error(name)
+    spec = None
+    if msg is None:
+        try:
+            spec = api.parse_spec(body.get("spec") or {})
+        except ValidationError as exc:
+            msg = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())[:1000]
+    if spec is None:
+        assert msg is not None
         conds = status.merge_conditions(
             (body.get("status") or {}).get("conditions"),
             [
@@ -143,6 +151,48 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], replicas: Mapping[str, 
         summary["statusWritten"] = written
         return summary
 
+    try:
+        return await _reconcile_valid(kube, body, spec, replicas, summary)
+    except (ApiError, ApiException, Conflict, NotFound) as exc:
+        # Whatever the API server refused reaches the object, not only the log.
+        detail = api_error_message(exc)
+        log.warning("reconcile of %s/%s failed: %s", ns, name, detail)
+        conds = status.merge_conditions(
+            (body.get("status") or {}).get("conditions"),
+            [status.condition(names.COND_RECONCILE_FAILED, True, "ApiError", detail, generation)],
+        )
+        try:
+            if await write_status(kube, body, {"conditions": conds}):
+                await kube.event(body, names.COND_RECONCILE_FAILED, detail, type_="Warning")
+        except (ApiError, ApiException, Conflict) as status_exc:
+            log.warning("could not report the failure on %s/%s: %s", ns, name, status_exc)
+        raise
+
+
+def api_error_message(exc: BaseException) -> str:
+    """The API server's own words for a failed call (its Status message), bounded."""
+    if isinstance(exc, ApiException):
+        text = f"{exc.status} {exc.reason}"
+        try:
+            body = json.loads(exc.body or "{}")
+        except (TypeError, ValueError):
+            body = {}
+        if isinstance(body, dict) and body.get("message"):
+            text = f"{exc.status}: {body['message']}"
+        return text[:1024]
+    return str(exc)[:1024]
+
+
+async def _reconcile_valid(
+    kube: Kube,
+    body: Mapping[str, Any],
+    spec: api.DisaggDeploymentSpec,
+    replicas: Mapping[str, int] | None,
+    summary: dict[str, Any],
+) -> dict:
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    generation = meta.get("generation")
     children = await read_children(kube, ns, name)
     deployments = by_pool(children["Deployment"])
     want = target_replicas(spec, deployments)
@@ -198,6 +248,7 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], replicas: Mapping[str, 
     if spec.autoscaling.enabled:
         desired.update({k: v for k, v in DESIRED.get((ns, name), {}).items() if k in desired})
     pools = status.pool_status(spec, deployments, children["Pod"], desired)
+    warnings = api.spec_warnings(spec)
     conds = status.merge_conditions(
         (body.get("status") or {}).get("conditions"),
         [
@@ -205,6 +256,10 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], replicas: Mapping[str, 
                 spec, deployments, pools, generation, status.unschedulable_pods(children["Pod"])
             ),
             status.condition(names.COND_INVALID_SPEC, False, "Valid", "the spec is valid", generation),
+            status.condition(
+                names.COND_RECONCILE_FAILED, False, "Reconciled", "every child was written", generation
+            ),
+            warning_condition(warnings, generation),
             status.draining_condition(pools, generation),
         ],
     )
@@ -215,7 +270,28 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], replicas: Mapping[str, 
         "ratio": status.ratio(pools),
     }
     summary["statusWritten"] = await write_status(kube, body, new_status)
+    if summary["statusWritten"] and warnings and _condition_changed(body, conds, names.COND_WARNING):
+        await kube.event(body, "SpecWarning", warning_text(warnings), type_="Warning")
     return summary
+
+
+def warning_text(warnings: list[tuple[str, str]]) -> str:
+    return "; ".join(f"{field}: {why}" for field, why in warnings)[:1024]
+
+
+def warning_condition(warnings: list[tuple[str, str]], generation: int | None) -> dict[str, Any]:
+    """`Warning` condition: True (naming each field) while the spec has allowed but unusual values."""
+    if warnings:
+        return status.condition(names.COND_WARNING, True, "UnusualValues", warning_text(warnings), generation)
+    return status.condition(names.COND_WARNING, False, "NoWarnings", "no unusual values", generation)
+
+
+def _condition_changed(body: Mapping[str, Any], conds: list[dict[str, Any]], ctype: str) -> bool:
+    def pick(cs: Any) -> tuple | None:
+        c = next((c for c in cs or [] if c.get("type") == ctype), None)
+        return (c.get("status"), c.get("message")) if c else None
+
+    return pick((body.get("status") or {}).get("conditions")) != pick(conds)
 
 
 async def set_routable(kube: Kube, pod: Mapping[str, Any], routable: bool, reason: str, message: str) -> None:

@@ -92,7 +92,8 @@ class Stack:
         )
 
     def start_operator(self):
-        self.operator = self.operator_factory([self.ns])
+        # The spec names this Prometheus itself (deployment_spec): the operator must allow it.
+        self.operator = self.operator_factory([self.ns], ["--allow-prometheus-url", self.prom.url])
         return self.operator
 
     def start_emulator(self, *args: str) -> subprocess.Popen:

@@ -15,6 +15,14 @@ from samples import fixed
 pytestmark = pytest.mark.cluster
 
 
+def cluster_bin_dir() -> Path:
+    """Where kwokctl links the binaries of the cluster the tests use (hack/cluster.sh's settings),
+    so that a second local cluster running beside it is never touched."""
+    state = os.environ.get("DISAGG_STATE_DIR") or str(Path.home() / ".cache/disagg-operator/state")
+    name = os.environ.get("DISAGG_CLUSTER_NAME") or "disagg"
+    return Path(state) / "kwok" / "clusters" / name / "bin"
+
+
 def component_pid(component: str) -> int | None:
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -23,7 +31,7 @@ def component_pid(component: str) -> int | None:
             argv0 = (d / "cmdline").read_bytes().split(b"\0")[0].decode()
         except OSError:
             continue
-        if argv0.endswith(f"/clusters/disagg/bin/{component}"):  # kwokctl's link to the cached binary
+        if argv0 == str(cluster_bin_dir() / component):  # kwokctl's link to the cached binary
             return int(d.name)
     return None
 

@@ -32,16 +32,44 @@ SAMPLE = ROOT / "config" / "samples" / "sglang-disaggregated.yaml"
 
 # The permissions the operator needs (see charts/disagg-operator/templates/_helpers.tpl).
 EXPECTED_RULES = {
-    ("disagg.dev", "disaggdeployments"): {"get", "list", "watch", "patch"},
-    ("disagg.dev", "disaggdeployments/status"): {"get", "patch"},
-    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("apps", "replicasets"): {"get", "list", "watch"},
-    ("", "services"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("", "pods"): {"get", "list", "watch", "patch", "delete"},
+    ("disagg.dev", "disaggdeployments"): {"get", "list", "watch"},
+    ("disagg.dev", "disaggdeployments/status"): {"patch"},
+    ("apps", "deployments"): {"list", "watch", "create", "patch", "delete"},
+    ("", "services"): {"list", "create", "patch", "delete"},
+    ("policy", "poddisruptionbudgets"): {"list", "create", "patch", "delete"},
+    ("", "pods"): {"list", "watch", "patch"},
     ("", "pods/status"): {"patch"},
-    ("", "events"): {"create", "patch"},
-    ("", "secrets"): {"get"},
+    ("", "events"): {"create"},
+}
+#: Only with prometheus.allowedUrls (per-object Prometheus credentials).
+SECRETS_RULE = {("", "secrets"): {"get"}}
+
+#: Where the operator uses each granted verb: (file under operator/disagg, code that does it).
+#: "list"/"watch" of a kind are Kopf's watches (handlers.py) or the operator's own lists.
+VERB_USES = {
+    ("disaggdeployments", "get"): ("loop.py", "kube.get(api.KIND"),
+    ("disaggdeployments", "list"): ("loop.py", "kube.list(api.KIND"),
+    ("disaggdeployments", "watch"): ("handlers.py", "@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)"),
+    ("disaggdeployments/status", "patch"): ("reconcile.py", 'subresource="status"'),
+    ("deployments", "list"): ("reconcile.py", "kube.list(k, namespace, sel)"),
+    ("deployments", "watch"): ("handlers.py", '@kopf.on.event("apps", "v1", "deployments"'),
+    ("deployments", "create"): ("reconcile.py", "await kube.apply(obj)"),
+    ("deployments", "patch"): ("reconcile.py", "await kube.apply(obj)"),
+    ("deployments", "delete"): ("reconcile.py", "await kube.delete(kind, ns"),
+    ("services", "list"): ("reconcile.py", "kube.list(k, namespace, sel)"),
+    ("services", "create"): ("reconcile.py", "await kube.apply(obj)"),
+    ("services", "patch"): ("reconcile.py", "await kube.apply(obj)"),
+    ("services", "delete"): ("reconcile.py", "await kube.delete(kind, ns"),
+    ("poddisruptionbudgets", "list"): ("reconcile.py", "kube.list(k, namespace, sel)"),
+    ("poddisruptionbudgets", "create"): ("reconcile.py", "await kube.apply(obj)"),
+    ("poddisruptionbudgets", "patch"): ("reconcile.py", "await kube.apply(obj)"),
+    ("poddisruptionbudgets", "delete"): ("reconcile.py", "await kube.delete(kind, ns"),
+    ("pods", "list"): ("loop.py", 'kube.list("Pod"'),
+    ("pods", "watch"): ("handlers.py", '@kopf.on.event("", "v1", "pods"'),
+    ("pods", "patch"): ("loop.py", 'kube.patch("Pod"'),
+    ("pods/status", "patch"): ("reconcile.py", 'subresource="status", patch_type="strategic"'),
+    ("events", "create"): ("kube.py", 'resource_for("Event").path'),
+    ("secrets", "get"): ("promclient.py", 'kube.get("Secret"'),
 }
 
 
@@ -104,7 +132,14 @@ def test_lint(helm_bin: str, values: Path | None) -> None:
 def test_render_default(helm_bin: str) -> None:
     docs = render(helm_bin)
     kinds = sorted(d["kind"] for d in docs if not is_leader_election(d))
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "NetworkPolicy",
+        "Service",
+        "ServiceAccount",
+    ]
     (dep,) = by_kind(docs, "Deployment")
     spec = dep["spec"]
     assert spec["replicas"] == 1
@@ -127,7 +162,7 @@ def test_render_default(helm_bin: str) -> None:
         "--metrics-port",
         "8080",
         "--dashboard-port",
-        "8081",
+        "0",
         "--liveness-port",
         "8082",
         "--leader-election",
@@ -137,11 +172,11 @@ def test_render_default(helm_bin: str) -> None:
         "disagg-operator-leader",
     ]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"metrics": 8080, "dashboard": 8081, "liveness": 8082}
+    assert ports == {"metrics": 8080, "liveness": 8082}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
     assert not any(e["name"].startswith("DISAGG_PROMETHEUS") for e in c["env"])
     (svc,) = by_kind(docs, "Service")
-    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"metrics": 8080, "dashboard": 8081}
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"metrics": 8080}
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     # Cluster-scoped names carry release and namespace: releases never collide.
     (cr,) = by_kind(docs, "ClusterRole")
@@ -155,10 +190,52 @@ def test_render_default(helm_bin: str) -> None:
 
 def test_rbac_is_least_privilege(helm_bin: str) -> None:
     (cr,) = by_kind(render(helm_bin), "ClusterRole")
-    assert rules_of(cr) == EXPECTED_RULES
+    assert rules_of(cr) == EXPECTED_RULES  # no Secrets at all by default
     for rule in cr["rules"]:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[field], rule
+    allowed = render(helm_bin, "--set", "prometheus.allowedUrls={http://prom.team-a:9090}")
+    (cr,) = by_kind(allowed, "ClusterRole")
+    assert rules_of(cr) == EXPECTED_RULES | SECRETS_RULE
+    (dep,) = by_kind(allowed, "Deployment")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--allow-prometheus-url") + 1] == "http://prom.team-a:9090"
+
+
+def test_every_granted_verb_is_used_by_the_operator(helm_bin: str) -> None:
+    """Each (resource, verb) the chart grants has a call site in the operator that needs it."""
+    (cr,) = by_kind(render(helm_bin, "--set", "prometheus.allowedUrls={http://p:9090}"), "ClusterRole")
+    granted = {(res, verb) for (_, res), verbs in rules_of(cr).items() for verb in verbs}
+    assert granted == set(VERB_USES), granted ^ set(VERB_USES)
+    for (res, verb), (module, code) in VERB_USES.items():
+        text = (ROOT / "operator" / "disagg" / module).read_text()
+        assert code in text, f"{res} {verb}: {module} no longer has {code!r}; drop the verb or fix the map"
+
+
+def test_exposure_defaults(helm_bin: str) -> None:
+    """Only /metrics (and the probe port) are served beyond loopback by default; a NetworkPolicy
+    admits only the configured peers; the image can be pinned by digest."""
+    docs = render(helm_bin)
+    (dep,) = by_kind(docs, "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    args = c["args"]
+    assert args[args.index("--dashboard-port") + 1] == "0"  # the dashboard is off
+    assert {p["name"] for p in c["ports"]} == {"metrics", "liveness"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "liveness"}
+    (svc,) = by_kind(docs, "Service")
+    assert [p["name"] for p in svc["spec"]["ports"]] == ["metrics"]
+    (np,) = by_kind(docs, "NetworkPolicy")
+    assert np["spec"]["podSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    assert np["spec"]["policyTypes"] == ["Ingress"]
+    ports = [[p["port"] for p in rule["ports"]] for rule in np["spec"]["ingress"]]
+    assert ports == [["metrics"], ["liveness"]]
+    assert np["spec"]["ingress"][0]["from"]  # metrics only from the listed peers
+    assert not by_kind(render(helm_bin, "--set", "networkPolicy.enabled=false"), "NetworkPolicy")
+    digest = "sha256:" + "a" * 64
+    (dep,) = by_kind(render(helm_bin, "--set", f"image.digest={digest}"), "Deployment")
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        f"ghcr.io/disagg-operator/disagg-operator@{digest}"
+    )
 
 
 def test_render_all_on(helm_bin: str) -> None:
@@ -167,6 +244,7 @@ def test_render_all_on(helm_bin: str) -> None:
     assert kinds == [
         "ConfigMap",
         "Deployment",
+        "NetworkPolicy",
         "Role",
         "Role",
         "RoleBinding",
@@ -179,7 +257,7 @@ def test_render_all_on(helm_bin: str) -> None:
     watched = values["watchNamespaces"]
     assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == sorted(watched)
     for role in by_kind(docs, "Role"):
-        assert rules_of(role) == EXPECTED_RULES
+        assert rules_of(role) == EXPECTED_RULES | SECRETS_RULE
     for rb in by_kind(docs, "RoleBinding"):
         assert rb["roleRef"]["kind"] == "Role"
         assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "disagg-op", "namespace": "ops"}]
@@ -196,10 +274,12 @@ def test_render_all_on(helm_bin: str) -> None:
     assert "--verbose" in args
     env = {e["name"]: e for e in c["env"]}
     assert env["DISAGG_PROMETHEUS_URL"]["value"] == values["prometheus"]["url"]
-    assert env["DISAGG_PROMETHEUS_BEARER_TOKEN"]["valueFrom"]["secretKeyRef"] == {
-        "name": "prometheus-token",
-        "key": "token",
-    }
+    token_file = env["DISAGG_PROMETHEUS_BEARER_TOKEN_FILE"]["value"]
+    (vol,) = [v for v in dep["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    assert vol["secret"]["secretName"] == "prometheus-token"
+    assert vol["secret"]["items"] == [{"key": "token", "path": "token"}]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
+    assert token_file == mount["mountPath"] + "/token" and mount["readOnly"] is True
     assert c["livenessProbe"]["httpGet"]["port"] == "liveness"
     assert {p["name"]: p["containerPort"] for p in c["ports"]}["liveness"] == 9092
     (sm,) = by_kind(docs, "ServiceMonitor")
@@ -329,7 +409,8 @@ def test_install_and_uninstall(cluster, crd, helm_bin: str, namespace: str) -> N
         assert dep["spec"]["strategy"]["type"] == "Recreate"
         cluster.get_json("serviceaccount", full, "-n", namespace)
         svc = cluster.get_json("service", full, "-n", namespace)
-        assert {p["name"] for p in svc["spec"]["ports"]} == {"metrics", "dashboard"}
+        assert {p["name"] for p in svc["spec"]["ports"]} == {"metrics"}  # the dashboard is off by default
+        cluster.get_json("networkpolicy", full, "-n", namespace)
         cr = cluster.get_json("clusterrole", cluster_name)
         assert rel in cr["metadata"]["name"]
         crb = cluster.get_json("clusterrolebinding", cluster_name)
@@ -352,7 +433,7 @@ def test_install_and_uninstall(cluster, crd, helm_bin: str, namespace: str) -> N
             node["status"]["nodeInfo"]["kubeletVersion"].startswith("kwok")
         )
         sa = cluster.kubectl(
-            "auth", "can-i", "patch", "disaggdeployments.disagg.dev", "-n", "default",
+            "auth", "can-i", "list", "disaggdeployments.disagg.dev", "-n", "default",
             f"--as=system:serviceaccount:{namespace}:{full}", check=False,
         )  # fmt: skip
         assert sa.stdout.strip() == "yes", "cluster-wide install grants every namespace"

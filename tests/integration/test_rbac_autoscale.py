@@ -67,9 +67,13 @@ def test_autoscaler_scales_up_and_drains_with_exactly_the_chart_rbac(
     sa = f"{rel}-disagg-operator"
     other = f"{namespace}-other"[:63]
     stack = Stack(cluster, namespace, tmp_path, prometheus_factory, operator_factory=None)
+    # The object names its own Prometheus and token Secret: the admin allows that URL
+    # (which is also what grants the operator `get secrets`).
     helm(
         cluster, "install", rel, str(CHART), "--namespace", namespace, "--skip-crds",
-        "--set", f"watchNamespaces={{{namespace}}}", "--wait", "--timeout", "120s",
+        "--set", f"watchNamespaces={{{namespace}}}",
+        "--set", f"prometheus.allowedUrls={{{stack.prom.url}}}",
+        "--wait", "--timeout", "120s",
     )  # fmt: skip
     try:
         run_closed_loop_and_refusals(cluster, stack, namespace, sa, other, tmp_path)
@@ -87,12 +91,17 @@ def run_closed_loop_and_refusals(
         assert cluster.get_json("role", sa, "-n", namespace)["rules"]
         kc = sa_kubeconfig(cluster, namespace, sa, directory=tmp_path)
 
-        # The Prometheus token comes from a Secret: the operator reads it with `get secrets`.
+        # The Prometheus token comes from a Secret: the operator reads it with `get secrets`,
+        # and uses it because its owner labelled it for that.
         token = base64.b64encode(b"not-checked-by-this-prometheus").decode()
         secret = {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": "prom-token", "namespace": namespace},
+            "metadata": {
+                "name": "prom-token",
+                "namespace": namespace,
+                "labels": {"disagg.dev/prometheus-credentials": "true"},
+            },
             "data": {"token": token},
         }
         cluster.kubectl("apply", "-f", "-", input=json.dumps(secret))
@@ -107,7 +116,7 @@ def run_closed_loop_and_refusals(
         want_low = planned(obj, LOW, PROMPT, OUTPUT)
         assert want_high["prefill"] > want_low["prefill"] and want_high["decode"] > want_low["decode"]
 
-        proc = start_operator(kc, [namespace], log_path)
+        proc = start_operator(kc, [namespace], log_path, "--allow-prometheus-url", stack.prom.url)
         stack.apply(obj)
 
         def alive() -> None:

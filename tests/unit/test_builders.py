@@ -117,10 +117,18 @@ def test_gpus_go_to_the_engine_container():
 
 def test_user_gpu_setting_is_kept_and_mirrored():
     spec = _spec_with_containers(
-        [{"name": "vllm", "image": "e", "resources": {"limits": {"nvidia.com/gpu": 8}}}]
+        [{"name": "vllm", "image": "e", "resources": {"limits": {"nvidia.com/gpu": 8}}}], gpusPerReplica=8
     )
     res = builders.pod_template(OWNER, spec, "prefill")["spec"]["containers"][0]["resources"]
     assert res == {"limits": {"nvidia.com/gpu": 8}, "requests": {"nvidia.com/gpu": 8}}
+
+
+@pytest.mark.parametrize("part", ["limits", "requests"])
+def test_template_gpus_that_disagree_with_gpus_per_replica_are_refused(part):
+    # The planner and the GPU budget count gpusPerReplica (2 here): a template asking for 8 would
+    # make them count a quarter of what the pods take.
+    with pytest.raises(ValueError, match="gpusPerReplica must equal"):
+        _spec_with_containers([{"name": "vllm", "image": "e", "resources": {part: {"nvidia.com/gpu": "8"}}}])
 
 
 def test_existing_readiness_gate_not_duplicated():

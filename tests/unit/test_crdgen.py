@@ -101,15 +101,17 @@ def test_schema_details():
     assert threshold["x-kubernetes-int-or-string"] is True
     assert threshold["default"] == "auto"
     pool = props["pools"]["properties"]["prefill"]
-    assert pool["properties"]["template"] == {
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": True,
-        "description": pool["properties"]["template"]["description"],
-    }
+    template = pool["properties"]["template"]
+    assert template["type"] == "object" and template["x-kubernetes-preserve-unknown-fields"] is True
+    assert {r["message"] for r in template["x-kubernetes-validations"]} == {api.MSG_TEMPLATE_SPEC}
+    container = template["properties"]["spec"]["properties"]["containers"]["items"]
+    assert container["x-kubernetes-preserve-unknown-fields"] is True  # nothing of a pod is pruned
+    assert {r["message"] for r in container["x-kubernetes-validations"]} == {api.MSG_CONTAINER_IMAGE}
     assert pool["properties"]["serviceModel"]["properties"]["msPerToken"]["default"] == 0.035
     assert {r["message"] for r in pool["x-kubernetes-validations"]} == {
         api.MSG_MIN_LE_MAX,
         api.MSG_REPLICAS_IN_RANGE,
+        api.MSG_GPUS_DISAGREE,
     }
     assert "x-kubernetes-validations" in pool["properties"]["drain"]
     spec_msgs = {r["message"] for r in spec["x-kubernetes-validations"]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -127,10 +128,14 @@ def test_routable_pod_without_metrics_is_incomplete():
 
 def test_query_failure_is_missing():
     qs = m.build_queries("vllm", "n", "d", ["prefill", "decode"], 60, 0.9)
-    results = {q.name: ConnectionError("refused") for q in qs}
+    results = {q.name: m.QueryFailed("cannot reach Prometheus (ConnectionError)") for q in qs}
     snap = m.build_snapshot(qs, results, NOW, 1.0, {})
     assert not snap.ok
-    assert "arrival_rps" in snap.reason() and "refused" in snap.reason()
+    assert "arrival_rps" in snap.reason() and "cannot reach Prometheus" in snap.reason()
+    # Any other exception is shown by its type only: its text may come from a reply body.
+    results = {q.name: ConnectionError("<body>") for q in qs}
+    reason = m.build_snapshot(qs, results, NOW, 1.0, {}).reason()
+    assert "ConnectionError" in reason and "<body>" not in reason
 
 
 def test_percent_where_fraction_expected_is_invalid():
@@ -162,7 +167,7 @@ def test_media_queries_read_the_encoder_pods_only_when_there_is_an_encoder_pool(
     p = m.preset(engine)
     for name, series in (("media_rps", p.media_requests), ("media_items_rps", p.media_items)):
         q = qs[name]
-        assert q.promql == f'sum(rate({series}{{namespace="ns",pod=~"vl-encoder-[a-z0-9]+-[a-z0-9]+"}}[60s]))'
+        assert q.promql == f"sum(rate({series}{{{m.pool_selector('ns', 'vl', 'encoder')}}}[60s]))"
         assert q.pool == "encoder" and q.required_with_pods and not q.required
     plain = {q.name for q in m.build_queries(engine, "ns", "vl", ["prefill", "decode"], 60, 0.9)}
     assert "media_rps" not in plain and "media_items_rps" not in plain
@@ -226,3 +231,39 @@ def test_media_share_and_items_from_the_encoder_rates():
     # an engine taking one request per item can count more media requests than arrivals
     v = {"arrival_rps": 2.0, "media_rps": 6.0, "media_items_rps": 6.0}
     assert (m.media_fraction(v), m.media_items_per_request(v)) == (1.0, 1.0)
+
+
+def kubernetes_pod_name(deployment: str, pod_template_hash: str, random5: str = "x7k2q") -> str:
+    """A pod name as the ReplicaSet controller and the API server make it (generateName rules)."""
+    base = f"{deployment}-{pod_template_hash}-"[:58]
+    return base + random5
+
+
+def selector_regex(selector: str) -> re.Pattern[str]:
+    pattern = re.search(r'pod=~"(.*)"', selector).group(1).replace("\\\\", "\\")
+    return re.compile(pattern)
+
+
+@pytest.mark.parametrize("name_length", [1, 20, 38, 40, 42, 44, 45, 46, 48, 50, 53])
+@pytest.mark.parametrize("pool", ["prefill", "decode", "colocated"])
+def test_pool_selector_matches_pod_names_cut_to_63(name_length, pool):
+    """Every valid DisaggDeployment name autoscales: the selector survives pod-name truncation."""
+    name = ("llama" + "x" * 60)[:name_length]
+    regex = selector_regex(m.pool_selector("ns", name, pool))
+    for h in ("5", "7d9c6", "6f8b9c7d4f", "b8d5c7f9c"):
+        pod = kubernetes_pod_name(f"{name}-{pool}", h)
+        assert len(pod) <= 63
+        assert regex.fullmatch(pod), (pod, regex.pattern)
+    # Another pool's pods, or pods of a Deployment whose name extends this one, do not match.
+    other = "decode" if pool != "decode" else "prefill"
+    assert not regex.fullmatch(kubernetes_pod_name(f"{name}-{other}", "7d9c6f8b4"))
+    if name_length + len(pool) < 40:
+        assert not regex.fullmatch(kubernetes_pod_name(f"{name}-{pool}-x", "7d9c6f8b4"))
+
+
+def test_old_prefix_selector_missed_truncated_names():
+    """The case the issue reports: a 45-character name whose decode pods are cut."""
+    name = "a" * 45
+    pod = kubernetes_pod_name(f"{name}-decode", "6f8b9c7d4f")
+    assert not re.fullmatch(f"{name}-decode-[a-z0-9]+-[a-z0-9]+", pod)
+    assert selector_regex(m.pool_selector("ns", name, "decode")).fullmatch(pod)

@@ -52,44 +52,50 @@ app.kubernetes.io/part-of: disagg-operator
 {{- end }}
 
 {{- define "disagg-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
 {{- end }}
 
 {{/*
-The operator's API permissions, least privilege (shared by Role and ClusterRole).
+The operator's API permissions, least privilege (shared by Role and ClusterRole); every verb
+is used by the code path tests/integration/test_chart.py::VERB_USES names.
 Server-side apply is a PATCH; creating through apply also needs create.
-Events are core/v1 (the operator's and Kopf's own); events.k8s.io is not used.
-Secrets: get only, for the Prometheus token/CA a DisaggDeployment references.
+Events are core/v1 (the operator's and Kopf's own), created only; events.k8s.io is not used.
+pods/status patch: the operator owns the pods' disagg.dev/routable readiness gate.
+Secrets: get only, and only when prometheus.allowedUrls lets a DisaggDeployment name its own
+Prometheus and credentials (the operator then uses a Secret only if allowed or labelled).
 */}}
 {{- define "disagg-operator.rules" -}}
 - apiGroups: [disagg.dev]
   resources: [disaggdeployments]
-  verbs: [get, list, watch, patch]
+  verbs: [get, list, watch]
 - apiGroups: [disagg.dev]
   resources: [disaggdeployments/status]
-  verbs: [get, patch]
+  verbs: [patch]
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch, delete]
-- apiGroups: [apps]
-  resources: [replicasets]
-  verbs: [get, list, watch]
+  verbs: [list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [list, create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [list, create, patch, delete]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, patch, delete]
+  verbs: [list, watch, patch]
 - apiGroups: [""]
   resources: [pods/status]
   verbs: [patch]
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
+{{- if .Values.prometheus.allowedUrls }}
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
+{{- end }}
 {{- end }}

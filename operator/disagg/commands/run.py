@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--liveness-port",
         type=int,
         default=8082,
-        help="port of Kopf's liveness probe /healthz (0 disables; default 8082)",
+        help="port of the probes: /healthz (alive, from start-up on) and /readyz (this replica "
+        "acts: it holds the Lease or runs without election); 0 disables; default 8082",
     )
     p.add_argument(
         "--bind",
@@ -49,6 +50,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--prometheus-url",
         default=os.environ.get("DISAGG_PROMETHEUS_URL"),
         help="Prometheus for DisaggDeployments that name none (default: $DISAGG_PROMETHEUS_URL)",
+    )
+    p.add_argument(
+        "--allow-prometheus-url",
+        action="append",
+        default=[],
+        metavar="URL_PREFIX",
+        help="a DisaggDeployment may name its own spec.autoscaling.prometheus.url only if it starts "
+        "with one of these (repeatable); default: none, every object uses --prometheus-url",
+    )
+    p.add_argument(
+        "--allow-prometheus-secret",
+        action="append",
+        default=[],
+        metavar="NAMESPACE/NAME",
+        help="a Secret usable as per-object Prometheus credentials without the label "
+        'disagg.dev/prometheus-credentials="true" (repeatable)',
     )
     p.add_argument(
         "--leader-election",
@@ -71,20 +88,27 @@ def run(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from disagg import handlers
+    from disagg import handlers, promclient
     from disagg.commands.checks import check_cluster_config
 
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig
     check_cluster_config(args.kubeconfig)  # exit 1 now rather than Kopf retrying start-up forever
+    promclient.POLICY = promclient.AccessPolicy(
+        allowed_url_prefixes=tuple(args.allow_prometheus_url),
+        allowed_secrets=frozenset(args.allow_prometheus_secret),
+    )
+
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     handlers.State.options = {
+        # One source of credentials for Kopf's watches (handlers.login) and the operator's own
+        # client (handlers.startup): this file, else $KUBECONFIG / ~/.kube/config / in-cluster.
+        "kubeconfig": args.kubeconfig,
         "metrics_port": args.metrics_port,
         "dashboard_port": args.dashboard_port,
         "bind": args.bind,
+        "health_port": args.liveness_port,
         "autoscaler": not args.no_autoscaler,
         "prometheus_url": args.prometheus_url,
         "namespaces": list(args.namespace),
@@ -100,11 +124,11 @@ def run(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         if exc.name != "disagg.runtime":
             raise
-    liveness = f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port else None
+    # The probes are the operator's own (disagg.health), served before the Lease is held;
+    # Kopf's liveness endpoint would start only after start-up, i.e. never on a standby.
     kopf.run(
         standalone=True,
         clusterwide=not args.namespace,
         namespaces=args.namespace or (),
-        liveness_endpoint=liveness,
     )
     return 0
