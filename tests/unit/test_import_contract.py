@@ -34,6 +34,7 @@ PURE = [
     "disagg.calibration",
     "disagg.evaluate",
     "disagg.dashboard.history",
+    "disagg.routers",
 ]
 # Modules that must exist for the contract to mean something.
 REQUIRED = {"disagg.api", "disagg.model", "disagg.queueing", "disagg.planner", "disagg.policy", "disagg.builders",
