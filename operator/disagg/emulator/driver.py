@@ -90,6 +90,18 @@ def _cond(pod: dict, ctype: str) -> str | None:
     return None
 
 
+def pod_address(pod: dict, default_port: int = 8000) -> tuple[str, int] | None:
+    """(pod IP, engine HTTP port: the first container port not named "metrics"), None without an IP."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for port in c.get("ports") or []:
+            if port.get("name") != "metrics" and port.get("containerPort"):
+                return ip, int(port["containerPort"])
+    return ip, default_port
+
+
 def pod_routable(pod: dict) -> bool:
     """Running, gate `disagg.dev/routable` True, not terminating, no drain annotation."""
     meta = pod.get("metadata") or {}
@@ -203,6 +215,7 @@ class PodWatcher:
             key = (ns, meta.get("name", ""), meta.get("uid", ""))
             emu = fleet.pods.get(key)
             routable = pod_routable(pod)
+            fleet.addresses[key] = pod_address(pod)
             if emu is not None:
                 seen.add(key)
                 if emu.draining == routable:  # changed
@@ -296,6 +309,7 @@ async def emulate(
     poll_interval_s: float = 0.5,
     grace_s: float = 0.0,
     on_ready: Callable[[int], None] | None = None,
+    serve: Callable[[Callable[[], float], Callable[[], bytes]], Any] | None = None,
 ) -> dict:
     """Run the emulator until `duration_s` (or a signal); returns the summary dict."""
     import signal
@@ -329,6 +343,13 @@ async def emulate(
         except Exception as exc:
             log.warning("emulator: first pod listing failed: %s", exc)
         tasks.append(asyncio.create_task(watcher.run(poll_interval_s, driver.stop)))
+    server = None
+    if serve is not None:  # the pods' OpenAI-compatible servers (disagg.emulator.http)
+        from prometheus_client import generate_latest
+
+        server = serve(driver.now, lambda: generate_latest(registry))
+        await server.sync()
+        tasks.append(asyncio.create_task(server.run(poll_interval_s, driver.stop)))
     if on_ready is not None:
         on_ready(port)
     try:
@@ -344,9 +365,13 @@ async def emulate(
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if server is not None:
+            await server.close()
         if runner is not None:
             await runner.cleanup()
     out = fleet.summary()
+    if server is not None:
+        out["http"] = server.summary()
     wall = driver.now()
     out["wall_s"] = wall
     out["cpu_s"] = time.process_time() - cpu0
