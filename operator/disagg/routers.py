@@ -13,9 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-LABEL_DEPLOYMENT = "disagg.dev/deployment"
-LABEL_POOL = "disagg.dev/pool"
-
 # Port of the router's OpenAI-compatible endpoint (container and Service).
 ROUTER_HTTP_PORT = 8000
 # Port of the router's own Prometheus metrics.
@@ -71,12 +68,20 @@ def preset(engine: str) -> RouterPreset:
         ) from None
 
 
+def _selector_words(selector: dict[str, str]) -> list[str]:
+    if not selector:
+        raise ValueError("a router selector needs at least one label")
+    return [f"{k}={v}" for k, v in selector.items()]
+
+
 def router_args(
     engine: str,
     *,
     namespace: str,
-    deployment: str,
     engine_port: int,
+    prefill_selector: dict[str, str] | None = None,
+    decode_selector: dict[str, str] | None = None,
+    worker_selector: dict[str, str] | None = None,
     host: str = "0.0.0.0",
     port: int = ROUTER_HTTP_PORT,
     metrics_host: str = "0.0.0.0",
@@ -85,31 +90,36 @@ def router_args(
 ) -> list[str]:
     """The router's flags (after the binary and its subcommand) for one DisaggDeployment.
 
-    Discovery watches pods of `namespace` only (so a namespaced Role is enough), selects the
-    prefill and decode pools by the operator's labels, and reaches each engine on `engine_port`.
-    `extra` is appended last (spec.router.extraArgs).
+    P/D mode with `prefill_selector` and `decode_selector`; plain load balancing over the pods of
+    `worker_selector` (colocated placement) otherwise. Discovery watches pods of `namespace` only
+    (so a namespaced Role is enough) and reaches each engine on `engine_port`. `extra` comes last.
     """
     p = preset(engine)
     if not 0 < engine_port < 65536:
         raise ValueError(f"engine port must be 1..65535, got {engine_port}")
-    dep = f"{LABEL_DEPLOYMENT}={deployment}"
+    if worker_selector is not None:
+        mode = ["--selector", *_selector_words(worker_selector)]
+    elif prefill_selector is not None and decode_selector is not None:
+        mode = [
+            p.pd_flag,
+            "--prefill-selector",
+            *_selector_words(prefill_selector),
+            "--decode-selector",
+            *_selector_words(decode_selector),
+        ]
+    else:
+        raise ValueError("give prefill_selector and decode_selector (P/D), or worker_selector")
     return [
         "--host",
         host,
         "--port",
         str(port),
-        p.pd_flag,
+        *mode,
         "--service-discovery",
         "--service-discovery-namespace",
         namespace,
         "--service-discovery-port",
         str(engine_port),
-        "--prefill-selector",
-        dep,
-        f"{LABEL_POOL}=prefill",
-        "--decode-selector",
-        dep,
-        f"{LABEL_POOL}=decode",
         "--prometheus-host",
         metrics_host,
         "--prometheus-port",

@@ -92,4 +92,12 @@ Secrets: get only, for the Prometheus token/CA a DisaggDeployment references.
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
+# The router of each DisaggDeployment: its ServiceAccount and a Role to watch pods (the
+# operator holds pods get/list/watch itself, so it may grant them; no escalate/bind needed).
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, list, watch, create, patch, delete]
 {{- end }}
