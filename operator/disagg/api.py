@@ -433,7 +433,9 @@ class Router(_Model):
     operator passes the pool selectors and gives it a namespaced Role to discover the pods.
     """
 
-    enabled: bool = Field(True, description="Run the router (a Deployment and a Service named <name>-router).")
+    enabled: bool = Field(
+        True, description="Run the router (a Deployment and a Service named <name>-router)."
+    )
     image: str | None = Field(
         None,
         min_length=1,
