@@ -1,0 +1,202 @@
+"""The operator's router, for real: vllm-router 0.1.17 with the operator's own flags, discovering the
+pools through the Kubernetes API as the router's ServiceAccount (the operator's least-privilege Role),
+in front of the HTTP emulated fleet on the pods' loopback IPs.
+
+Needs the local cluster with its pod CIDR inside 127.0.0.0/8 (hack/cluster.sh sets 127.1.0.0/16);
+skipped on a cluster made before that. The router runs as a process on this machine (KWOK pods run
+nothing), with the arguments of the Deployment the operator built; only its listen addresses are
+moved to 127.0.0.1.
+
+Also shown here, at the client: a decode pod whose readiness gate turns False (not Ready) still gets
+new requests from the router (docs/router.md: discovery only removes deleted pods); after the
+router's removal API it gets none, and its streams finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import os
+import re
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+import samples
+from rbac_util import sa_kubeconfig
+from router_util import Proc, free_port, http_json, router_binary, wait_until
+from test_router_binary import complete, stream
+
+from disagg import routers
+from disagg.emulator.metrics import NAMES
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+
+
+def pods_of(cluster, ns: str, name: str) -> list[dict]:
+    return cluster.get_json("pods", "-n", ns, "-l", f"disagg.dev/deployment={name}")["items"]
+
+
+def cond(pod: dict, ctype: str) -> str | None:
+    return next((c["status"] for c in pod["status"].get("conditions", []) if c["type"] == ctype), None)
+
+
+def e2e_count(url: str, engine: str) -> float:
+    """Requests the emulated engine at `url` completed (its e2e latency histogram's count)."""
+    name = re.escape(NAMES[engine]["e2e"] + "_count")
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    return sum(
+        float(m.group(1))
+        for line in text.splitlines()
+        if (m := re.match(rf"^{name}\{{[^}}]*\}} (\S+)$", line))
+    )
+
+
+SAMPLE = {"vllm": "vllm-disaggregated-70b.yaml", "sglang": "sglang-disaggregated.yaml"}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_operator_router_discovers_the_pools_and_serves_through_them(
+    engine, cluster, namespace, operator_factory, tmp_path
+):
+    if router_binary(engine) is None:
+        pytest.skip(f"the {engine} router is not installed: run hack/routers.sh")
+    obj = samples.fixed(SAMPLE[engine], prefill=1, decode=2)
+    name = obj["metadata"]["name"]
+    op = operator_factory([namespace])
+    cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", "-", input=json.dumps(obj))
+
+    def routable():
+        return [
+            p
+            for p in pods_of(cluster, namespace, name)
+            if p["status"].get("phase") == "Running" and cond(p, "disagg.dev/routable") == "True"
+        ]
+
+    cluster.wait_for(lambda: len(routable()) == 3, timeout=180, what="3 routable pods")
+    ips = [p["status"]["podIP"] for p in routable()]
+    if not all(ipaddress.ip_address(ip) in ipaddress.ip_network("127.0.0.0/8") for ip in ips):
+        pytest.skip(f"pod IPs {ips} are not on loopback: recreate the cluster (hack/cluster.sh down && up)")
+
+    # The operator's router objects.
+    rname = f"{name}-router"
+    for kind in ("serviceaccount", "role", "rolebinding", "deployment", "service"):
+        cluster.wait_for(
+            lambda k=kind: cluster.kubectl("get", k, rname, "-n", namespace, check=False).returncode == 0,
+            timeout=60,
+            what=f"{kind}/{rname}",
+        )
+    dep = cluster.get_json("deployment", rname, "-n", namespace)
+    args = list(dep["spec"]["template"]["spec"]["containers"][0]["args"])
+    port, metrics_port = free_port(), free_port()
+    for flag, value in (
+        ("--host", "127.0.0.1"),
+        ("--port", str(port)),
+        ("--prometheus-host", "127.0.0.1"),
+        ("--prometheus-port", str(metrics_port)),
+    ):
+        args[args.index(flag) + 1] = value
+
+    emu_log = tmp_path / "emulator.log"
+    emu = Proc(
+        [
+            sys.executable, "-m", "disagg.cli", "emulate", "--kubeconfig", cluster.kubeconfig,
+            "--namespace", namespace, "--serve", "--rate", "0", "--duration", "400", "--engine", "auto",
+            "--metrics-port", "0", "--summary-json", str(tmp_path / "summary.json"),
+        ],
+        emu_log,
+        env=cluster.env(),
+    )  # fmt: skip
+    router = None
+    try:
+        pods = {p["metadata"]["name"]: p for p in routable()}
+        port_of = args[args.index("--service-discovery-port") + 1]
+        url = {n: f"http://{p['status']['podIP']}:{port_of}" for n, p in pods.items()}
+        for u in url.values():
+            wait_until(lambda u=u: http_json(f"{u}/health", timeout=2)[0] == 200, 60, f"emulated engine {u}")
+
+        # The router, as the operator configured it, authenticated as its own ServiceAccount.
+        kubeconfig = sa_kubeconfig(cluster, namespace, rname, tmp_path)
+        env = dict(os.environ, KUBECONFIG=kubeconfig)
+        p = routers.preset(engine)
+        router = Proc([str(router_binary(engine)), *p.subcommand, *args], tmp_path / "router.log", env=env)
+        base = f"http://127.0.0.1:{port}"
+        wait_until(
+            lambda: len(http_json(f"{base}/workers", timeout=2)[1].get("workers", [])) == 3,
+            90,
+            "the router to discover 3 workers",
+        )
+        workers = {w["url"]: w["worker_type"] for w in http_json(f"{base}/workers")[1]["workers"]}
+        for n, p in pods.items():
+            assert workers[url[n]] == p["metadata"]["labels"]["disagg.dev/pool"]
+
+        async def serve(n: int, out: int) -> list[dict]:
+            client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+            r = await asyncio.gather(*(stream(client, 200, out) for _ in range(n)))
+            await client.close()
+            return r
+
+        assert all(complete(r, 200, 4) for r in asyncio.run(serve(6, 4)))
+
+        # Drain as the operator starts one: the decode pod's routable gate False (the operator is
+        # stopped first, so nothing else moves). KWOK then sets Ready False.
+        op.stop()
+        victim = sorted(n for n, p in pods.items() if p["metadata"]["labels"]["disagg.dev/pool"] == "decode")[
+            0
+        ]
+        cluster.kubectl(
+            "patch", "pod", victim, "-n", namespace, "--subresource=status", "--type=strategic", "-p",
+            json.dumps({"status": {"conditions": [{"type": "disagg.dev/routable", "status": "False"}]}}),
+        )  # fmt: skip
+        cluster.wait_for(
+            lambda: cond(cluster.get_json("pod", victim, "-n", namespace), "Ready") == "False",
+            timeout=30,
+            what=f"{victim} not Ready",
+        )
+        time.sleep(3)  # the router sees the change through its pod watch
+        before = e2e_count(url[victim], engine)
+        assert all(complete(r, 200, 2) for r in asyncio.run(serve(8, 2)))
+        not_ready_share = e2e_count(url[victim], engine) - before
+        listed = {w["url"]: w for w in http_json(f"{base}/workers")[1]["workers"]}
+        still_listed = url[victim] in listed
+
+        # The removal API (needed where the router keeps a not-Ready pod): no new request after it.
+        if still_listed:
+            if engine == "vllm":
+                assert http_json(f"{base}/remove_worker?url={url[victim]}", "POST")[0] == 200
+            else:
+                assert http_json(f"{base}/workers/{listed[url[victim]]['id']}", "DELETE")[0] in (
+                    200,
+                    202,
+                    204,
+                )
+            wait_until(
+                lambda: url[victim] not in {w["url"] for w in http_json(f"{base}/workers")[1]["workers"]},
+                30,
+                "the removal",
+            )
+        before = e2e_count(url[victim], engine)
+        assert all(complete(r, 200, 2) for r in asyncio.run(serve(8, 2)))
+        after_removal = e2e_count(url[victim], engine) - before
+    finally:
+        if router is not None:
+            router.stop()
+        emu.stop()
+    forbidden = [
+        ln for ln in Path(tmp_path / "router.log").read_text().splitlines() if "403" in ln or "orbidden" in ln
+    ]
+    assert not forbidden, forbidden[:3]
+    print(
+        f"{engine}: a not-Ready decode pod got {not_ready_share:.0f} of 8 new requests; still listed: {still_listed}"
+    )
+    if engine == "vllm":
+        # vllm-router 0.1.17 removes a pod whose Ready condition turns False (docs/router.md)
+        assert not still_listed and not_ready_share == 0
+    else:
+        # sglang-router 0.3.2 keeps it until it is deleted (docs/router.md): the removal API is needed
+        assert still_listed
+    assert after_removal == 0
