@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from disagg import api, builders, drain, metrics, opmetrics, planner, policy, reconcile, status
+from disagg import api, builders, drain, metrics, opmetrics, planner, policy, reconcile, routerclient, status
 from disagg.calibration import Calibrator
 from disagg.kube import Kube, NotFound
 from disagg.promclient import client_for
@@ -250,8 +250,10 @@ async def set_drain(
         return
     if record is None:
         await reconcile.set_routable(kube, pod, True, "Readmitted", "drain cancelled; routable again")
+        await routerclient.set_worker_routable(kube, pod, True)
     elif record.removing is None and status.pod_condition(pod, builders.READINESS_GATE) != "False":
         await reconcile.set_routable(kube, pod, False, "Draining", "being drained by disagg-operator")
+        await routerclient.set_worker_routable(kube, pod, False)  # routers that ignore Ready
 
 
 async def readmit(kube: Kube, body: Mapping[str, Any], pod: Mapping[str, Any], why: str) -> None:
