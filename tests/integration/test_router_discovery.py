@@ -59,10 +59,30 @@ def e2e_count(url: str, engine: str) -> float:
 SAMPLE = {"vllm": "vllm-disaggregated-70b.yaml", "sglang": "sglang-disaggregated.yaml"}
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+async def operator_drain(kubeconfig: str, pod: dict, draining: bool) -> None:
+    """What the operator's drain does to a pod (disagg.loop.set_drain): gate, annotation, routers."""
+    from disagg import drain, loop
+    from disagg.kube import Kube
+
+    kube = await Kube.connect(kubeconfig)
+    try:
+        now = time.time()
+        rec = drain.DrainRecord(now, now + 300, "proceed") if draining else None
+        await loop.set_drain(kube, pod, rec)
+    finally:
+        await kube.close()
+
+
+@pytest.mark.parametrize(
+    ("engine", "drain_by"),
+    [("vllm", "gate"), ("sglang", "gate"), ("sglang", "operator")],
+    ids=["vllm-gate", "sglang-gate", "sglang-operator-drain"],
+)
 def test_operator_router_discovers_the_pools_and_serves_through_them(
-    engine, cluster, namespace, operator_factory, tmp_path
+    engine, drain_by, cluster, namespace, operator_factory, tmp_path
 ):
+    """drain_by "gate": only the readiness gate turns False; "operator": the operator's drain code
+    (gate, annotation, and the router's removal API where the router needs it)."""
     if router_binary(engine) is None:
         pytest.skip(f"the {engine} router is not installed: run hack/routers.sh")
     obj = samples.fixed(SAMPLE[engine], prefill=1, decode=2)
@@ -92,11 +112,20 @@ def test_operator_router_discovers_the_pools_and_serves_through_them(
         )
     dep = cluster.get_json("deployment", rname, "-n", namespace)
     args = list(dep["spec"]["template"]["spec"]["containers"][0]["args"])
-    port, metrics_port = free_port(), free_port()
+    if drain_by == "operator":
+        # The router listens on its own pod's IP (loopback), where the operator's drain reaches it.
+        def router_pod_ip():
+            rp = cluster.get_json("pods", "-n", namespace, "-l", f"disagg.dev/router={name}")["items"]
+            return rp[0]["status"].get("podIP") if rp and rp[0]["status"].get("phase") == "Running" else None
+
+        host = cluster.wait_for(router_pod_ip, timeout=60, what="the router pod's IP")
+        port, metrics_port = routers.ROUTER_HTTP_PORT, routers.ROUTER_METRICS_PORT
+    else:
+        host, port, metrics_port = "127.0.0.1", free_port(), free_port()
     for flag, value in (
-        ("--host", "127.0.0.1"),
+        ("--host", host),
         ("--port", str(port)),
-        ("--prometheus-host", "127.0.0.1"),
+        ("--prometheus-host", host),
         ("--prometheus-port", str(metrics_port)),
     ):
         args[args.index(flag) + 1] = value
@@ -124,7 +153,7 @@ def test_operator_router_discovers_the_pools_and_serves_through_them(
         env = dict(os.environ, KUBECONFIG=kubeconfig)
         p = routers.preset(engine)
         router = Proc([str(router_binary(engine)), *p.subcommand, *args], tmp_path / "router.log", env=env)
-        base = f"http://127.0.0.1:{port}"
+        base = f"http://{host}:{port}"
         wait_until(
             lambda: len(http_json(f"{base}/workers", timeout=2)[1].get("workers", [])) == 3,
             90,
@@ -148,10 +177,15 @@ def test_operator_router_discovers_the_pools_and_serves_through_them(
         victim = sorted(n for n, p in pods.items() if p["metadata"]["labels"]["disagg.dev/pool"] == "decode")[
             0
         ]
-        cluster.kubectl(
-            "patch", "pod", victim, "-n", namespace, "--subresource=status", "--type=strategic", "-p",
-            json.dumps({"status": {"conditions": [{"type": "disagg.dev/routable", "status": "False"}]}}),
-        )  # fmt: skip
+        if drain_by == "operator":
+            asyncio.run(
+                operator_drain(cluster.kubeconfig, cluster.get_json("pod", victim, "-n", namespace), True)
+            )
+        else:
+            cluster.kubectl(
+                "patch", "pod", victim, "-n", namespace, "--subresource=status", "--type=strategic", "-p",
+                json.dumps({"status": {"conditions": [{"type": "disagg.dev/routable", "status": "False"}]}}),
+            )  # fmt: skip
         cluster.wait_for(
             lambda: cond(cluster.get_json("pod", victim, "-n", namespace), "Ready") == "False",
             timeout=30,
@@ -182,6 +216,16 @@ def test_operator_router_discovers_the_pools_and_serves_through_them(
         before = e2e_count(url[victim], engine)
         assert all(complete(r, 200, 2) for r in asyncio.run(serve(8, 2)))
         after_removal = e2e_count(url[victim], engine) - before
+        readded = None
+        if drain_by == "operator":  # cancel the drain: the operator re-adds the worker
+            asyncio.run(
+                operator_drain(cluster.kubeconfig, cluster.get_json("pod", victim, "-n", namespace), False)
+            )
+            readded = wait_until(
+                lambda: url[victim] in {w["url"] for w in http_json(f"{base}/workers")[1]["workers"]},
+                30,
+                "the worker re-added",
+            )
     finally:
         if router is not None:
             router.stop()
@@ -190,10 +234,12 @@ def test_operator_router_discovers_the_pools_and_serves_through_them(
         ln for ln in Path(tmp_path / "router.log").read_text().splitlines() if "403" in ln or "orbidden" in ln
     ]
     assert not forbidden, forbidden[:3]
-    print(
-        f"{engine}: a not-Ready decode pod got {not_ready_share:.0f} of 8 new requests; still listed: {still_listed}"
-    )
-    if engine == "vllm":
+    print(f"{engine}/{drain_by}: a not-Ready decode pod got {not_ready_share:.0f} of 8 new requests")
+    if drain_by == "operator":
+        # the operator's drain removed it from the router: no new request at all
+        assert not still_listed and not_ready_share == 0
+        assert readded, "a cancelled drain gives the worker back to the router"
+    elif engine == "vllm":
         # vllm-router 0.1.17 removes a pod whose Ready condition turns False (docs/router.md)
         assert not still_listed and not_ready_share == 0
     else:
