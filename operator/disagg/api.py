@@ -646,6 +646,12 @@ class DisaggDeploymentStatus(_Status):
         None, max_length=64, description='Replica ratio P:D(:E), e.g. "1:2.5" or "1:3:1".'
     )
     last_decision: Decision | None = Field(None, description="The last autoscaling decision.")
+    endpoint: str | None = Field(
+        None,
+        max_length=512,
+        description="OpenAI-compatible base URL of the router inside the cluster "
+        "(http://NAME-router.NAMESPACE:8000/v1); absent when spec.router.enabled is false.",
+    )
     calibration: FreeForm | None = Field(None, description="Stage-model parameters fitted from live metrics.")
 
 

@@ -369,6 +369,13 @@ def router_service(owner: Owner, spec: api.DisaggDeploymentSpec) -> dict[str, An
     }
 
 
+def router_endpoint(owner: Owner, spec: api.DisaggDeploymentSpec) -> str | None:
+    """The deployment's OpenAI-compatible base URL inside the cluster (None without a router)."""
+    if not spec.router.enabled:
+        return None
+    return f"http://{router_name(owner.name)}.{owner.namespace}:{routers.ROUTER_HTTP_PORT}/v1"
+
+
 #: Kinds of the router's objects, in apply order (the account and its rights before the pods).
 ROUTER_KINDS = ("ServiceAccount", "Role", "RoleBinding", "Deployment", "Service")
 

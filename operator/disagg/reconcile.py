@@ -203,6 +203,7 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], replicas: Mapping[str, 
         "conditions": conds,
         "pools": pools,
         "ratio": status.ratio(pools),
+        "endpoint": builders.router_endpoint(owner, spec),
     }
     summary["statusWritten"] = await write_status(kube, body, new_status)
     return summary

@@ -246,3 +246,48 @@ def test_operator_router_discovers_the_pools_and_serves_through_them(
         # sglang-router 0.3.2 keeps it until it is deleted (docs/router.md): the removal API is needed
         assert still_listed
     assert after_removal == 0
+
+
+def test_router_objects_follow_spec_router_and_the_status_shows_the_endpoint(
+    cluster, namespace, operator_factory
+):
+    obj = samples.fixed(SAMPLE["vllm"], prefill=1, decode=1)
+    name = obj["metadata"]["name"]
+    operator_factory([namespace])
+    cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", "-", input=json.dumps(obj))
+    kinds = ("serviceaccount", "role", "rolebinding", "deployment", "service")
+    selector = f"disagg.dev/router={name}"
+
+    def router_objects():
+        return cluster.kubectl(
+            "get", ",".join(kinds), "-n", namespace, "-l", selector, "-o", "name"
+        ).stdout.split()
+
+    cluster.wait_for(lambda: len(router_objects()) == 5, timeout=90, what="the 5 router objects")
+    endpoint = cluster.wait_for(
+        lambda: cluster.get_json("dd", name, "-n", namespace).get("status", {}).get("endpoint"),
+        timeout=60,
+        what="status.endpoint",
+    )
+    assert endpoint == f"http://{name}-router.{namespace}:8000/v1"
+    printed = cluster.kubectl("get", "dd", name, "-n", namespace).stdout
+    assert "ENDPOINT" in printed and endpoint in printed
+
+    cluster.kubectl(
+        "patch",
+        "dd",
+        name,
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"router": {"enabled": False}}}),
+    )
+    cluster.wait_for(lambda: router_objects() == [], timeout=90, what="the router objects deleted")
+    cluster.wait_for(
+        lambda: "endpoint" not in cluster.get_json("dd", name, "-n", namespace).get("status", {}),
+        timeout=60,
+        what="status.endpoint removed",
+    )
+    # the pools are untouched
+    assert len(pods_of(cluster, namespace, name)) == 2

@@ -147,3 +147,8 @@ def test_the_pinned_router_parses_the_operator_args(engine: str):
     ).stdout.split(" ", 3)
     assert out[:3] == ["True", "serving", str(builders.engine_port(api.parse_spec(s)))]
     assert "'disagg.dev/pool', 'prefill'" in out[3] and "'disagg.dev/pool', 'decode'" in out[3]
+
+
+def test_endpoint_is_the_router_service_url_and_absent_without_a_router():
+    assert builders.router_endpoint(OWNER, spec()) == "http://llama-router.serving:8000/v1"
+    assert builders.router_endpoint(OWNER, spec(enabled=False)) is None
