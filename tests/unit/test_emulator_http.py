@@ -300,3 +300,35 @@ def test_token_counting_and_request_parsing():
     for body, chat in (({"messages": []}, True), ({}, False), ({"prompt": "a", "max_tokens": "3"}, False)):
         with pytest.raises(ValueError):
             parse_request(body, chat)
+
+
+def test_the_watcher_records_each_pods_engine_address_and_forgets_unlisted_pods():
+    from disagg.emulator.driver import PodWatcher, pod_address
+
+    def pod(name: str, ip: str | None, routable: bool = True) -> dict:
+        return {
+            "metadata": {
+                "name": name,
+                "namespace": "ns",
+                "uid": name,
+                "labels": {"disagg.dev/deployment": "demo", "disagg.dev/pool": "decode"},
+            },
+            "spec": {
+                "containers": [{"ports": [{"name": "metrics", "containerPort": 9}, {"containerPort": 30000}]}]
+            },
+            "status": {
+                "phase": "Running",
+                **({"podIP": ip} if ip else {}),
+                "conditions": [{"type": "disagg.dev/routable", "status": "True" if routable else "False"}],
+            },
+        }
+
+    assert pod_address(pod("a", "127.1.0.4")) == ("127.1.0.4", 30000)
+    assert pod_address(pod("a", None)) is None
+    fleet = Fleet()
+    fleet.add_deployment(DeploymentEmulator("ns", "demo", StageModels()), 0.0)
+    w = PodWatcher(None, fleet, lambda: 0.0)
+    w.apply({}, [pod("a", "127.1.0.4"), pod("b", "127.1.0.5", routable=False)], 0.0)
+    assert fleet.addresses == {("ns", "a", "a"): ("127.1.0.4", 30000), ("ns", "b", "b"): ("127.1.0.5", 30000)}
+    w.apply({}, [pod("a", "127.1.0.4")], 0.1)  # b is gone from the listing
+    assert fleet.addresses == {("ns", "a", "a"): ("127.1.0.4", 30000)}

@@ -237,6 +237,17 @@ class PodWatcher:
             fleet.add_pod(dep, pool, key[1], key[2], max(now, dep.now))
             seen.add(key)
             log.info("emulator: pod %s/%s: emulated %s engine added", ns, key[1], pool)
+        listed = {
+            (
+                (p.get("metadata") or {}).get("namespace", ""),
+                p["metadata"].get("name", ""),
+                p["metadata"].get("uid", ""),
+            )
+            for p in pods
+            if p.get("metadata")
+        }
+        for key in [k for k in fleet.addresses if k not in listed]:
+            del fleet.addresses[key]
         for key, emu in list(fleet.pods.items()):
             if key not in seen:
                 held = emu.in_flight() + emu.pending_kv_sends()
