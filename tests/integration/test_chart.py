@@ -41,6 +41,10 @@ EXPECTED_RULES = {
     ("", "pods/status"): {"patch"},
     ("", "events"): {"create", "patch"},
     ("", "secrets"): {"get"},
+    # each DisaggDeployment's router: its ServiceAccount and a pods-only Role (docs/router.md)
+    ("", "serviceaccounts"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "list", "watch", "create", "patch", "delete"},
 }
 
 
