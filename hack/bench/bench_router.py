@@ -60,7 +60,9 @@ def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
 
 
-async def one(session, url: str, prompt: str, out: int, rec: dict) -> None:
+async def one(session, url: str | tuple[str, str], prompt: str, out: int, rec: dict) -> None:
+    """One streamed chat completion through the router at `url`, or, given (prefill URL, decode
+    URL), straight to the emulated engines with the client doing vLLM's P/D handshake itself."""
     t0 = time.monotonic()
     body = {
         "model": "emulated",
@@ -69,6 +71,15 @@ async def one(session, url: str, prompt: str, out: int, rec: dict) -> None:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if isinstance(url, tuple):
+        pre = dict(body, max_tokens=1, stream=False, kv_transfer_params={"do_remote_decode": True})
+        pre.pop("stream_options")
+        async with session.post(f"{url[0]}/v1/chat/completions", json=pre) as r:
+            if r.status != 200:
+                rec["errors"] += 1
+                return
+            body["kv_transfer_params"] = (await r.json())["kv_transfer_params"]
+        url = url[1]
     times, usage, finish = [], None, None
     async with session.post(f"{url}/v1/chat/completions", json=body) as r:
         if r.status != 200:
@@ -94,21 +105,23 @@ async def one(session, url: str, prompt: str, out: int, rec: dict) -> None:
     rec["ok"] += 1
 
 
-async def load(url: str, rate: float, duration: float, prompt_tokens: int, out: int) -> dict:
+async def load(urls: list, rate: float, duration: float, prompt_tokens: int, out: int) -> dict:
+    """Open-loop load at `rate`; request n goes to urls[n % len(urls)]."""
     import aiohttp
 
     rec = {"ok": 0, "errors": 0, "truncated": 0, "ttft": [], "itl": []}
     prompt = " ".join(["w"] * (prompt_tokens - 1))
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as s:
-        await one(s, url, "warm up", 2, {"ok": 0, "errors": 0, "truncated": 0, "ttft": [], "itl": []})
+        for u in urls:
+            await one(s, u, "warm up", 2, {"ok": 0, "errors": 0, "truncated": 0, "ttft": [], "itl": []})
         t0 = time.monotonic()
         tasks, n = [], 0
         while (due := n / rate) < duration:
             await asyncio.sleep(max(0.0, t0 + due - time.monotonic()))
             # a distinct first word per request: identical prompts would all go to one worker
             # under the routers' default cache-aware policy
-            tasks.append(asyncio.create_task(one(s, url, f"r{n} {prompt}", out, rec)))
+            tasks.append(asyncio.create_task(one(s, urls[n % len(urls)], f"r{n} {prompt}", out, rec)))
             n += 1
         await asyncio.gather(*tasks)
     rec["sent"] = n
@@ -128,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-tokens", type=int, default=50)
     ap.add_argument("--first-address", default="127.2.80.2")
     ap.add_argument("--router-arg", action="append", default=[], help="extra router flag (repeatable)")
+    ap.add_argument(
+        "--direct",
+        action="store_true",
+        help="no router: the client does vLLM's P/D handshake itself, round robin over the pods "
+        "(the baseline the router's added latency is measured against)",
+    )
     a = ap.parse_args(argv)
 
     p = routers.preset(a.engine)
@@ -152,22 +171,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for addr in addrs:
             wait_ok(f"http://{addr}:{port}/health", 30)
-        rport = free_port()
-        r_args = [str(binary), *p.subcommand, "--host", "127.0.0.1", "--port", str(rport), p.pd_flag]
-        for addr in addrs[: a.prefill]:
-            r_args += ["--prefill", f"http://{addr}:{port}"]
-        for addr in addrs[a.prefill :]:
-            r_args += ["--decode", f"http://{addr}:{port}"]
-        r_args += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), *a.router_arg]
-        router = subprocess.Popen(r_args, stdout=open(tmp / "router.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
-        url = f"http://127.0.0.1:{rport}"
-        wait_ok(f"{url}/workers", 60)
-        time.sleep(2)  # the router's workers become healthy
-        c0 = (cpu_seconds(router.pid), cpu_seconds(emu.pid), time.process_time())
+        if a.direct:
+            pre = [f"http://{x}:{port}" for x in addrs[: a.prefill]]
+            dec = [f"http://{x}:{port}" for x in addrs[a.prefill :]]
+            urls = [(pre[i % len(pre)], dec[i % len(dec)]) for i in range(len(pre) * len(dec))]
+        else:
+            rport = free_port()
+            r_args = [str(binary), *p.subcommand, "--host", "127.0.0.1", "--port", str(rport), p.pd_flag]
+            for addr in addrs[: a.prefill]:
+                r_args += ["--prefill", f"http://{addr}:{port}"]
+            for addr in addrs[a.prefill :]:
+                r_args += ["--decode", f"http://{addr}:{port}"]
+            r_args += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), *a.router_arg]
+            router_log = open(tmp / "router.log", "w")  # noqa: SIM115 - the child's log
+            router = subprocess.Popen(r_args, stdout=router_log, stderr=subprocess.STDOUT)
+            urls = [f"http://127.0.0.1:{rport}"]
+            wait_ok(f"{urls[0]}/workers", 60)
+            time.sleep(2)  # the router's workers become healthy
+        rpid = router.pid if router is not None else None
+        c0 = (cpu_seconds(rpid) if rpid else 0.0, cpu_seconds(emu.pid), time.process_time())
         w0 = time.monotonic()
-        rec = asyncio.run(load(url, a.rate, a.duration, a.input_tokens, a.output_tokens))
+        rec = asyncio.run(load(urls, a.rate, a.duration, a.input_tokens, a.output_tokens))
         wall = time.monotonic() - w0
-        c1 = (cpu_seconds(router.pid), cpu_seconds(emu.pid), time.process_time())
+        c1 = (cpu_seconds(rpid) if rpid else 0.0, cpu_seconds(emu.pid), time.process_time())
     finally:
         if router is not None:
             router.terminate()
@@ -176,9 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         emu.wait(30)
     summary = json.loads((tmp / "summary.json").read_text())
     engine_ttft = summary["ttft_s"]
-    print(
-        f"router: {a.engine} ({p.requirement}); fleet: {a.prefill} prefill + {a.decode} decode emulated pods"
-    )
+    via = "no router (client-side vLLM handshake)" if a.direct else f"{a.engine} ({p.requirement})"
+    print(f"router: {via}; fleet: {a.prefill} prefill + {a.decode} decode emulated pods")
     print(
         f"load: {rec['sent']} streams at {a.rate:g}/s for {a.duration:g} s "
         f"({a.input_tokens} prompt, {a.output_tokens} output tokens); wall {wall:.1f} s"
