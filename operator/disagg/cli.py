@@ -20,6 +20,7 @@ COMMANDS = [
     "simulate",
     "evaluate",
     "emulate",
+    "replay",
     "run",
     "crds",
     "dashboard",

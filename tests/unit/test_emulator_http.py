@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 
 import aiohttp
@@ -332,3 +333,35 @@ def test_the_watcher_records_each_pods_engine_address_and_forgets_unlisted_pods(
     assert fleet.addresses == {("ns", "a", "a"): ("127.1.0.4", 30000), ("ns", "b", "b"): ("127.1.0.5", 30000)}
     w.apply({}, [pod("a", "127.1.0.4")], 0.1)  # b is gone from the listing
     assert fleet.addresses == {("ns", "a", "a"): ("127.1.0.4", 30000)}
+
+
+def test_replay_sends_a_trace_at_its_timestamps_and_checks_every_stream(tmp_path):
+    """`disagg replay` against an emulated decode pod (whole requests, no handshake)."""
+    from disagg import workload
+    from disagg.replay import Replay, summarize
+
+    trace = tmp_path / "trace.jsonl"
+    rows = [(0, 300, 4), (200, 500, 6), (200, 100, 3), (700, 800, 5)]  # ms, prompt, output
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": t, "input_length": p, "output_length": o}) + "\n" for t, p, o in rows
+        )
+    )
+    w = workload.load_trace(str(trace))
+
+    async def main():
+        async with Served() as s:
+            rp = Replay(f"{s.url(s.decode[0])}/v1")
+            await rp.run(w.arrival_s.tolist(), w.prompt_tokens.tolist(), w.output_tokens.tolist())
+            bad = Replay(f"{s.url(s.prefill[0])}/v1")  # a prefill pod refuses plain requests
+            await bad.run([0.0], [10], [2])
+            return rp.results, bad.results, s.fleet.deployments
+
+    results, bad, _ = asyncio.run(main())
+    s = summarize(results)
+    assert (s["requests"], s["ok"], s["failed"], s["truncated"]) == (4, 4, 0, 0)
+    for r in results:
+        assert 0 <= r.sent_s - r.scheduled_s < 0.1, "sent at its timestamp"
+        assert r.ttft_s > 0 and r.itl_s > 0
+    assert [r.scheduled_s for r in results] == [0.0, 0.2, 0.2, 0.7]
+    assert summarize(bad)["failed"] == 1 and "HTTP 400" in bad[0].detail
