@@ -15,6 +15,7 @@
 #   DISAGG_GPUS_PER_NODE  nvidia.com/gpu per node          (default: 8)
 #   DISAGG_NODE_CPU       cpu per node                     (default: 96)
 #   DISAGG_NODE_MEMORY    memory per node                  (default: 1Ti)
+#   DISAGG_POD_CIDR       pod IPs; must be inside 127.0.0.0/8 (default: 127.1.0.0/16)
 #   DISAGG_STATE_DIR      state (kwokctl workdir, kubeconfig)
 #                         (default: ~/.cache/disagg-operator/state)
 # The kubeconfig is written to ${DISAGG_STATE_DIR}/<name>.kubeconfig, and nowhere else:
@@ -32,6 +33,7 @@ NODES="${DISAGG_GPU_NODES:-4}"
 GPUS="${DISAGG_GPUS_PER_NODE:-8}"
 NODE_CPU="${DISAGG_NODE_CPU:-96}"
 NODE_MEM="${DISAGG_NODE_MEMORY:-1Ti}"
+POD_CIDR="${DISAGG_POD_CIDR:-127.1.0.0/16}"
 STATE="${DISAGG_STATE_DIR:-${HOME}/.cache/disagg-operator/state}"
 KUBECONFIG_PATH="${STATE}/${NAME}.kubeconfig"
 export KWOK_WORKDIR="${STATE}/kwok"
@@ -61,6 +63,7 @@ is_running() {
 
 write_config() {
   local cfg="${STATE}/${NAME}.kwokctl.yaml"
+  [[ "${POD_CIDR}" == 127.* ]] || die "DISAGG_POD_CIDR=${POD_CIDR} is outside 127.0.0.0/8; emulated pods must stay on loopback"
   mkdir -p "${STATE}"
   cat > "${cfg}" <<EOF
 apiVersion: config.kwok.x-k8s.io/v1alpha1
@@ -91,6 +94,12 @@ componentsPatches:
   extraArgs:
   - key: leader-elect
     value: "false"
+# Pod IPs inside loopback: each emulated engine (disagg emulate --serve) binds its own pod IP,
+# and a router or client that follows a pod IP never leaves the machine.
+- name: kwok-controller
+  extraArgs:
+  - key: cidr
+    value: ${POD_CIDR}
 EOF
   cat "${HERE}/kwok/stages.yaml" >> "${cfg}"
   echo "${cfg}"

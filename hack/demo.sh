@@ -8,17 +8,20 @@
 #   hack/demo.sh watch   follow the pool sizes (Ctrl-C to stop watching)
 #   hack/demo.sh down    stop the services and delete the cluster
 #
-# Ports (loopback): dashboard 8081, operator metrics 8080, Prometheus 9090, emulator 9400.
+# Ports (loopback): dashboard 8081, operator metrics 8080, Prometheus 9090, emulator 9400,
+# the router's OpenAI-compatible endpoint 8090 (its metrics 8091); the emulated engines serve
+# HTTP on their pod IPs (127.1.0.0/16).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(dirname "${HERE}")"
-STATE="${DISAGG_STATE_DIR:-${HOME}/.cache/disagg-operator/state}/demo"
+STATE="${DEMO_STATE_DIR:-${DISAGG_STATE_DIR:-${HOME}/.cache/disagg-operator/state}/demo}"
 NS="${DEMO_NAMESPACE:-disagg-demo}"
 RELEASE=disagg
 DASH_PORT="${DEMO_DASHBOARD_PORT:-8081}"
 METRICS_PORT="${DEMO_METRICS_PORT:-8080}"
 PROM_PORT="${DEMO_PROMETHEUS_PORT:-9090}"
 EMU_PORT="${DEMO_EMULATOR_PORT:-9400}"
+ROUTER_PORT="${DEMO_ROUTER_PORT:-8090}"
 # Load: rate (requests/s) changes at these seconds, then the schedule repeats.
 SCHEDULE="${DEMO_SCHEDULE:-0:1,60:4,150:8,270:3,390:1,480:6,600:2}"
 DURATION="${DEMO_DURATION:-0}"
@@ -106,9 +109,11 @@ PY
     --metrics-port "${METRICS_PORT}" --dashboard-port "${DASH_PORT}" --liveness-port 8082 \
     --allow-prometheus-url "http://127.0.0.1:${PROM_PORT}"
 
-  start_bg emulator disagg emulate --kubeconfig "${KUBECONFIG}" --namespace "${NS}" \
+  start_bg emulator disagg emulate --kubeconfig "${KUBECONFIG}" --namespace "${NS}" --serve \
     --metrics-port "${EMU_PORT}" --schedule "${SCHEDULE}" --input-tokens 3000 --input-tokens-std 1500 \
     --output-tokens 300 --output-tokens-std 150 --duration "${DURATION}"
+
+  start_router llama-demo
 
   for _ in $(seq 1 60); do
     curl -fsS "http://127.0.0.1:${DASH_PORT}/healthz" >/dev/null 2>&1 && break
@@ -117,6 +122,11 @@ PY
   cat <<EOF
 
   disagg-operator demo is running.
+
+Endpoint: http://127.0.0.1:${ROUTER_PORT}/v1
+
+    Try it:   curl -N http://127.0.0.1:${ROUTER_PORT}/v1/chat/completions -H 'content-type: application/json' \\
+                -d '{"model": "llama-3.1-70b (emulated)", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "stream": true}'
 
     Dashboard:    http://127.0.0.1:${DASH_PORT}/
     Prometheus:   http://127.0.0.1:${PROM_PORT}/
@@ -130,6 +140,43 @@ PY
 EOF
 }
 
+start_router() { # the operator's router for DisaggDeployment $1, run here like the operator
+  # (router pods land on simulated nodes too): the pinned binary, the flags of the Deployment the
+  # operator built, the router's own ServiceAccount; only its listen addresses move to loopback.
+  local dep="$1-router" dir
+  dir="$("${HERE}/routers.sh")"
+  for _ in $(seq 1 120); do
+    kc -n "${NS}" get deploy "${dep}" >/dev/null 2>&1 && kc -n "${NS}" get sa "${dep}" >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  local token server ca
+  token="$(kc -n "${NS}" create token "${dep}" --duration=24h)"
+  server="$(kc config view --minify --raw -o jsonpath='{.clusters[0].cluster.server}')"
+  ca="$(kc config view --minify --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')"
+  cat > "${STATE}/router.kubeconfig" <<KUBECONFIG_END
+apiVersion: v1
+kind: Config
+clusters: [{name: demo, cluster: {server: "${server}", certificate-authority-data: "${ca}"}}]
+users: [{name: ${dep}, user: {token: "${token}"}}]
+contexts: [{name: demo, context: {cluster: demo, user: ${dep}, namespace: ${NS}}}]
+current-context: demo
+KUBECONFIG_END
+  local cmd
+  mapfile -t cmd < <(kc -n "${NS}" get deploy "${dep}" -o json | PYTHONPATH="${ROOT}/operator" python3 -c '
+import json, sys
+from disagg import routers
+c = json.load(sys.stdin)["spec"]["template"]["spec"]["containers"][0]
+args = list(c["args"])
+port = int(sys.argv[1])
+for flag, value in (("--host", "127.0.0.1"), ("--port", port), ("--prometheus-host", "127.0.0.1"),
+                    ("--prometheus-port", port + 1)):
+    args[args.index(flag) + 1] = str(value)
+p = next(p for p in routers.PRESETS.values() if c["command"][-1] == p.binary)
+print("\n".join([f"{p.package}-{p.version}/bin/{p.binary}", *p.subcommand, *args]))
+' "${ROUTER_PORT}")
+  KUBECONFIG="${STATE}/router.kubeconfig" start_bg router "${dir}/${cmd[0]}" "${cmd[@]:1}"
+}
+
 watch_pools() {
   KUBECONFIG="$("${HERE}/cluster.sh" kubeconfig)"
   while true; do
@@ -140,7 +187,7 @@ watch_pools() {
 }
 
 down() {
-  for s in emulator operator prometheus; do stop_bg "${s}"; done
+  for s in router emulator operator prometheus; do stop_bg "${s}"; done
   "${HERE}/cluster.sh" down
   log "demo stopped"
 }

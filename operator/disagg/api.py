@@ -598,6 +598,48 @@ class SLO(_Model):
     )
 
 
+#: Compute resources of the router container (a core/v1 ResourceRequirements), kept verbatim.
+RouterResources = Annotated[
+    dict[str, Any],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "description": "Resources of the router container (a core/v1 ResourceRequirements: requests, "
+            "limits).",
+        }
+    ),
+]
+
+
+class Router(_Model):
+    """The engine's own P/D router in front of the pools: the deployment's one OpenAI-compatible endpoint.
+
+    vLLM gets `vllm-router`, SGLang `sglang-router` (pinned versions, docs/router.md); the
+    operator passes the pool selectors and gives it a namespaced Role to discover the pods.
+    """
+
+    enabled: bool = Field(
+        True, description="Run the router (a Deployment and a Service named <name>-router)."
+    )
+    image: str | None = Field(
+        None,
+        min_length=1,
+        max_length=512,
+        description="Router container image. Default: a pinned Python image that installs the pinned router "
+        "wheel from PyPI at start; an image that already has the router binary runs it directly.",
+    )
+    replicas: int = Field(1, ge=0, le=64, description="Router replicas.")
+    resources: RouterResources = Field(
+        default_factory=dict, description="Resources of the router container (requests, limits)."
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Arguments appended to the router's command line (e.g. --prefill-policy round_robin).",
+    )
+
+
 class SecretKeyRef(_Model):
     """A key of a Secret in the DisaggDeployment's namespace."""
 
@@ -718,6 +760,7 @@ class DisaggDeploymentSpec(_Model):
     kv_transfer: KVTransfer = _sub(KVTransfer, "KV-cache transfer model between prefill and decode.")
     slo: SLO = _sub(SLO, "Latency targets the pools are sized for.")
     autoscaling: Autoscaling = _sub(Autoscaling, "Autoscaler settings.")
+    router: Router = _sub(Router, "The P/D router in front of the pools (the deployment's endpoint).")
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": SPEC_RULES})
 
@@ -806,6 +849,12 @@ class DisaggDeploymentStatus(_Status):
         None, max_length=64, description='Replica ratio P:D(:E), e.g. "1:2.5" or "1:3:1".'
     )
     last_decision: Decision | None = Field(None, description="The last autoscaling decision.")
+    endpoint: str | None = Field(
+        None,
+        max_length=512,
+        description="OpenAI-compatible base URL of the router inside the cluster "
+        "(http://NAME-router.NAMESPACE:8000/v1); absent when spec.router.enabled is false.",
+    )
     calibration: FreeForm | None = Field(None, description="Stage-model parameters fitted from live metrics.")
     scaler_state: FreeForm | None = Field(
         None,

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from disagg import api
+from disagg import api, routers
 from disagg.names import ANNOTATION_TEMPLATE_HASH, LABEL_DEPLOYMENT, LABEL_POOL, MANAGER, READINESS_GATE
 
 GPU_RESOURCE = api.GPU_RESOURCE
@@ -216,3 +216,173 @@ def all_objects(
     for pool in api.pool_names(spec):
         out.extend(pool_objects(owner, spec, pool, replicas.get(pool)))
     return out
+
+
+# --------------------------------------------------------------------------- the router
+
+#: Label of the router's objects and pods. Not `disagg.dev/deployment`: the router is not a pool
+#: (the pool logic, the drain and the emulator select pods by that label).
+LABEL_ROUTER = "disagg.dev/router"
+
+
+def router_name(owner_name: str) -> str:
+    return f"{owner_name}-router"
+
+
+def router_selector_labels(owner_name: str) -> dict[str, str]:
+    return {LABEL_ROUTER: owner_name}
+
+
+def router_labels(owner_name: str, engine: str) -> dict[str, str]:
+    return {
+        **router_selector_labels(owner_name),
+        "app.kubernetes.io/name": routers.preset(engine).package,
+        "app.kubernetes.io/instance": owner_name,
+        "app.kubernetes.io/component": "router",
+        "app.kubernetes.io/part-of": PART_OF,
+        "app.kubernetes.io/managed-by": MANAGER,
+    }
+
+
+def _router_meta(owner: Owner, spec: api.DisaggDeploymentSpec) -> dict[str, Any]:
+    return {
+        "name": router_name(owner.name),
+        "namespace": owner.namespace,
+        "labels": router_labels(owner.name, spec.engine),
+        "ownerReferences": [owner.reference()],
+    }
+
+
+def engine_port(spec: api.DisaggDeploymentSpec) -> int:
+    """The engines' HTTP port the router reaches the pods on (decode's, or colocated's).
+
+    The router takes one port for all discovered pods, so prefill and decode must serve on the
+    same port (see docs/router.md).
+    """
+    pool = "colocated" if spec.placement.mode == "colocated" else "decode"
+    return int(_ports(spec, pool)[0]["port"])
+
+
+def router_args(owner: Owner, spec: api.DisaggDeploymentSpec) -> list[str]:
+    """The router's flags: pool selectors, this namespace only, the engine port, spec.router.extraArgs."""
+    if spec.placement.mode == "colocated":
+        sel = {"worker_selector": selector_labels(owner.name, "colocated")}
+    else:
+        sel = {
+            "prefill_selector": selector_labels(owner.name, "prefill"),
+            "decode_selector": selector_labels(owner.name, "decode"),
+        }
+    return routers.router_args(
+        spec.engine,
+        namespace=owner.namespace,
+        engine_port=engine_port(spec),
+        extra=spec.router.extra_args,
+        **sel,
+    )
+
+
+def router_service_account(owner: Owner, spec: api.DisaggDeploymentSpec) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _router_meta(owner, spec)}
+
+
+def router_role(owner: Owner, spec: api.DisaggDeploymentSpec) -> dict[str, Any]:
+    """Least privilege for the router's Kubernetes discovery: watch the pods of this namespace."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _router_meta(owner, spec),
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+    }
+
+
+def router_role_binding(owner: Owner, spec: api.DisaggDeploymentSpec) -> dict[str, Any]:
+    name = router_name(owner.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _router_meta(owner, spec),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+    }
+
+
+def router_deployment(owner: Owner, spec: api.DisaggDeploymentSpec) -> dict[str, Any]:
+    """The router's Deployment: the pinned router binary with the pools' selectors."""
+    r = spec.router
+    container = {
+        "name": "router",
+        "image": r.image or routers.DEFAULT_ROUTER_IMAGE,
+        "command": routers.container_command(spec.engine),
+        "args": router_args(owner, spec),
+        "ports": [
+            {"name": "http", "containerPort": routers.ROUTER_HTTP_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": routers.ROUTER_METRICS_PORT, "protocol": "TCP"},
+        ],
+        # A TCP probe: the routers' /health answers for the workers too, and an empty pool
+        # must not make the endpoint unready.
+        "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 5},
+    }
+    if r.resources:
+        container["resources"] = copy.deepcopy(r.resources)
+    template = {
+        "metadata": {"labels": router_labels(owner.name, spec.engine)},
+        "spec": {"serviceAccountName": router_name(owner.name), "containers": [container]},
+    }
+    meta = _router_meta(owner, spec)
+    meta["annotations"] = {ANNOTATION_TEMPLATE_HASH: template_hash(template)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "replicas": r.replicas,
+            "selector": {"matchLabels": router_selector_labels(owner.name)},
+            "template": template,
+        },
+    }
+
+
+def router_service(owner: Owner, spec: api.DisaggDeploymentSpec) -> dict[str, Any]:
+    """The deployment's endpoint: OpenAI-compatible API on port 8000, the router's metrics on 29000."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _router_meta(owner, spec),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": router_selector_labels(owner.name),
+            "ports": [
+                {"name": "http", "port": routers.ROUTER_HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                {
+                    "name": "metrics",
+                    "port": routers.ROUTER_METRICS_PORT,
+                    "targetPort": "metrics",
+                    "protocol": "TCP",
+                },
+            ],
+        },
+    }
+
+
+def router_endpoint(owner: Owner, spec: api.DisaggDeploymentSpec) -> str | None:
+    """The deployment's OpenAI-compatible base URL inside the cluster (None without a router)."""
+    if not spec.router.enabled:
+        return None
+    return f"http://{router_name(owner.name)}.{owner.namespace}:{routers.ROUTER_HTTP_PORT}/v1"
+
+
+#: Kinds of the router's objects, in apply order (the account and its rights before the pods).
+ROUTER_KINDS = ("ServiceAccount", "Role", "RoleBinding", "Deployment", "Service")
+
+
+def router_objects(owner: Owner, spec: api.DisaggDeploymentSpec) -> list[dict[str, Any]]:
+    """The router's objects (none when spec.router.enabled is false)."""
+    if not spec.router.enabled:
+        return []
+    return [
+        router_service_account(owner, spec),
+        router_role(owner, spec),
+        router_role_binding(owner, spec),
+        router_deployment(owner, spec),
+        router_service(owner, spec),
+    ]

@@ -27,6 +27,7 @@ COMMANDS = [
     "simulate",
     "evaluate",
     "emulate",
+    "replay",
     "run",
     "crds",
     "dashboard",

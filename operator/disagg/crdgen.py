@@ -154,6 +154,12 @@ PRINTER_COLUMNS = [
     {"name": "Encoder", "type": "integer", "jsonPath": ".status.pools.encoder.replicas"},
     {"name": "Ratio", "type": "string", "jsonPath": ".status.ratio", "description": "Replica ratio P:D(:E)"},
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+    {
+        "name": "Endpoint",
+        "type": "string",
+        "jsonPath": ".status.endpoint",
+        "description": "The router's /v1 URL",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

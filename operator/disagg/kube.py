@@ -70,6 +70,9 @@ RESOURCES = {
     "Event": Resource("v1", "Event", "events"),
     "PodDisruptionBudget": Resource("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
     "Lease": Resource("coordination.k8s.io/v1", "Lease", "leases"),
+    "ServiceAccount": Resource("v1", "ServiceAccount", "serviceaccounts"),
+    "Role": Resource("rbac.authorization.k8s.io/v1", "Role", "roles"),
+    "RoleBinding": Resource("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
     KIND: Resource(f"{GROUP}/{VERSION}", KIND, PLURAL),
 }
 

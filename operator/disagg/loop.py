@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from disagg import api, autoscaler, drain, metrics, names, opmetrics, reconcile, status
+from disagg import api, autoscaler, drain, metrics, names, opmetrics, reconcile, routerclient, status
 from disagg.kube import Kube, NotFound
 from disagg.promclient import client_for
 
@@ -200,10 +200,12 @@ async def set_drain(
         await reconcile.set_routable(
             kube, pod, True, names.GATE_READMITTED, "drain cancelled; routable again"
         )
+        await routerclient.set_worker_routable(kube, pod, True)
     elif record.removing is None and status.pod_condition(pod, names.READINESS_GATE) != "False":
         await reconcile.set_routable(
             kube, pod, False, names.GATE_DRAINING, "being drained by disagg-operator"
         )
+        await routerclient.set_worker_routable(kube, pod, False)  # routers that ignore Ready
 
 
 async def readmit(kube: Kube, body: Mapping[str, Any], pod: Mapping[str, Any], why: str) -> None:

@@ -239,6 +239,8 @@ async def _reconcile_valid(
                     f"Deleted {kind} {obj['metadata']['name']} (pool {pool} removed)",
                 )
 
+    await reconcile_router(kube, body, spec, owner, summary)
+
     # New pods become routable once running (the operator owns the readiness gate).
     for pod in children["Pod"]:
         if status.needs_admission(pod):
@@ -268,6 +270,7 @@ async def _reconcile_valid(
         "conditions": conds,
         "pools": pools,
         "ratio": status.ratio(pools),
+        "endpoint": builders.router_endpoint(owner, spec),
     }
     summary["statusWritten"] = await write_status(kube, body, new_status)
     if summary["statusWritten"] and warnings and _condition_changed(body, conds, names.COND_WARNING):
@@ -292,6 +295,51 @@ def _condition_changed(body: Mapping[str, Any], conds: list[dict[str, Any]], cty
         return (c.get("status"), c.get("message")) if c else None
 
     return pick((body.get("status") or {}).get("conditions")) != pick(conds)
+
+
+async def reconcile_router(
+    kube: Kube, body: Mapping[str, Any], spec: api.DisaggDeploymentSpec, owner: builders.Owner, summary: dict
+) -> None:
+    """Apply the router's objects (spec.router), delete them when it is disabled.
+
+    A refused write (e.g. the operator may not create Roles) is reported as an event and
+    logged; the pools are reconciled regardless.
+    """
+    sel = f"{builders.LABEL_ROUTER}={owner.name}"
+    try:
+        found = await asyncio.gather(*(kube.list(k, owner.namespace, sel) for k in builders.ROUTER_KINDS))
+        existing = {
+            (k, o["metadata"]["name"]): o
+            for k, objs in zip(builders.ROUTER_KINDS, found, strict=True)
+            for o in objs
+        }
+        for obj in builders.router_objects(owner, spec):
+            with_hash(obj)
+            key = (obj["kind"], obj["metadata"]["name"])
+            cur = existing.pop(key, None)
+            cur_hash = ((cur or {}).get("metadata", {}).get("annotations") or {}).get(ANNOTATION_APPLIED)
+            drifted = (
+                cur is not None
+                and obj["kind"] == "Deployment"
+                and cur["spec"].get("replicas") != obj["spec"]["replicas"]
+            )
+            if (
+                cur is not None
+                and cur_hash == obj["metadata"]["annotations"][ANNOTATION_APPLIED]
+                and not drifted
+            ):
+                continue
+            await kube.apply(obj)
+            verb = "Created" if cur is None else "Updated"
+            summary["applied"].append(f"{key[0]}/{key[1]}")
+            await kube.event(body, f"Router{verb}", f"{verb} {key[0]} {key[1]}")
+        for (kind, name), _obj in existing.items():  # router disabled (or a kind no longer used)
+            if await kube.delete(kind, owner.namespace, name):
+                summary["deleted"].append(f"{kind}/{name}")
+                await kube.event(body, "RouterDeleted", f"Deleted {kind} {name}")
+    except ApiError as exc:
+        log.warning("router of %s/%s not reconciled: %s", owner.namespace, owner.name, exc)
+        await kube.event(body, "RouterFailed", f"router not reconciled: {exc}"[:1000], type_="Warning")
 
 
 async def set_routable(kube: Kube, pod: Mapping[str, Any], routable: bool, reason: str, message: str) -> None:

@@ -37,9 +37,13 @@ EXPECTED_RULES = {
     ("apps", "deployments"): {"list", "watch", "create", "patch", "delete"},
     ("", "services"): {"list", "create", "patch", "delete"},
     ("policy", "poddisruptionbudgets"): {"list", "create", "patch", "delete"},
-    ("", "pods"): {"list", "watch", "patch"},
+    ("", "pods"): {"get", "list", "watch", "patch"},
     ("", "pods/status"): {"patch"},
     ("", "events"): {"create"},
+    # each DisaggDeployment's router: its ServiceAccount and a pods-only Role (docs/router.md)
+    ("", "serviceaccounts"): {"list", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"list", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"list", "create", "patch", "delete"},
 }
 #: Only with prometheus.allowedUrls (per-object Prometheus credentials).
 SECRETS_RULE = {("", "secrets"): {"get"}}
@@ -64,12 +68,25 @@ VERB_USES = {
     ("poddisruptionbudgets", "create"): ("reconcile.py", "await kube.apply(obj)"),
     ("poddisruptionbudgets", "patch"): ("reconcile.py", "await kube.apply(obj)"),
     ("poddisruptionbudgets", "delete"): ("reconcile.py", "await kube.delete(kind, ns"),
+    ("pods", "get"): ("builders.py", '"resources": ["pods"], "verbs": ["get", "list", "watch"]'),
     ("pods", "list"): ("loop.py", 'kube.list("Pod"'),
     ("pods", "watch"): ("handlers.py", '@kopf.on.event("", "v1", "pods"'),
     ("pods", "patch"): ("loop.py", 'kube.patch("Pod"'),
     ("pods/status", "patch"): ("reconcile.py", 'subresource="status", patch_type="strategic"'),
     ("events", "create"): ("kube.py", 'resource_for("Event").path'),
     ("secrets", "get"): ("promclient.py", 'kube.get("Secret"'),
+    ("serviceaccounts", "list"): ("reconcile.py", "kube.list(k, owner.namespace, sel)"),
+    ("serviceaccounts", "create"): ("reconcile.py", "await kube.apply(obj)"),
+    ("serviceaccounts", "patch"): ("reconcile.py", "await kube.apply(obj)"),
+    ("serviceaccounts", "delete"): ("reconcile.py", "await kube.delete(kind, owner.namespace, name)"),
+    ("roles", "list"): ("reconcile.py", "kube.list(k, owner.namespace, sel)"),
+    ("roles", "create"): ("reconcile.py", "await kube.apply(obj)"),
+    ("roles", "patch"): ("reconcile.py", "await kube.apply(obj)"),
+    ("roles", "delete"): ("reconcile.py", "await kube.delete(kind, owner.namespace, name)"),
+    ("rolebindings", "list"): ("reconcile.py", "kube.list(k, owner.namespace, sel)"),
+    ("rolebindings", "create"): ("reconcile.py", "await kube.apply(obj)"),
+    ("rolebindings", "patch"): ("reconcile.py", "await kube.apply(obj)"),
+    ("rolebindings", "delete"): ("reconcile.py", "await kube.delete(kind, owner.namespace, name)"),
 }
 
 

@@ -38,6 +38,7 @@ PURE = [
     "disagg.names",
     "disagg.sizes",
     "disagg.burstiness",
+    "disagg.routers",
 ]
 # Modules that must exist for the contract to mean something.
 REQUIRED = {

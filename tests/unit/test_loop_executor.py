@@ -282,7 +282,8 @@ def test_reconcile_reports_an_invalid_spec_as_true_and_a_valid_one_as_false():
     kube.obj(api.KIND, NS, NAME)["spec"] = sample_spec()
     asyncio.run(reconcile.reconcile(kube, kube.obj(api.KIND, NS, NAME)))
     assert kube.condition(NS, NAME, names.COND_INVALID_SPEC)["status"] == "False"
-    assert {k[2] for k in kube.objects if k[0] == "Deployment"} == {f"{NAME}-prefill", f"{NAME}-decode"}
+    deployments = {k[2] for k in kube.objects if k[0] == "Deployment"}
+    assert deployments == {f"{NAME}-prefill", f"{NAME}-decode", f"{NAME}-router"}  # pools and the router
 
 
 # ---------------------------------------------------------------------------- state across restarts

@@ -24,7 +24,13 @@ class FakeKube:
         self.refuse = refuse or {}  # kind -> message of a 422
 
     async def list(self, kind: str, namespace: str | None = None, selector: str | None = None) -> list[dict]:
-        return [copy.deepcopy(o) for (k, _), o in self.objects.items() if k == kind]
+        want = dict(kv.split("=", 1) for kv in selector.split(",")) if selector else {}
+
+        def selected(o: dict) -> bool:
+            labels = o["metadata"].get("labels") or {}
+            return all(labels.get(k) == v for k, v in want.items())
+
+        return [copy.deepcopy(o) for (k, _), o in self.objects.items() if k == kind and selected(o)]
 
     async def apply(self, obj: dict, subresource: str | None = None, force: bool = True) -> dict:
         if obj["kind"] in self.refuse:
@@ -104,10 +110,15 @@ def test_valid_spec_is_not_invalid_and_creates_every_child():
     assert sorted(kube.objects) == [
         ("Deployment", "llama-decode"),
         ("Deployment", "llama-prefill"),
+        ("Deployment", "llama-router"),
         ("PodDisruptionBudget", "llama-decode"),
         ("PodDisruptionBudget", "llama-prefill"),
+        ("Role", "llama-router"),
+        ("RoleBinding", "llama-router"),
         ("Service", "llama-decode"),
         ("Service", "llama-prefill"),
+        ("Service", "llama-router"),
+        ("ServiceAccount", "llama-router"),
     ]
 
 

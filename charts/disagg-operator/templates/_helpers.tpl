@@ -64,6 +64,7 @@ The operator's API permissions, least privilege (shared by Role and ClusterRole)
 is used by the code path tests/integration/test_chart.py::VERB_USES names.
 Server-side apply is a PATCH; creating through apply also needs create.
 Events are core/v1 (the operator's and Kopf's own), created only; events.k8s.io is not used.
+pods get: held so that the operator may grant it in each router's pods-only Role.
 pods/status patch: the operator owns the pods' disagg.dev/routable readiness gate.
 Secrets: get only, and only when prometheus.allowedUrls lets a DisaggDeployment name its own
 Prometheus and credentials (the operator then uses a Secret only if allowed or labelled).
@@ -86,13 +87,21 @@ Prometheus and credentials (the operator then uses a Secret only if allowed or l
   verbs: [list, create, patch, delete]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch, patch]
+  verbs: [get, list, watch, patch]
 - apiGroups: [""]
   resources: [pods/status]
   verbs: [patch]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+# The router of each DisaggDeployment: its ServiceAccount and a Role to read pods (the
+# operator holds pods get/list/watch itself, so it may grant them; no escalate/bind needed).
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [list, create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [list, create, patch, delete]
 {{- if .Values.prometheus.allowedUrls }}
 - apiGroups: [""]
   resources: [secrets]

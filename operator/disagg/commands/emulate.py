@@ -110,6 +110,25 @@ def register(subparsers: Any) -> None:
     e.add_argument(
         "--max-queue", type=int, default=1000, help="front-door queue bound; further requests are rejected"
     )
+    h = p.add_argument_group("serving (OpenAI-compatible HTTP per emulated pod; docs/emulator.md)")
+    h.add_argument(
+        "--serve",
+        action="store_true",
+        help="each emulated pod serves /v1/completions, /v1/chat/completions, /v1/models, /health, "
+        "/metrics on its pod IP (must be in 127.0.0.0/8); --rate 0 for no generated load",
+    )
+    h.add_argument(
+        "--serve-address",
+        default="127.2.0.2",
+        help="standalone: address of the first pod, the next pods count up (default 127.2.0.2)",
+    )
+    h.add_argument(
+        "--serve-port",
+        type=int,
+        default=8000,
+        help="standalone: engine port of every pod (default 8000; 0 = any); in a cluster each pod's "
+        "container port",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--metrics-port", type=int, default=9400, help="Prometheus port (default 9400; 0 = any)")
     o.add_argument("--metrics-host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
@@ -142,6 +161,10 @@ def build_load(args: argparse.Namespace):
     if args.schedule:
         schedule = parse_schedule(args.schedule)
     else:
+        if args.serve and args.rate == 0:
+            from disagg.emulator.driver import _NoLoad
+
+            return _NoLoad()  # requests come over HTTP only
         if not args.rate > 0:
             raise UsageError(f"--rate must be > 0, got {args.rate}")
         schedule = [(0.0, args.rate)]
@@ -238,9 +261,24 @@ def run(args: argparse.Namespace) -> int:
     load = build_load(args)
     duration = args.duration if args.duration > 0 else math.inf
 
+    def serving(fleet, address_of):
+        if not args.serve:
+            return None
+        from disagg.emulator.http import FleetServer
+
+        return lambda now, metrics: FleetServer(fleet, now, address_of=address_of, metrics_text=metrics)
+
     async def main() -> dict:
         if args.standalone:
             fleet = standalone_fleet(args)
+            if args.serve:
+                from disagg.emulator.http import check_loopback, sequential_addresses
+
+                try:
+                    check_loopback(args.serve_address)
+                except ValueError as exc:
+                    raise UsageError(f"--serve-address: {exc}") from None
+                address_of = sequential_addresses(args.serve_address, args.serve_port)
             # the fleet was built at t=0; the driver's clock starts now
             return await emulate(
                 fleet,
@@ -249,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
                 metrics_host=args.metrics_host,
                 metrics_port=args.metrics_port,
                 grace_s=args.grace,
+                serve=serving(fleet, address_of) if args.serve else None,
             )
         from disagg.kube import Kube
 
@@ -274,6 +313,7 @@ def run(args: argparse.Namespace) -> int:
                 ),
                 poll_interval_s=args.poll_interval,
                 grace_s=args.grace,
+                serve=serving(fleet, lambda pod: fleet.addresses.get((pod.namespace, pod.name, pod.uid))),
             )
         finally:
             await kube.close()

@@ -97,6 +97,18 @@ def _cond(pod: dict, ctype: str) -> str | None:
     return None
 
 
+def pod_address(pod: dict, default_port: int = 8000) -> tuple[str, int] | None:
+    """(pod IP, engine HTTP port: the first container port not named "metrics"), None without an IP."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for port in c.get("ports") or []:
+            if port.get("name") != "metrics" and port.get("containerPort"):
+                return ip, int(port["containerPort"])
+    return ip, default_port
+
+
 def pod_routable(pod: dict) -> bool:
     """Running, gate `disagg.dev/routable` True, not terminating, no drain annotation."""
     meta = pod.get("metadata") or {}
@@ -214,6 +226,7 @@ class PodWatcher:
             key = (ns, meta.get("name", ""), meta.get("uid", ""))
             emu = fleet.pods.get(key)
             routable = pod_routable(pod)
+            fleet.addresses[key] = pod_address(pod)
             if emu is not None:
                 seen.add(key)
                 if emu.draining == routable:  # changed
@@ -235,6 +248,17 @@ class PodWatcher:
             fleet.add_pod(dep, pool, key[1], key[2], max(now, dep.now))
             seen.add(key)
             log.info("emulator: pod %s/%s: emulated %s engine added", ns, key[1], pool)
+        listed = {
+            (
+                (p.get("metadata") or {}).get("namespace", ""),
+                p["metadata"].get("name", ""),
+                p["metadata"].get("uid", ""),
+            )
+            for p in pods
+            if p.get("metadata")
+        }
+        for key in [k for k in fleet.addresses if k not in listed]:
+            del fleet.addresses[key]
         for key, emu in list(fleet.pods.items()):
             if key not in seen:
                 held = emu.in_flight() + emu.pending_kv_sends()
@@ -307,6 +331,7 @@ async def emulate(
     poll_interval_s: float = 0.5,
     grace_s: float = 0.0,
     on_ready: Callable[[int], None] | None = None,
+    serve: Callable[[Callable[[], float], Callable[[], bytes]], Any] | None = None,
 ) -> dict:
     """Run the emulator until `duration_s` (or a signal); returns the summary dict."""
     import signal
@@ -340,6 +365,13 @@ async def emulate(
         except Exception as exc:
             log.warning("emulator: first pod listing failed: %s", exc)
         tasks.append(asyncio.create_task(watcher.run(poll_interval_s, driver.stop)))
+    server = None
+    if serve is not None:  # the pods' OpenAI-compatible servers (disagg.emulator.http)
+        from prometheus_client import generate_latest
+
+        server = serve(driver.now, lambda: generate_latest(registry))
+        await server.sync()
+        tasks.append(asyncio.create_task(server.run(poll_interval_s, driver.stop)))
     if on_ready is not None:
         on_ready(port)
     try:
@@ -355,9 +387,13 @@ async def emulate(
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if server is not None:
+            await server.close()
         if runner is not None:
             await runner.cleanup()
     out = fleet.summary()
+    if server is not None:
+        out["http"] = server.summary()
     wall = driver.now()
     out["wall_s"] = wall
     out["cpu_s"] = time.process_time() - cpu0

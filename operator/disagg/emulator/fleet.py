@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from heapq import heappop
 
 from disagg.model import StageModels
-from disagg.sim.core import INF, REJECTED, WAITING, Job, StageStats
+from disagg.sim.core import DONE, FAILED, INF, REJECTED, WAITING, Job, StageStats
 from disagg.sim.engine import Cluster, SimConfig
 from disagg.sim.workers import (
     COLOCATED,
@@ -328,6 +328,12 @@ class DeploymentEmulator(Cluster):
         self.rejected = 0
         self.ttfts: list[float] = []
         self.first_tokens = 0
+        # Requests routed from outside (an HTTP router picks the pods; see `serve_prefill`).
+        self.held: set[Job] = set()  # prefilled for a remote decode: KV stays on the prefill pod until pulled
+        self.abandoned: set[Job] = set()  # held jobs released before their prefill ended
+        self.listener = (
+            None  # called with a served job when its state moves (prefilled, KV landed, done, lost)
+        )
 
     # -- pods
     def add_pod(self, pool: str, name: str, uid: str, now: float) -> EmulatedPod:
@@ -356,6 +362,9 @@ class DeploymentEmulator(Cluster):
             pod.flush_tokens(now)
         lost = self.remove_worker(pod.worker, now)
         pod.stats.lost += len(lost)
+        self.held.difference_update(lost)
+        self.abandoned.difference_update(lost)
+        self._notify(lost)
         self.pod_of.pop(pod.worker, None)
         return lost
 
@@ -451,16 +460,21 @@ class DeploymentEmulator(Cluster):
                         # prompt, as vLLM and SGLang decode instances count every request they serve
                         st.prompt_tokens.observe(job.prompt)
         super().tx_done(link, unit, now)
+        self._notify((job,))
 
     def pf_start(self, worker, job: Job, now: float) -> None:
         self._pf_t0[id(job)] = now
-        super().pf_start(worker, job, now)
+        if job not in self.held:  # a held job's decode pod is not known yet: no early chunked send
+            super().pf_start(worker, job, now)
 
     def pf_done(self, worker, job: Job, now: float) -> None:
         t0 = self._pf_t0.pop(id(job), None)
         pod = self.pod_of.get(worker)
         if t0 is not None and pod is not None:
             pod.stats.prefill_time.observe(now - t0)
+        if job in self.held:
+            self._hold_kv(worker, job, now)
+            return
         super().pf_done(worker, job, now)
 
     def serve_done(self, worker, job: Job, now: float) -> None:
@@ -471,9 +485,125 @@ class DeploymentEmulator(Cluster):
             st.e2e.observe(now - job.arrival)
             st.gen_tokens.observe(job.output)
             st.success += 1
+        self._notify((job,))
 
     def on_first_token(self, job: Job, ttft: float) -> None:
         self.first_tokens += 1
+
+    # -- requests routed from outside: the router picks the pods (disagg.emulator.http)
+    def _notify(self, jobs) -> None:
+        if self.listener is not None:
+            for j in jobs:
+                self.listener(j)
+
+    def _new_job(self, req: Request, now: float) -> Job:
+        self.advance(now)
+        job = Job(next(self._ids), now, req.prompt_tokens, req.output_tokens, req.media_items, req.hash_ids)
+        job.deadline = now + self.ttft_s
+        self.submitted += 1
+        return job
+
+    def _admitted(self, pod: EmulatedPod, job: Job) -> None:
+        st = pod.stats
+        st.prompt_tokens.observe(job.prompt)
+        st.prompt_total += job.prompt
+
+    def serve_prefill(self, pod: EmulatedPod, req: Request, now: float) -> Job:
+        """A prefill for a remote decode, on `pod` (a prefill pod): FCFS on the pod; when it ends the
+        KV stays there (a pending KV send) until a decode pod pulls it (`pull_kv`) or it is released."""
+        job = self._new_job(req, now)
+        job.path = 0
+        self.held.add(job)
+        pod.worker.submit(job, now, self.prefill_s(job.prompt))
+        self._admitted(pod, job)
+        self._touch(pod.worker)
+        return job
+
+    def _hold_kv(self, worker, job: Job, now: float) -> None:
+        job.t_pf_end = now
+        if job.state != WAITING:
+            return
+        job.src = worker
+        worker.sends.add(job)
+        if job in self.abandoned:
+            self._fail_held(job)
+            return
+        self._notify((job,))
+
+    def prefilled(self, job: Job) -> bool:
+        """The job's KV is ready on its prefill pod, waiting to be pulled."""
+        return job.state == WAITING and job in self.held and job.src is not None
+
+    def pull_kv(self, job: Job, pod: EmulatedPod, now: float, output_tokens: int | None = None) -> bool:
+        """A decode pod pulls a held job's KV over the prefill pod's link, then decodes it
+        (`output_tokens`: the decode request's length; the prefill request asked for one token).
+        False if the KV is gone (prefill pod removed, released, or already pulled)."""
+        self.advance(now)
+        if not self.prefilled(job):
+            return False
+        if output_tokens is not None:
+            job.output = output_tokens
+        self.held.discard(job)
+        self._reserve(job, pod.worker)
+        self._send_serial(job, now)
+        return True
+
+    def release_kv(self, job: Job, now: float) -> None:
+        """Nobody will pull a held job's KV (the router gave up on it): free it; the job failed.
+        A job still queued or prefilling is dropped when its prefill ends."""
+        self.advance(now)
+        if job not in self.held or job.state != WAITING:
+            return
+        if job.src is None:
+            self.abandoned.add(job)
+            return
+        self._fail_held(job)
+
+    def _fail_held(self, job: Job) -> None:
+        self.held.discard(job)
+        self.abandoned.discard(job)
+        if job.src is not None:
+            job.src.sends.discard(job)
+            job.src = None
+        job.state = FAILED
+        self.failed += 1
+        self._notify((job,))
+
+    def serve_local(self, pod: EmulatedPod, req: Request, now: float) -> Job:
+        """A whole request on a decode or colocated pod: local prefill, then decode there."""
+        job = self._new_job(req, now)
+        job.path = 1
+        pod.worker.submit_local(job, now)
+        self._admitted(pod, job)
+        self._touch(pod.worker)
+        return job
+
+    def tokens_out(self, job: Job, pod: EmulatedPod, now: float) -> int:
+        """Tokens `job` has emitted on decode/colocated `pod` by `now` (after `advance(now)`)."""
+        if job.state == DONE:
+            return job.output
+        if job.t_first > now:
+            return 0
+        w = pod.worker
+        for end, _, j in w.batch:
+            if j is job:
+                k = w.steps
+                if w.mode == STEPPING and w.d > 0:
+                    k += int((now - w.t_base) / w.d + 1e-9)
+                elif w.mode == HYBRID and now >= w.t_base + w.d - 1e-9:
+                    k += 1
+                return max(0, min(job.output, k - (end - job.output)))
+        return 0
+
+    def next_token_time(self, pod: EmulatedPod, now: float) -> float:
+        """When `pod` next emits tokens or changes its batch (INF if idle)."""
+        w = pod.worker
+        t = w.next_time
+        if w.mode == STEPPING and w.d > 0:
+            t = min(t, w.t_base + (int((now - w.t_base) / w.d + 1e-9) + 1) * w.d)
+        elif w.mode == HYBRID:
+            t = min(t, w.t_base + w.d)
+        return t
 
 
 @dataclass
@@ -501,6 +631,7 @@ class Fleet:
     rejected: int = 0
     lost: int = 0
     lost_by_pod: dict = field(default_factory=dict)
+    addresses: dict = field(default_factory=dict)  # (namespace, pod name, uid) -> (pod IP, engine port)
     _rr: int = 0
 
     def deployment(self, namespace: str, name: str) -> DeploymentEmulator | None:
@@ -522,6 +653,7 @@ class Fleet:
     def remove_pod(self, pod: EmulatedPod, now: float) -> int:
         lost = pod.owner.remove_pod(pod, now)
         self.pods.pop((pod.namespace, pod.name, pod.uid), None)
+        self.addresses.pop((pod.namespace, pod.name, pod.uid), None)
         self.lost += len(lost)
         key = f"{pod.namespace}/{pod.name}"
         self.lost_by_pod[key] = self.lost_by_pod.get(key, 0) + len(lost)

@@ -1,0 +1,164 @@
+"""The real P/D routers (vllm-router 0.1.17, sglang-router 0.3.2 from PyPI) in front of the emulated fleet.
+
+No cluster: the emulator serves a fixed fleet (`disagg emulate --standalone --serve`) on
+127.2.x.y addresses and the router gets the worker URLs on its command line. Clients are
+the `openai` SDK. Checks: the router's P/D handshake works against the emulated engines
+(vLLM kv_transfer_params, SGLang bootstrap rooms); every stream ends with its final
+chunk and usage; client-side TTFT and ITL follow the service-time models; a worker taken
+out with the router's removal API gets no new request while its in-flight streams finish.
+Load is bounded (tens of requests); everything stays on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import urllib.request
+
+import openai
+import pytest
+from router_util import StandaloneFleet, StaticRouter, router_binary
+
+from disagg.emulator.fleet import DeploymentEmulator
+from disagg.emulator.metrics import NAMES
+from disagg.model import StageModels
+
+pytestmark = pytest.mark.timeout(300)
+
+ENGINES = ["vllm", "sglang"]
+FIRST_ADDRESS = {"vllm": "127.2.40.2", "sglang": "127.2.41.2"}
+DRAIN_ADDRESS = {"vllm": "127.2.42.2", "sglang": "127.2.43.2"}
+LATE_S = 0.15  # a token may come this much later than the model on a loaded 2-core machine
+EARLY_S = 0.01
+
+
+def needs(engine: str) -> None:
+    if router_binary(engine) is None:
+        pytest.skip(f"the {engine} router is not installed: run hack/routers.sh")
+
+
+def model_ttft(prompt: int) -> tuple[float, float]:
+    """(TTFT, decode step) of the worked example's models for one request on idle pools."""
+    d = DeploymentEmulator("x", "y", StageModels())
+    return d.prefill_s(prompt) + d.setup_s + d.wire_s(prompt) + d.step_s[1], d.step_s[1]
+
+
+async def stream(client: openai.AsyncOpenAI, prompt: int, out: int) -> dict:
+    t0 = time.monotonic()
+    s = await client.chat.completions.create(
+        model="emulated",
+        messages=[{"role": "user", "content": " ".join(["w"] * prompt)}],
+        max_tokens=out,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    times, finish, usage, text = [], None, None, ""
+    async for chunk in s:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.content:
+                times.append(time.monotonic() - t0)
+                text += c.delta.content
+            if c.finish_reason:
+                finish = c.finish_reason
+    return {"times": times, "finish": finish, "usage": usage, "tokens": len(text.split())}
+
+
+def complete(r: dict, prompt: int, out: int) -> bool:
+    u = r["usage"]
+    return (
+        r["finish"] == "length"
+        and u is not None
+        and u.completion_tokens == out
+        and u.prompt_tokens == prompt
+        and r["tokens"] == out
+    )
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_router_serves_streams_from_the_emulated_pd_fleet(engine, tmp_path):
+    needs(engine)
+    fleet = StandaloneFleet(tmp_path, FIRST_ADDRESS[engine], prefill=1, decode=2, engine=engine)
+    router = None
+    try:
+        router = StaticRouter(tmp_path, engine, fleet.prefill_urls, fleet.decode_urls)
+
+        async def main():
+            client = openai.AsyncOpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
+            await stream(client, 8, 2)  # warm up the SDK and the connections
+            one_by_one = [await stream(client, 4000, 10) for _ in range(3)]
+            together = await asyncio.gather(*(stream(client, 300 + 50 * i, 6) for i in range(12)))
+            await client.close()
+            return one_by_one, together
+
+        one_by_one, together = asyncio.run(main())
+    finally:
+        if router is not None:
+            router.stop()
+        summary = fleet.summary()
+    ttft, step = model_ttft(4000)
+    for r in one_by_one:
+        assert complete(r, 4000, 10), r
+        assert ttft - EARLY_S <= r["times"][0] <= ttft + LATE_S, (r["times"][0], ttft)
+        itl = (r["times"][-1] - r["times"][0]) / (len(r["times"]) - 1)
+        assert step - EARLY_S <= itl <= step + LATE_S / 3, (itl, step)
+    assert all(complete(r, 300 + 50 * i, 6) for i, r in enumerate(together))
+    req = summary["requests"]
+    assert req["completed"] == 1 + 3 + 12 and req["lost"] == 0 and req["failed"] == 0
+    http = summary["http"]
+    assert http["errors"] == 0
+    # every client request was a prefill request plus a decode request at the emulated pods
+    assert http["requests"] == 2 * (1 + 3 + 12)
+
+
+def pod_metric(url: str, name: str) -> float:
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
+        if m:
+            total += float(m.group(2))
+    return total
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_worker_removed_from_the_router_gets_no_new_request_and_its_streams_finish(engine, tmp_path):
+    """The drain mechanism for routers that ignore Ready=False (docs/router.md): the removal API."""
+    needs(engine)
+    fleet = StandaloneFleet(tmp_path, DRAIN_ADDRESS[engine], prefill=1, decode=2, engine=engine)
+    e2e = NAMES[engine]["e2e"] + "_count"
+    router = None
+    try:
+        router = StaticRouter(tmp_path, engine, fleet.prefill_urls, fleet.decode_urls)
+
+        async def main():
+            client = openai.AsyncOpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
+            await stream(client, 8, 2)
+            long = [asyncio.create_task(stream(client, 200, 60)) for _ in range(4)]  # ~2.7 s each
+            await asyncio.sleep(0.8)  # all four are decoding now
+            held = {u: pod_metric(u, "disagg_emulator_in_flight_requests") for u in fleet.decode_urls}
+            victim = max(held, key=held.get)
+            before = pod_metric(victim, e2e)
+            status = router.remove_worker(victim)
+            listed = [w["url"] for w in router.workers()]
+            short = await asyncio.gather(*(stream(client, 100, 3) for _ in range(10)))
+            long_done = await asyncio.gather(*long)
+            after = pod_metric(victim, e2e)
+            await client.close()
+            return held[victim], victim, status, listed, short, long_done, before, after
+
+        held, victim, status, listed, short, long_done, before, after = asyncio.run(main())
+    finally:
+        if router is not None:
+            router.stop()
+        summary = fleet.summary()
+    assert held >= 1, "the victim held streams when it was removed"
+    assert status in (200, 202, 204), status
+    assert victim not in listed
+    assert all(complete(r, 100, 3) for r in short), "new requests are served by the other decode pod"
+    assert all(complete(r, 200, 60) for r in long_done), "in-flight streams on the removed pod finish"
+    # the victim completed only what it held: nothing new reached it after the removal
+    assert after - before == held, (before, after, held)
+    assert summary["requests"]["lost"] == 0 and summary["http"]["errors"] == 0
