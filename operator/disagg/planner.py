@@ -27,6 +27,7 @@ pools proportionally.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple, TypeVar
@@ -1119,30 +1120,51 @@ def _colocated_itl(lam_r: float, u: float, d: Demand, slo: SLO, st: _Setup) -> f
     """ITL at the percentile, by the SLO's statistic of a request's gaps, on a colocated replica.
 
     Every local prefill started while a request decodes stalls it once: that gap
-    is ``step + prefill``, the others one step. A request's n = output - 1 gaps
-    span ``T = n step / (1 - u)`` (decode runs only while the replica is not
-    prefilling), in which ~Poisson(lam_r T) prefills start. Mean: the
+    is ``step + prefill``, the others one step (`_stall_itl`, with the step at
+    the batch cap).
+    """
+    n = max(0, round(d.output_tokens_mean) - 1)
+    return _stall_itl(st.step_cap_ms / 1000.0, lam_r, u, n, st.prefill_s, st.prefill_cs2, slo)
+
+
+def _stall_itl(
+    step: float,
+    lam_r: float,
+    u: float,
+    n: int,
+    stall_s: float,
+    stall_cs2: float,
+    slo: SLO,
+    stall_cap_s: float = math.inf,
+) -> float:
+    """ITL at the percentile, by the SLO's statistic, of a request decoding beside local prefills.
+
+    Local prefills start on the request's worker at `lam_r` per second and each
+    one started while the request decodes stalls it once (gap ``step +
+    prefill``); the other gaps are one `step`. Its n gaps span ``T = n step /
+    (1 - u)`` (decode runs only while the worker is not prefilling, u = its
+    prefill share), in which ~Poisson(lam_r T) prefills start. Mean: the
     percentile stall count spread over n gaps. Max: a breach unless the
     percentile request sees no stall. p99: unless it sees at most the
     n - ceil(0.99 n) stalls its top 1 % of gaps may hold. A visible stall is
     the prefill of a prompt at the percentile (normal approximation of the
-    prefill-time spread).
+    prefill-time spread), at most `stall_cap_s` (the longest prompt prefilled
+    locally, when there is one).
     """
-    step = st.step_cap_ms / 1000.0
-    n = max(0, round(d.output_tokens_mean) - 1)
     if n == 0 or lam_r <= 0:
         return step
     stalls = lam_r * n * step / (1.0 - u)
     p = slo.percentile
     stat = slo.itl_statistic
     if stat == "mean":
-        return step + poisson_quantile(p, stalls) * st.prefill_s / n
+        return step + poisson_quantile(p, stalls) * stall_s / n
     allowed = 0 if stat == "max" else n - gap_p99_rank(n)
     if poisson_cdf(allowed, stalls) >= p:
         return step
-    return step + st.prefill_s * (1.0 + _z(p) * math.sqrt(st.prefill_cs2))
+    return step + min(stall_s * (1.0 + _z(p) * math.sqrt(stall_cs2)), stall_cap_s)
 
 
+@functools.lru_cache(maxsize=64)
 def _z(p: float) -> float:
     """Standard normal p-quantile (bisection on erfc; p in (0, 1))."""
     lo, hi = -10.0, 10.0
@@ -1153,6 +1175,38 @@ def _z(p: float) -> float:
         else:
             hi = mid
     return (lo + hi) / 2
+
+
+def _local_prefill_wait(
+    lam_pf_r: float,
+    lam_r: float,
+    hold: float,
+    prefill_s: float,
+    prefill_cs2: float,
+    step_s: float,
+    p: float,
+    ca2: float = 1.0,
+) -> float | None:
+    """Percentile wait of a local prefill on one serving worker, or None if its prefill queue is unstable.
+
+    The worker runs its local prefills (`lam_pf_r` per second) one at a time,
+    FCFS, with one decode step between consecutive prefills and each starting
+    only at a step boundary: an M/G/1 with service prefill + step, and a wait
+    of at least the running step's remainder (uniform over a step while the
+    worker decodes, which it does with probability 1 - exp(-lam_r hold):
+    Poisson occupancy of the `lam_r` per second sequences it serves). `ca2`: the
+    arrivals' squared coefficient of variation (Allen-Cunneen; 1 for Poisson).
+    """
+    s_eff = prefill_s + step_s  # a decode step runs between consecutive local prefills
+    if lam_pf_r * s_eff >= 1.0:
+        return None
+    cs2_eff = prefill_cs2 * (prefill_s / s_eff) ** 2
+    r0, w_pf, _ = _table(lam_pf_r, s_eff, cs2_eff + ca2 - 1.0, 1, 1, 1, p)
+    if r0 != 1 or not w_pf:
+        return None
+    busy = 1.0 - math.exp(-lam_r * hold)
+    residual = step_s * (1.0 - (1.0 - p) / busy) if busy > 1.0 - p else 0.0
+    return max(w_pf[0], residual)
 
 
 def _colocated_eval(
@@ -1173,18 +1227,14 @@ def _colocated_eval(
     step_s = st.step_cap_ms / 1000.0
     lam_r = lam / r
     u = lam_r * st.prefill_s
-    s_eff = st.prefill_s + step_s  # a decode step runs between consecutive local prefills
-    if lam_r * s_eff >= 1.0:
+    if lam_r * (st.prefill_s + step_s) >= 1.0:
         return None
     hold = st.hold_s / (1.0 - u)  # decode runs only when the worker is not prefilling
-    cs2_eff = st.prefill_cs2 * (st.prefill_s / s_eff) ** 2
-    r0, w_pf, _ = _table(lam_r, s_eff, cs2_eff + st.ca2 - 1.0, 1, 1, 1, p)
+    wp_ = _local_prefill_wait(lam_r, lam_r, hold, st.prefill_s, st.prefill_cs2, step_s, p, st.ca2)
     w_sl = _table(lam, hold, st.hold_cs2 + st.ca2 - 1.0, st.b_eff, r, r, p)[1]
-    if r0 != 1 or not w_pf or not w_sl:
+    if wp_ is None or not w_sl:
         return None
-    busy = 1.0 - math.exp(-lam_r * hold)
-    residual = step_s * (1.0 - (1.0 - p) / busy) if busy > 1.0 - p else 0.0
-    wp, ws = max(w_pf[0], residual), w_sl[0]
+    wp, ws = wp_, w_sl[0]
     ttft = st.enc_s + wp + st.prefill_s + ws + float(m.decode.step_ms(1)) / 1000.0
     return ttft, _colocated_itl(lam_r, u, d, slo, st), u, wp, ws, hold
 
@@ -1437,6 +1487,45 @@ class _CondSol(NamedTuple):
     w_dec: float
     w_local: float
     local_util: float  # share of a decode worker's time spent on local prefills
+    hold_s: float  # decode slot hold, stretched by the local prefills
+    n_occ: float  # expected decode batch (sequences per worker)
+    itl_s: float  # ITL at the percentile, local-prefill stalls included
+
+
+class _CondDecode(NamedTuple):
+    """The decode pool of a conditional plan at one replica count (see `_cond_decode`)."""
+
+    u: float
+    hold_s: float
+    n_occ: float
+    itl_s: float
+
+
+def _cond_decode(
+    r_d: int,
+    rate: float,
+    lam_l: float,
+    st_r: _Setup,
+    st_l: _Setup,
+    ctx: _Ctx,
+    n_gaps: int,
+    stall_cap_s: float,
+) -> _CondDecode:
+    """Local-prefill share, slot hold, batch and ITL of `r_d` > 0 decode workers (local queue stable).
+
+    Every request holds a decode slot; the local ones (`lam_l` of `rate`) are
+    first prefilled on their decode worker, which does not step its batch
+    meanwhile: with u = local prefill load per worker a slot is held
+    hold / (1 - u). ITL: the step at the batch the request shares
+    (`_decode_itl`) plus the stalls of the local prefills started on its worker
+    while it decodes, by the SLO's statistic (`_stall_itl`, as colocated).
+    """
+    u = lam_l * st_l.prefill_s / r_d
+    hold = st_r.hold_s / (1.0 - u)
+    n_occ = min(float(st_r.b_eff), rate * hold / r_d)
+    step = _decode_itl(ctx, n_occ)
+    itl = _stall_itl(step, lam_l / r_d, u, n_gaps, st_l.prefill_s, st_l.prefill_cs2, ctx.slo, stall_cap_s)
+    return _CondDecode(u, hold, n_occ, itl)
 
 
 def _solve_conditional(
@@ -1449,16 +1538,21 @@ def _solve_conditional(
     slack_r: float,
     slack_l: float,
     budget: int | None,
+    n_gaps: int,
+    stall_cap_s: float,
 ) -> _CondSol | None:
     """Fewest GPUs for `rate` req/s of which the share `remote` is prefilled on the prefill pool.
 
-    Every request holds a decode slot; the local ones are first prefilled on a decode
-    worker, which then does not step its batch: with u = local prefill load per decode
-    worker, a slot is held hold / (1 - u) and the mean inter-token gap is step / (1 - u).
-    Both paths must fit the TTFT target at the percentile: remote = encoder wait + prefill
-    wait + decode slot wait within `slack_r`; local = encoder wait + local prefill wait +
-    decode slot wait within `slack_l`. Decode replicas are scanned upward (each count has
-    its own u), and for each the cheapest encoder and prefill rows that fit.
+    The local share runs on the decode workers as on colocated ones: per worker
+    an M/G/1 local prefill queue with service prefill + step and a step-boundary
+    wait (`_local_prefill_wait`), slots held 1/(1 - u) longer, and ITL with the
+    local prefills' stalls (`_cond_decode`), which must fit the target. Both
+    paths must fit the TTFT target at the percentile: remote = encoder wait +
+    prefill wait + decode slot wait within `slack_r`; local = encoder wait +
+    local prefill wait + decode slot wait within `slack_l`. Decode replicas are
+    scanned upward from the fewest whose ITL fits (found by bisection: ITL does
+    not grow with the count), each with its own u, and for each the cheapest
+    encoder and prefill rows that fit.
     """
     p = ctx.slo.percentile
     eb, pb, db = bounds["encoder"], bounds["prefill"], bounds["decode"]
@@ -1471,27 +1565,52 @@ def _solve_conditional(
     neg_p = [-w for w in wpp]  # prefill waits fall along the table: bisect on the negated list
     eps = 1e-12
     # ITL below one step at batch 1 is reported by the caller; the plan then ignores it
-    itl_ms = ctx.slo.itl_s * 1000.0 if ctx.itl_ok else math.inf
+    itl_max = ctx.slo.itl_s + 1e-12 if ctx.itl_ok else math.inf
+    step_s = st_l.step_cap_ms / 1000.0
     floor_ep = ge * r0e + gp * r0p
     best: tuple[tuple[int, int, float], _CondSol] | None = None
-    load_l = lam_l * st_l.prefill_s
-    r_start = max(db.min_replicas, int(load_l) + 1 if load_l > 0 else 0)
+    # a decode worker's local prefill queue is stable while lam_l / r_d x (prefill + step) < 1
+    r_start = max(db.min_replicas, int(lam_l * (st_l.prefill_s + step_s)) + 1 if lam_l > 0 else 0)
+    if r_start > db.max_replicas:
+        return None
+
+    def decode_at(r_d: int) -> _CondDecode:
+        if r_d == 0:  # only at zero load (r_start > 0 otherwise)
+            return _CondDecode(0.0, st_r.hold_s, 0.0, _decode_itl(ctx, 0.0))
+        return _cond_decode(r_d, rate, lam_l, st_r, st_l, ctx, n_gaps, stall_cap_s)
+
+    if decode_at(r_start).itl_s > itl_max:
+        if decode_at(db.max_replicas).itl_s > itl_max:
+            return None  # the local prefills' stalls breach the ITL target at every allowed count
+        lo, hi = r_start, db.max_replicas
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if decode_at(mid).itl_s > itl_max:
+                lo = mid
+            else:
+                hi = mid
+        r_start = hi
     for r_d in range(r_start, db.max_replicas + 1):
         cost_d = gd * r_d
         if best is not None and cost_d + floor_ep > best[0][0]:
             break
         if budget is not None and cost_d + floor_ep > budget:
             break
-        u = load_l / r_d if r_d > 0 else (0.0 if load_l == 0 else 1.0)
-        if u >= 1.0:
+        dec = decode_at(r_d)
+        if dec.itl_s > itl_max:
             continue
-        if st_r.step_cap_ms / (1.0 - u) > itl_ms + 1e-9:
-            continue  # local prefills stretch the token gaps past the ITL target: more decode workers
-        r0d, wd, _ = _table(rate, st_r.hold_s / (1.0 - u), st_r.hold_cs2, st_r.b_eff, r_d, r_d, p)
-        r0l, wl, _ = _table(lam_l, st_l.prefill_s, st_l.prefill_cs2, 1, r_d, r_d, p)
-        if not wd or r0d != r_d or not wl or r0l != r_d:
+        r0d, wd, _ = _table(rate, dec.hold_s, st_r.hold_cs2, st_r.b_eff, r_d, r_d, p)
+        if not wd or r0d != r_d:
             continue
-        w_d, w_l = wd[0], wl[0]
+        if r_d == 0:
+            w_l: float | None = 0.0
+        else:
+            w_l = _local_prefill_wait(
+                lam_l / r_d, rate / r_d, dec.hold_s, st_l.prefill_s, st_l.prefill_cs2, step_s, p
+            )
+        if w_l is None:
+            continue
+        w_d = wd[0]
         found = False
         for i, w_e in enumerate(we):
             ce = ge * (r0e + i)
@@ -1508,7 +1627,20 @@ def _solve_conditional(
                 continue
             key = (cost, r0e + i + r0p + j + r_d, w_e + wpp[j] + w_d)
             if best is None or key < best[0]:
-                sol = _CondSol(cost, r0e + i, r0p + j, r_d, w_e, wpp[j], w_d, w_l, u)
+                sol = _CondSol(
+                    cost,
+                    r0e + i,
+                    r0p + j,
+                    r_d,
+                    w_e,
+                    wpp[j],
+                    w_d,
+                    w_l,
+                    dec.u,
+                    dec.hold_s,
+                    dec.n_occ,
+                    dec.itl_s,
+                )
                 best = (key, sol)
             found = True
         if not found and w_d <= 0.0 and w_l <= 0.0:
@@ -1551,7 +1683,11 @@ def _plan_conditional(
     if not st_r.itl_ok:
         reasons.append(f"ITL target {slo.itl_s:.3g}s is below one decode step at batch 1 ({step1_s:.4g}s)")
     slo_ok = not reasons
-    eff_r, eff_l = max(slack_r, 0.0), max(slack_l, 0.0)
+    eff_r = max(slack_r, 0.0)
+    # Below the floor the pools are sized to reach it: zero waits, except that a local prefill may
+    # wait for the running decode step to end (at most one step), which only a decode pool idle
+    # most of the time avoids (hundreds of workers for a few req/s)
+    eff_l = slack_l if slack_l >= 0 else st_l.step_cap_ms / 1000.0
     eb, pb, db = bounds["encoder"], bounds["prefill"], bounds["decode"]
     if budget is not None:
         min_cost = sum(b.min_replicas * b.gpus_per_replica for b in (eb, pb, db))
@@ -1559,15 +1695,23 @@ def _plan_conditional(
             raise ValueError(f"gpu_budget ({budget}) is below the pools' minimum GPUs ({min_cost})")
     lam = d.arrival_rps
 
+    n_gaps = max(0, round(d.output_tokens_mean) - 1)
+    # a local prompt is at most the threshold: its prefill bounds the stall a neighbour sees
+    stall_cap_s = float(m.prefill.service_ms(threshold, d.prefix_hit_rate * threshold)) / 1000.0
+
     def at(rate: float) -> _CondSol | None:
-        return _solve_conditional(rate, remote, st_r, st_l, ctx, bounds, eff_r, eff_l, budget)
+        return _solve_conditional(
+            rate, remote, st_r, st_l, ctx, bounds, eff_r, eff_l, budget, n_gaps, stall_cap_s
+        )
 
     frac, sol = _admit(lam, at)
     if sol is None:  # cannot happen: rate 0 fits the minimum bounds
         raise RuntimeError("planner: no conditional plan even at zero load")
     unbounded = None
     if frac < 1.0 and budget is not None:
-        unbounded = _solve_conditional(lam, remote, st_r, st_l, ctx, bounds, eff_r, eff_l, None)
+        unbounded = _solve_conditional(
+            lam, remote, st_r, st_l, ctx, bounds, eff_r, eff_l, None, n_gaps, stall_cap_s
+        )
     budget_limited = frac < 1.0 and unbounded is not None
     sacrificed = ""
     if frac < 1.0:
@@ -1581,7 +1725,7 @@ def _plan_conditional(
         )
     lam_adm = lam * frac
     u = sol.local_util
-    hold = st_r.hold_s / (1.0 - u)
+    hold = sol.hold_s
     enc = _pool_plan(
         "encoder", (lam_adm * st_r.media, st_r.enc_s, ENCODER_CS2, 1, eb), sol.encoder, sol.w_enc, sol.w_enc
     )
@@ -1597,8 +1741,8 @@ def _plan_conditional(
     )
     ttft_r = st_r.fixed_s + sol.w_enc + sol.w_pre + sol.w_dec if remote > 0 else 0.0
     ttft_l = local_fixed + sol.w_enc + sol.w_local + sol.w_dec if remote < 1 else 0.0
-    n_occ = min(float(st_r.b_eff), lam_adm * hold / sol.decode) if sol.decode > 0 else 0.0
-    itl = ctx.step_ms(max(1.0, n_occ)) / 1000.0 / (1.0 - u)
+    n_occ = sol.n_occ
+    itl = sol.itl_s
     return Plan(
         placement="conditional",
         pools={"encoder": enc, "prefill": pre, "decode": dec},

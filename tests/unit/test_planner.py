@@ -244,6 +244,35 @@ def test_conditional_short_prompts_load_the_decode_pool():
     assert heavy.replicas["decode"] > light.replicas["decode"]
 
 
+@pytest.mark.parametrize("statistic", ["max", "p99", "mean"])
+def test_conditional_with_every_prompt_local_is_the_colocated_plan(statistic):
+    # Below the threshold every prompt is prefilled on its decode worker, as on a colocated
+    # one: the same local prefill queue, slot hold and stalls, so the same decode count and
+    # predictions (the conditional plan keeps its idle prefill pool at its minimum on top).
+    slo = SLO(itl_statistic=statistic)
+    for rate, prompt, output in ((1.0, 500, 100), (8.0, 500, 100), (16.0, 1500, 400), (40.0, 2000, 50)):
+        d = Demand(arrival_rps=rate, prompt_tokens_mean=prompt, output_tokens_mean=output)
+        cond = plan(d, slo=slo, placement="conditional")
+        col = plan(d, slo=slo, placement="colocated")
+        assert cond.remote_fraction == 0.0
+        assert cond.replicas["decode"] == col.replicas["colocated"]
+        assert cond.ttft_s == pytest.approx(col.ttft_s, rel=1e-12)
+        assert cond.itl_s == pytest.approx(col.itl_s, rel=1e-12)
+
+
+def test_conditional_stall_is_at_most_the_threshold_prompts_prefill():
+    # 3,000 +- 600-token prompts: the ~17 % below the 2,429-token threshold are prefilled on
+    # decode, and the longest of them stalls a neighbour 20 + 0.035 x 2,429 = 105 ms, so a gap
+    # is at most 45 + 105 = 150 ms, the target: the decode pool stays the disaggregated one's
+    # (the percentile of the truncated prompt shape's normal approximation lies above the
+    # threshold and, uncapped, asked for over a hundred decode workers to make stalls rare).
+    d = Demand(arrival_rps=8.0, prompt_tokens_mean=3000, prompt_tokens_std=600, output_tokens_mean=200)
+    cond = plan(d, placement="conditional")
+    assert 0.8 < cond.remote_fraction < 0.9
+    assert cond.feasible and cond.itl_s == pytest.approx(0.150)
+    assert cond.replicas["decode"] == plan(d).replicas["decode"]
+
+
 def test_conditional_threshold_from_the_caller():
     d = Demand(arrival_rps=8.0, prompt_tokens_mean=1500)
     # a threshold below every prompt sends them all remote: the disaggregated plan

@@ -70,6 +70,7 @@ CASES = [
     ("colocated", 0.1, 6000, 100, "max"),
     ("conditional", 3.0, 6000, 200, "max"),
     ("conditional", 8.0, 500, 100, "max"),
+    ("conditional", 4.0, (300, 4000), (50, 200), "max"),  # ~60 % local: their stalls set the ITL
 ]
 
 
