@@ -182,9 +182,13 @@ def _reap(cl: Cluster, now: float) -> None:
 class _Tracker:
     """Which judged requests met the SLO, missed it, or are still open, as a simulation runs.
 
-    A request is a miss once it ended without completing (failed, lost), completed
-    late (TTFT or the simulator's ITL over target), or passed its TTFT deadline
-    with no first token; it is good once it completed within both targets.
+    A request is a miss once it ended without completing (failed, lost), got its
+    first token late or passed its TTFT deadline without one, or completed with the
+    simulator's ITL over target; it is good once it completed within both targets.
+    When even a full decode batch steps within the ITL target and decode workers
+    only decode (disaggregated placement), no gap can exceed it, so a request is
+    good as soon as its first token is on time: trials need not run every decode
+    to its end.
     """
 
     def __init__(self, cl: Cluster, ttft_s: float, itl_s: float) -> None:
@@ -195,6 +199,8 @@ class _Tracker:
         self.misses = 0
         self.good = 0
         self.seen = len(cl.r_id)  # completion records already read
+        slowest_step_s = float(cl.models.decode.step_ms(cl.models.decode.slots)) / 1000.0
+        self.itl_safe = cl.placement == "disaggregated" and slowest_step_s <= itl_s + _EPS
 
     def update(self, now: float) -> None:
         cl, open_ = self.cl, self.open
@@ -208,14 +214,24 @@ class _Tracker:
             else:
                 self.misses += 1
         self.seen = len(r_id)
-        late = [
-            jid
-            for jid, j in open_.items()
-            if (j.state != WAITING and j.state != DONE) or (j.t_first == INF and now > j.deadline)
-        ]
-        for jid in late:
+        missed, good = [], []
+        safe = self.itl_safe
+        for jid, j in open_.items():
+            if j.state != WAITING and j.state != DONE:
+                missed.append(jid)
+            elif j.t_first == INF:
+                if now > j.deadline + _EPS:
+                    missed.append(jid)
+            elif j.t_first > j.deadline + _EPS:
+                missed.append(jid)
+            elif safe and j.state == WAITING:
+                good.append(jid)
+        for jid in missed:
             del open_[jid]
-        self.misses += len(late)
+        for jid in good:
+            del open_[jid]
+        self.misses += len(missed)
+        self.good += len(good)
 
 
 def _clone(cl: Cluster, tracker: _Tracker) -> tuple[Cluster, _Tracker]:
@@ -231,6 +247,11 @@ def _clone(cl: Cluster, tracker: _Tracker) -> tuple[Cluster, _Tracker]:
     for name in ("models", "_pf", "_marks", "_wire", "_bytes", "_enc", "step_s"):
         v = getattr(cl, name)
         memo[id(v)] = v
+    for st in cl.stages.values():  # per-job wait samples: a trial does not read them
+        memo[id(st.waits)] = array(st.waits.typecode)
+    for w in cl.workers:  # removed workers are inert: shared, not copied
+        if w.removed:
+            memo[id(w)] = w
     c2 = deepcopy(cl, memo)
     return c2, _Tracker(c2, tracker.ttft_s, tracker.itl_s)
 
@@ -491,13 +512,21 @@ class HindsightOraclePolicy(Policy):
     name = "oracle"
     instant = True
 
-    def __init__(self, s: EvalSettings, w: Workload, pre: Any) -> None:
+    def __init__(
+        self,
+        s: EvalSettings,
+        w: Workload,
+        pre: Any,
+        schedule: list[dict[str, int]] | None = None,
+        stats: SearchStats | None = None,
+    ) -> None:
         super().__init__(s, w, pre)
-        self.schedule: list[dict[str, int]] = []
-        self.stats = SearchStats()
+        self.schedule: list[dict[str, int]] = list(schedule or [])
+        self.stats = stats or SearchStats()
 
     def initial(self) -> dict[str, int]:
-        self.schedule, self.stats = oracle_schedule(self.w, self.s)
+        if not self.schedule:  # search now unless given the schedule
+            self.schedule, self.stats = oracle_schedule(self.w, self.s)
         return dict(self.schedule[0])
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
