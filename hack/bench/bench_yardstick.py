@@ -9,6 +9,7 @@ what it found; then the replays' attainment and GPU-hours.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
@@ -30,11 +31,12 @@ def main() -> int:
     schedule, ost = yardstick.oracle_schedule(w, s, progress=lambda m: print(m, file=sys.stderr, flush=True))
     t1 = time.perf_counter()
     peak = {p: max(x[p] for x in schedule) for p in ("prefill", "decode")}
+    mean = {p: math.ceil(sum(x[p] for x in schedule) / len(schedule)) for p in ("prefill", "decode")}
     print(
         f"oracle search:      {t1 - t0:7.1f} s, {ost.simulations:5d} simulations "
         f"({len(schedule)} intervals), peak {peak['prefill']}P+{peak['decode']}D"
     )
-    sizes, bst = yardstick.best_static(w, s, guess=peak)
+    sizes, bst = yardstick.best_static(w, s, guess=mean)
     t2 = time.perf_counter()
     print(
         f"best-static search: {t2 - t1:7.1f} s, {bst.simulations:5d} simulations, "

@@ -451,25 +451,36 @@ def _search_pair(
     cap: int,
     allowed: int,
     s: EvalSettings,
-    max_rounds: int = 5,
+    max_doublings: int = 3,
+    probe: bool = False,
 ) -> tuple[dict[str, int], bool]:
     """Fewest (prefill, decode) whose trial has at most `allowed` misses; (sizes, target reached).
 
     `trial(p, d, limit)` -> (passed, misses); limit None counts every miss. A local
-    search from `start`, for trials monotone in both pools: while the pair fails,
-    grow one pool by a step (the cheaper passing one) or else both, doubling the
-    step (at most `max_rounds` rounds); then shrink prefill, then decode, as far as
-    they pass (galloping, then bisection). The result passes and one worker fewer in
-    either pool does not. If no pair tried passes, the target becomes "no more
-    misses than the largest pair tried" and the search shrinks from there. Pairs
-    over the GPU budget fail.
+    search from `start` for trials monotone in both pools. If `start` passes, shrink
+    prefill, then decode, as far as they pass (galloping down, then bisection).
+    Otherwise count the misses of a generous pair (twice `start` plus 4 per pool,
+    doubled at most `max_doublings` times while that lowers them); what even that
+    pair misses cannot be helped by more workers, so the limit becomes the larger of
+    `allowed` and those misses (the target is then not reached). Then the smallest
+    prefill pool passing with the generous decode pool, and the smallest decode
+    pool passing with that prefill pool, both searched from `start`. Either way the
+    result passes and one worker fewer in either pool fails. With `probe`, pairs 2
+    and 3 workers below in either pool are tried too (trials are monotone only up
+    to routing noise of a few misses), and the search shrinks again from the
+    cheapest that passes. Pairs over the GPU budget fail.
     """
 
     def fits(p: int, d: int) -> bool:
         return s.gpu_budget is None or _gpus(s, {"prefill": p, "decode": d}) <= s.gpu_budget
 
-    def cost(pair: tuple[int, int]) -> tuple[int, int]:
-        return _gpus(s, {"prefill": pair[0], "decode": pair[1]}), pair[0] + pair[1]
+    def shrink_to_budget(p: int, d: int) -> tuple[int, int]:
+        while not fits(p, d) and (p > lo_n or d > lo_n):
+            if p >= d and p > lo_n:
+                p -= 1
+            else:
+                d -= 1
+        return p, d
 
     memo: dict[tuple[int, int], bool] = {}
     limit = allowed
@@ -480,29 +491,38 @@ def _search_pair(
             memo[key] = fits(p, d) and trial(p, d, limit)[0]
         return memo[key]
 
-    p = max(lo_n, min(cap, start["prefill"]))
-    d = max(lo_n, min(cap, start["decode"]))
+    p0 = max(lo_n, min(cap, start["prefill"]))
+    d0 = max(lo_n, min(cap, start["decode"]))
     reached = True
-    if not ok(p, d):
-        step, found = 1, False
-        for _ in range(max_rounds):
-            grown = [(min(cap, p + step), d), (p, min(cap, d + step))]
-            passing = [c for c in grown if ok(*c)]
-            if not passing and ok(min(cap, p + step), min(cap, d + step)):
-                passing = [(min(cap, p + step), min(cap, d + step))]
-            p, d = min(cap, p + step), min(cap, d + step)
-            if passing:
-                p, d = min(passing, key=cost)
-                found = True
+    if ok(p0, d0):
+        big_p, big_d = p0, d0
+    else:
+        big_p, big_d = shrink_to_budget(min(cap, 2 * p0 + 4), min(cap, 2 * d0 + 4))
+        _passed, misses = trial(big_p, big_d, None)
+        for _ in range(max_doublings):
+            if misses <= allowed:
                 break
-            step *= 2
-        if not found:  # the target is out of reach here: do no worse than the largest pair
-            _passed, misses = trial(p, d, None)
-            reached = misses <= allowed
-            limit = max(allowed, misses)
-            memo = {(p, d): True}
-    p = max(lo_n, _min_feasible(lambda n: ok(n, d), p, p))
-    d = max(lo_n, _min_feasible(lambda n: ok(p, n), d, d))
+            np_, nd = shrink_to_budget(min(cap, 2 * big_p), min(cap, 2 * big_d))
+            if (np_, nd) == (big_p, big_d):
+                break
+            _passed, m2 = trial(np_, nd, None)
+            if m2 >= misses:
+                break
+            big_p, big_d, misses = np_, nd, m2
+        if misses > allowed:  # out of reach: do no worse than the generous pair
+            reached = False
+            limit = misses
+            memo.clear()
+        memo[(big_p, big_d)] = True
+    p = max(lo_n, _min_feasible(lambda n: ok(n, big_d), p0, big_p))
+    d = max(lo_n, _min_feasible(lambda n: ok(p, n), d0, big_d))
+    if probe:  # routing noise makes trials not quite monotone: look a little further down
+        below = [(p, x) for x in (d - 2, d - 3) if x >= lo_n] + [(x, d) for x in (p - 2, p - 3) if x >= lo_n]
+        passing = [c for c in below if ok(*c)]
+        if passing:
+            p, d = min(passing, key=lambda c: (_gpus(s, {"prefill": c[0], "decode": c[1]}), c))
+            p = max(lo_n, _min_feasible(lambda n: ok(n, d), p, p))
+            d = max(lo_n, _min_feasible(lambda n: ok(p, n), d, d))
     return {"prefill": p, "decode": d}, reached
 
 
@@ -596,7 +616,7 @@ def best_static(
     g = guess or {"prefill": 2, "decode": 2}
     lo_n = max(1, s.min_replicas)
     prev = {"prefill": max(lo_n, g["prefill"]), "decode": max(lo_n, g["decode"])}
-    sizes, reached = _search_pair(trial, prev, lo_n, s.max_replicas, allowed, s)
+    sizes, reached = _search_pair(trial, prev, lo_n, s.max_replicas, allowed, s, probe=True)
     stats.wall_s = time.perf_counter() - t0
     stats.reached = reached
     return sizes, stats
