@@ -923,6 +923,7 @@ def evaluate(
     out = {}
     for p in names:
         m = dict(res[p].metrics)
+        m.setdefault("rejected_requests", 0)  # nothing sheds load unless the loop admits less
         m["gpu_hours_vs_oracle"] = m["gpu_hours"] / oracle_h if oracle_h > 0 else None
         m["gpu_hours_at"] = at[p]
         m["gpu_hours_at_vs_oracle"] = {

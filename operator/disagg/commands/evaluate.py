@@ -56,7 +56,7 @@ MODEL_DEFAULTS: dict[str, Any] = {**modelflags.defaults(MODEL_NAMES), "percentil
 
 
 def register(subparsers: Any) -> None:
-    epilog = "policies:\n" + "\n".join(f"  {k:<11} {v}" for k, v in POLICY_LINES.items())
+    epilog = "policies:\n" + "\n".join(f"  {k:<18} {v}" for k, v in POLICY_LINES.items())
     p = subparsers.add_parser(
         "evaluate",
         help="compare autoscaling policies on a trace in a virtual-time closed loop",
