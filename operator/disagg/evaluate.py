@@ -109,9 +109,7 @@ class EvalSettings:
     ttft_feedback: bool = True  # disagg: observed p90 TTFT well below target drops the headroom
     ttft_comfort: float = 0.5  # ... "well below" = at most this fraction of the target
     target_attainment: float = 0.99  # oracle and best-static: the attainment they must reach
-    capacity_scale: float = (
-        1.0  # static/throughput/dynamo: size for this multiple of their demand (curve knob)
-    )
+    capacity_scale: float = 1.0  # static/throughput/dynamo: size for this multiple of their demand
     keda_queue_per_replica: float = 2.0  # keda: target requests per replica beyond its batch (curve knob)
     timeline_points: int = 300
     seed: int = 0
