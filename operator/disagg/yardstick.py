@@ -463,9 +463,10 @@ def _search_pair(
     """Fewest (prefill, decode) whose trial has at most `allowed` misses; (sizes, target reached).
 
     `trial(p, d, limit)` -> (passed, misses); limit None counts every miss. A local
-    search from `start` for trials monotone in both pools. If `start` passes, shrink
-    prefill, then decode, as far as they pass (galloping down, then bisection).
-    Otherwise count the misses of a generous pair (twice `start` plus 4 per pool,
+    search from `start` for trials monotone in both pools. If `start`, or `start`
+    with one more decode or else one more prefill worker, passes, shrink prefill,
+    then decode, as far as they pass (galloping down, then bisection). Otherwise
+    count the misses of a generous pair (twice `start` plus 4 per pool,
     doubled at most `max_doublings` times while that lowers them); what even that
     pair misses cannot be helped by more workers, so the limit becomes the larger of
     `allowed` and those misses (the target is then not reached). Then the smallest
@@ -500,8 +501,11 @@ def _search_pair(
     p0 = max(lo_n, min(cap, start["prefill"]))
     d0 = max(lo_n, min(cap, start["decode"]))
     reached = True
+    neighbours = [c for c in ((p0, min(cap, d0 + 1)), (min(cap, p0 + 1), d0)) if c != (p0, d0)]
     if ok(p0, d0):
         big_p, big_d = p0, d0
+    elif any(ok(*c) for c in neighbours):  # the common case of a small rise: one more worker
+        big_p, big_d = next(c for c in neighbours if memo.get(c))
     else:
         big_p, big_d = shrink_to_budget(min(cap, 2 * p0 + 4), min(cap, 2 * d0 + 4))
         _passed, misses = trial(big_p, big_d, None)
