@@ -424,8 +424,10 @@ def oracle_schedule(
         btr.update(t_k)
         new = sum(tr.feasible[a:b])
         judged_total += new
-        # the interval's own share of misses, or more while earlier intervals left some unspent
-        allowed = max(_allowed_misses(aim, new), _allowed_misses(aim, judged_total) - btr.misses)
+        # the interval's share of the run's allowance (fractions carried over, so small intervals
+        # get a miss every few intervals), or more while earlier intervals left some unspent
+        share = _allowed_misses(aim, judged_total) - _allowed_misses(aim, judged_total - new)
+        allowed = max(share, _allowed_misses(aim, judged_total) - btr.misses)
 
         def trial(
             p: int, d: int, limit: int | None, a: int = a, b: int = b, t_k: float = t_k
@@ -467,9 +469,10 @@ def _search_pair(
     with one more decode or else one more prefill worker, passes, shrink prefill,
     then decode, as far as they pass (galloping down, then bisection). Otherwise
     count the misses of a generous pair (twice `start` plus 4 per pool,
-    doubled at most `max_doublings` times while that lowers them); what even that
-    pair misses cannot be helped by more workers, so the limit becomes the larger of
-    `allowed` and those misses (the target is then not reached). Then the smallest
+    doubled at most `max_doublings` times while that at least halves them, by 2 or
+    more: smaller drops are routing noise); what even that pair misses cannot be
+    helped by more workers, so if it exceeds `allowed` the limit becomes those
+    misses and the target is not reached. Then the smallest
     prefill pool passing with the generous decode pool, and the smallest decode
     pool passing with that prefill pool, both searched from `start`. Either way the
     result passes and one worker fewer in either pool fails. With `probe`, pairs 2
@@ -516,7 +519,7 @@ def _search_pair(
             if (np_, nd) == (big_p, big_d):
                 break
             _passed, m2 = trial(np_, nd, None)
-            if m2 >= misses:
+            if misses - m2 < max(2, misses / 2):  # not a capacity shortage, noise: stop
                 break
             big_p, big_d, misses = np_, nd, m2
         if misses > allowed:  # out of reach: do no worse than the generous pair
