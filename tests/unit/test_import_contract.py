@@ -38,8 +38,19 @@ PURE = [
     "disagg.dashboard.history",
 ]
 # Modules that must exist for the contract to mean something.
-REQUIRED = {"disagg.api", "disagg.model", "disagg.queueing", "disagg.planner", "disagg.policy", "disagg.builders",
-            "disagg.metrics", "disagg.drain", "disagg.sim", "disagg.workload", "disagg.status"}
+REQUIRED = {
+    "disagg.api",
+    "disagg.model",
+    "disagg.queueing",
+    "disagg.planner",
+    "disagg.policy",
+    "disagg.builders",
+    "disagg.metrics",
+    "disagg.drain",
+    "disagg.sim",
+    "disagg.workload",
+    "disagg.status",
+}
 FORBIDDEN = (
     "kopf",
     "kubernetes",
