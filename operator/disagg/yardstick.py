@@ -8,14 +8,15 @@ a policy need to meet the SLO, compared with what I would otherwise do":
   meet the SLO at the target attainment, by search through the simulator itself,
   starting from the simulated state at the interval's start (queues carried
   over), and applies them with no start-up delay. Misses left unspent by earlier
-  intervals may be spent later. It approximates the least GPU-hours for that
+  intervals may be spent later; it aims a little above the target
+  (`ORACLE_AIM_MARGIN`). It approximates the least GPU-hours for that
   attainment: greedy (one interval at a time), local (a pair passes when one
   worker fewer in either pool fails), and blind to what its choice does to
   requests still in flight from earlier intervals (the replay counts them).
 * `best_static` - the **best fixed fleet in hindsight**: the fewest prefill +
   decode workers, fixed for the whole trace, that reach the target attainment;
-  found by the same monotone local search over whole-trace simulations.
-  An autoscaler is worth running only where it beats this.
+  found by the same local search over whole-trace simulations. An
+  autoscaler is worth running only where it beats this.
 * `gpu_hours_at` - GPU-hours a policy needs for an attainment, interpolated on
   the attainment / GPU-hours curve of its own knob (`KNOBS`).
 
@@ -605,12 +606,9 @@ def best_static(
     """Fewest fixed (prefill, decode) workers reaching `target` over the whole trace.
 
     Each trial simulates the whole trace on fixed pools and stops as soon as the
-    misses exceed ``(1 - target)`` x the feasible requests. Search: a generous pair
-    that passes (from `guess`, doubled until it passes), the smallest prefill pool
-    with the generous decode pool and the smallest decode pool with the generous
-    prefill pool (galloping from `guess`), then the cheapest passing pair at or
-    above those two minima. By monotonicity no pair with one worker fewer in
-    either pool passes.
+    misses exceed ``(1 - target)`` x the feasible requests. Search: `_search_pair`
+    from `guess` (e.g. the oracle's mean sizes), probing 2-3 workers below at the
+    end. The result passes and one worker fewer in either pool does not.
     """
     target = s.target_attainment if target is None else target
     t0 = time.perf_counter()
