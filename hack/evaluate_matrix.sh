@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Results matrix of `disagg evaluate` (docs/evaluation.md): every trace in $TRACES at rate
-# scales 1 and 10 and the diurnal workload, at start-up times $STARTUPS, all five policies.
+# scales 1 and 10 and the diurnal workload, at start-up times $STARTUPS, every policy,
+# measured against the hindsight oracle and the best fixed fleet.
 #
 #   hack/evaluate_matrix.sh                      # full matrix into $OUT (default /tmp/evaluate-matrix)
 #   STARTUPS="60" CASES="azure:trace:1" hack/evaluate_matrix.sh
 #   STARTUPS="60" CASES="azure:diurnal:10:0.5" hack/evaluate_matrix.sh   # disagg with --headroom 0.5
+#   CURVES=0 hack/evaluate_matrix.sh             # default settings only (no knob sweep; faster)
+#   DISAGG="python3 -m disagg.cli" hack/evaluate_matrix.sh   # e.g. with PYTHONPATH=$PWD/operator
 #
 # One JSON per case in $OUT (an existing file is reused: delete it to re-run), then
-# $OUT/matrix.md (full table) and $OUT/summary.md (attainment / GPU-h vs oracle per policy).
+# $OUT/equal.md (the equal-attainment table: GPU-hours each policy needs for 99 % and
+# 95 % attainment, x the hindsight oracle), $OUT/matrix.md (every policy at its default
+# setting) and $OUT/summary.md (attainment / GPU-h vs oracle per policy).
 # Cases run one at a time (one simulator process).
 set -euo pipefail
 # `disagg` and `python3` come from the Makefile's virtual environment when there is one.
@@ -16,6 +21,8 @@ if [[ -x "${VENV_BIN}/python3" ]]; then export PATH="${VENV_BIN}:${PATH}"; fi
 TRACES=${TRACES:-/work/shared/traces}
 OUT=${OUT:-/tmp/evaluate-matrix}
 STARTUPS=${STARTUPS-"60 30 180"}  # empty: only rebuild the tables
+CURVES=${CURVES:-1}
+DISAGG=${DISAGG:-disagg}
 # name:workload:scale[:headroom]; msyn (Mooncake synthetic, held out during development) last
 CASES=${CASES-"azure:trace:1 azure:trace:10 azure:diurnal:1 azure:diurnal:10 mconv:trace:1 mconv:trace:10 mconv:diurnal:1 mconv:diurnal:10 msyn:trace:1 msyn:trace:10 msyn:diurnal:1 msyn:diurnal:10"}
 declare -A FILE=(
@@ -23,6 +30,8 @@ declare -A FILE=(
   [mconv]=mooncake_fast25/conversation_trace.0-40min.jsonl
   [msyn]=mooncake_fast25/synthetic_trace.jsonl
 )
+curves=()
+[[ $CURVES == 0 ]] || curves=(--curves)
 mkdir -p "$OUT"
 for st in $STARTUPS; do
   for c in $CASES; do
@@ -32,8 +41,9 @@ for st in $STARTUPS; do
     [[ $hr == 0 ]] || f="$OUT/$name-$wl-x$k-s$st-h$hr.json"
     [[ -s $f ]] && continue
     echo "== $name $wl x$k start-up $st s headroom $hr" >&2
-    disagg evaluate --trace "$TRACES/${FILE[$name]}" --workload "$wl" --rate-scale "$k" \
-      --startup-seconds "$st" --headroom "$hr" --output json >"$f.tmp"
+    # shellcheck disable=SC2086  # DISAGG may be a command with arguments
+    $DISAGG evaluate --trace "$TRACES/${FILE[$name]}" --workload "$wl" --rate-scale "$k" \
+      --startup-seconds "$st" --headroom "$hr" "${curves[@]}" --output json >"$f.tmp"
     mv "$f.tmp" "$f"
   done
 done
@@ -41,30 +51,65 @@ python3 - "$OUT" <<'PY'
 import glob, json, os, sys
 out = sys.argv[1]
 order = {"azure": 0, "mconv": 1, "msyn": 2}
-pols = ["disagg", "static", "hpa", "throughput", "oracle"]
+pols = ["disagg", "static", "hpa", "throughput", "dynamo", "keda", "planner-foresight"]
 rows = []
 for f in glob.glob(os.path.join(out, "*.json")):
     name, wl, k, st, *h = os.path.basename(f)[:-5].split("-")
     hr = float(h[0][1:]) if h else 0.0
     rows.append(((order.get(name, 9), name, wl != "trace", int(k[1:]), float(st[1:]), hr), json.load(open(f))))
 rows.sort(key=lambda r: r[0])
-full = ["| trace | workload | scale | start-up s | headroom | policy | attainment | TTFT p90 s | TTFT p99 s | GPU-h | vs oracle | actions | drains | lost |",
-        "|---|---|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
-summ = ["| trace | scale | start-up s | headroom | " + " | ".join(pols[:-1]) + " | oracle |",
-        "|---|---|--:|--:|" + "--:|" * len(pols)]
 f3 = lambda x: "-" if x is None else f"{x:.3f}"
+pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"
+
+
+def at(m, key, ref):
+    h = (m.get("gpu_hours_at") or {}).get(key)
+    if h is None:
+        return "not reached"
+    return f"{h / ref:.2f}x" if ref else f"{h:.1f}"
+
+
+present = [p for p in pols if any(p in d["policies"] for _, d in rows)]
+eq = ["| trace | scale | start-up s | headroom | oracle GPU-h @99 % | best fixed fleet | "
+      + " | ".join(present) + " |",
+      "|---|---|--:|--:|--:|---|" + "--:|" * len(present)]
+full = ["| trace | workload | scale | start-up s | headroom | policy | attainment | TTFT p90 s | TTFT p99 s | GPU-h | vs oracle | GPU-h @95 % | GPU-h @99 % | actions | drains | lost | rejected |",
+        "|---|---|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+summ = ["| trace | scale | start-up s | headroom | " + " | ".join(present) + " | oracle |",
+        "|---|---|--:|--:|" + "--:|" * (len(present) + 1)]
 for (_, name, diur, k, st, hr), d in rows:
     wl = "diurnal" if diur else "trace"
+    refs = d.get("references", {})
+    o = refs.get("oracle", {})
+    oat = o.get("gpu_hours_at", {})
+    b = refs.get("best_static")
+    bcell = "-"
+    if b:
+        bcell = (f"{b['replicas']['prefill']}P+{b['replicas']['decode']}D, {pct(b['slo_attainment'])}, "
+                 f"{b['gpu_hours'] / o['gpu_hours']:.2f}x")
     cells = []
-    for p in pols:
-        m = d["policies"][p]
-        a = m["slo_attainment"]
-        full.append(f"| {name} | {wl} | {k} | {st:g} | {hr:g} | {'**disagg**' if p == 'disagg' else p} | {100 * a:.2f}% | "
+    for p in present:
+        m = d["policies"].get(p)
+        cells.append("-" if m is None else f"{at(m, '0.99', oat.get('0.99'))} / {at(m, '0.95', oat.get('0.95'))}")
+    oc = f"{oat.get('0.99') or o.get('gpu_hours', 0):.1f} ({pct(o.get('slo_attainment'))})"
+    eq.append(f"| {name}{' diurnal' if diur else ''} | x{k} | {st:g} | {hr:g} | {oc} | {bcell} | " + " | ".join(cells) + " |")
+    scells = []
+    for p in present:
+        m = d["policies"].get(p)
+        if m is None:
+            scells.append("-")
+            continue
+        scells.append(f"{pct(m['slo_attainment'])} / {m['gpu_hours_vs_oracle']:.2f}x")
+        full.append(f"| {name} | {wl} | {k} | {st:g} | {hr:g} | {'**disagg**' if p == 'disagg' else p} | {pct(m['slo_attainment'])} | "
                     f"{f3(m['ttft_p90_s'])} | {f3(m['ttft_p99_s'])} | {m['gpu_hours']:.2f} | {m['gpu_hours_vs_oracle']:.3f} | "
-                    f"{m['scaling_actions']} | {m['drains']} | {m['lost_requests']} |")
-        cells.append(f"{100 * a:.1f}% / {m['gpu_hours_vs_oracle']:.2f}x" if p != "oracle" else f"{100 * a:.1f}% / {m['gpu_hours']:.1f} GPU-h")
-    summ.append(f"| {name}{' diurnal' if diur else ''} | x{k} | {st:g} | {hr:g} | " + " | ".join(cells) + " |")
+                    f"{at(m, '0.95', None)} | {at(m, '0.99', None)} | "
+                    f"{m['scaling_actions']} | {m['drains']} | {m['lost_requests']} | {m.get('rejected_requests', 0)} |")
+    summ.append(f"| {name}{' diurnal' if diur else ''} | x{k} | {st:g} | {hr:g} | " + " | ".join(scells)
+                + f" | {pct(o.get('slo_attainment'))} / {o.get('gpu_hours', 0):.1f} GPU-h |")
+note = ("GPU-hours each policy needs for 99 % / 95 % attainment, x the hindsight oracle's for the same "
+        "attainment (interpolated on the policy's knob curve; 'not reached' where no setting gets there).\n\n")
+open(os.path.join(out, "equal.md"), "w").write(note + "\n".join(eq) + "\n")
 open(os.path.join(out, "matrix.md"), "w").write("\n".join(full) + "\n")
 open(os.path.join(out, "summary.md"), "w").write("\n".join(summ) + "\n")
-print(f"{len(rows)} cases -> {out}/matrix.md, {out}/summary.md")
+print(f"{len(rows)} cases -> {out}/equal.md, {out}/matrix.md, {out}/summary.md")
 PY

@@ -129,9 +129,7 @@ class EvalSettings:
     ttft_feedback: bool = True  # disagg: observed p90 TTFT well below target drops the headroom
     ttft_comfort: float = 0.5  # ... "well below" = at most this fraction of the target
     target_attainment: float = 0.99  # oracle and best-static: the attainment they must reach
-    capacity_scale: float = (
-        1.0  # static/throughput/dynamo: size for this multiple of their demand (curve knob)
-    )
+    capacity_scale: float = 1.0  # static/throughput/dynamo: size for this multiple of their demand
     keda_queue_per_replica: float = 2.0  # keda: target requests per replica beyond its batch (curve knob)
     timeline_points: int = 300
     seed: int = 0
@@ -1120,7 +1118,7 @@ def evaluate(
     if best_static:
         if progress is not None:
             progress("searching the best fixed fleet ...")
-        guess = {q: int(om["replicas_max"][q]) for q in POOLS}
+        guess = {q: math.ceil(om["replicas_mean"][q]) for q in POOLS}  # search up or down from the mean
         sizes, stats = yardstick.best_static(w, s, guess=guess, progress=progress)
         bm = yardstick.fixed_fleet_metrics(w, s, sizes)
         references["best_static"] = {**_reference(bm), **stats.to_dict()}
@@ -1146,6 +1144,7 @@ def evaluate(
     out = {}
     for p in names:
         m = dict(res[p].metrics)
+        m.setdefault("rejected_requests", 0)  # nothing sheds load unless the loop admits less
         m["gpu_hours_vs_oracle"] = m["gpu_hours"] / oracle_h if oracle_h > 0 else None
         m["gpu_hours_at"] = at[p]
         m["gpu_hours_at_vs_oracle"] = {

@@ -33,6 +33,8 @@ PURE = [
     "disagg.status",
     "disagg.calibration",
     "disagg.evaluate",
+    "disagg.yardstick",
+    "disagg.baselines",
     "disagg.dashboard.history",
     "disagg.autoscaler",
     "disagg.names",

@@ -5,8 +5,11 @@ the prefill and decode pools (and the encoder pool when requests carry media:
 --media-fraction adds a synthetic multimodal mix) from in-simulation metrics
 (one scrape late). --placement conditional prefills prompts below the split
 threshold on the decode workers.
-Reports SLO attainment, TTFT/ITL percentiles, GPU-hours (and vs the oracle),
-scaling actions, drains and lost requests per policy. See docs/evaluation.md.
+Reports SLO attainment, TTFT/ITL percentiles, GPU-hours (and vs the hindsight
+oracle), scaling actions, drains and lost requests per policy, then the
+equal-attainment table: the GPU-hours each policy needs for 95 % and 99 %
+attainment (on its knob's curve with --curves) against the hindsight oracle and
+the best fixed fleet. See docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -26,10 +29,14 @@ POLICY_LINES = {
     "+ policy.decide (300 s stabilization, drains, budget rebalance)",
     "static": "fixed pools planned for the trace's peak 60 s arrival rate",
     "hpa": "per-pool HPA: ceil(ready x utilisation / 0.7), 10%% tolerance, 300 s scale-down stabilization",
-    "throughput": "Dynamo-style: per pool ceil(rate / per-replica throughput) from the stage models, "
-    "proportional squeeze under a budget",
-    "oracle": "the planner's fewest GPUs for each interval's true load, applied instantly "
-    "(lower bound on GPU-hours)",
+    "throughput": "Dynamo's rule at a 30 s cadence: per pool ceil(rate / per-replica throughput) from the "
+    "stage models, proportional squeeze under a budget",
+    "dynamo": "Dynamo's SLA planner at its defaults: every 180 s on a 180 s window, prefill/decode sized by "
+    "profiled throughput with TTFT/ITL correction factors, constant predictor, no drain",
+    "keda": "KEDA-style per pool: ceil((in flight + waiting) / target per replica), HPA 300 s scale-down window",
+    "oracle": "hindsight oracle: per interval the fewest workers per pool meeting the target attainment, "
+    "by search through the simulator, applied instantly (GPU-hour reference)",
+    "planner-foresight": "the planner's fewest GPUs for each interval's true load, applied instantly",
 }
 
 # The model flags evaluate takes. Attainment is scored over every request and the goal
@@ -54,7 +61,7 @@ MODEL_DEFAULTS: dict[str, Any] = {**modelflags.defaults(MODEL_NAMES), "percentil
 
 
 def register(subparsers: Any) -> None:
-    epilog = "policies:\n" + "\n".join(f"  {k:<11} {v}" for k, v in POLICY_LINES.items())
+    epilog = "policies:\n" + "\n".join(f"  {k:<18} {v}" for k, v in POLICY_LINES.items())
     p = subparsers.add_parser(
         "evaluate",
         help="compare autoscaling policies on a trace in a virtual-time closed loop",
@@ -85,7 +92,20 @@ def register(subparsers: Any) -> None:
         default=0.0,
         help="disagg: spare capacity above the forecast, a fraction (spec.autoscaling.headroom; default 0)",
     )
-    f("--baseline-drain", action="store_true", help="let hpa/throughput drain on scale-down too")
+    f("--baseline-drain", action="store_true", help="let hpa/throughput/dynamo/keda drain on scale-down too")
+    f(
+        "--target-attainment",
+        type=float,
+        default=0.99,
+        help="attainment the hindsight oracle and the best fixed fleet must reach (default 0.99)",
+    )
+    f(
+        "--curves",
+        action="store_true",
+        help="also run every policy at each setting of its knob (slow): attainment / GPU-hours curves, "
+        "GPU-hours for 95 %% and 99 %% interpolated on them",
+    )
+    f("--no-best-static", action="store_true", help="skip the best-fixed-fleet search (faster)")
     f("--limit", type=int, help="read at most N trace rows")
     f(
         "--media-fraction",
@@ -147,6 +167,7 @@ def _settings(args: argparse.Namespace) -> Any:
         gpu_budget=args.gpu_budget,
         headroom=args.headroom,
         baseline_drain=args.baseline_drain,
+        target_attainment=args.target_attainment,
         seed=args.seed,
         placement=args.placement,
         split_threshold=args.split_threshold,
@@ -164,7 +185,7 @@ def _fmt(x: Any, nd: int = 3) -> str:
 def print_table(doc: dict[str, Any], out: Any = None) -> None:
     out = sys.stdout if out is None else out  # resolved per call, not at import
     cols = [
-        ("policy", None, 11),
+        ("policy", None, 18),
         ("attain", "slo_attainment", 8),
         ("ttft p50", "ttft_p50_s", 9),
         ("p90", "ttft_p90_s", 9),
@@ -175,6 +196,7 @@ def print_table(doc: dict[str, Any], out: Any = None) -> None:
         ("actions", "scaling_actions", 8),
         ("drains", "drains", 7),
         ("lost", "lost_requests", 6),
+        ("rej", "rejected_requests", 6),
     ]
     w = doc["workload"]
     out.write(
@@ -192,13 +214,57 @@ def print_table(doc: dict[str, Any], out: Any = None) -> None:
                 row.append(f"{name:<{n}}")
             else:
                 nd = 4 if k == "slo_attainment" else (2 if k.startswith("gpu") else 3)
-                val = m[k]
+                val = m.get(k)
                 if k == "slo_attainment" and val is not None:
                     row.append(f"{100 * val:>{n - 1}.2f}%")
                     continue
                 row.append(f"{_fmt(val, nd):>{n}}")
         out.write("".join(row) + "\n")
     out.write(f"infeasible requests (bare pipeline > TTFT target, excluded from attainment): {infeasible}\n")
+    print_equal_attainment(doc, out)
+
+
+def _hours(h: Any, ref: Any) -> str:
+    if h is None:
+        return "not reached"
+    return f"{h:.2f} ({h / ref:.2f}x)" if ref else f"{h:.2f}"
+
+
+def print_equal_attainment(doc: dict[str, Any], out: Any = None) -> None:
+    """GPU-hours each policy needs for 95 % and 99 % attainment, against the hindsight oracle."""
+    out = sys.stdout if out is None else out
+    refs = doc.get("references", {})
+    o = refs.get("oracle")
+    if not o:
+        return
+    curves = doc["settings"].get("curves", False)
+    out.write(
+        "\nequal attainment: GPU-hours for 95 % / 99 % attainment (x the hindsight oracle's), "
+        + (
+            "interpolated on each policy's knob curve"
+            if curves
+            else "from the default run only (--curves to sweep)"
+        )
+        + "\n"
+    )
+    out.write(
+        f"  oracle (target {100 * o.get('target_attainment', 0.99):g} %): {o['gpu_hours']:.2f} GPU-h at "
+        f"{100 * o['slo_attainment']:.2f} %, peak {o['replicas_max']['prefill']}P+{o['replicas_max']['decode']}D, "
+        f"{o.get('simulations', 0)} simulations\n"
+    )
+    b = refs.get("best_static")
+    if b:
+        out.write(
+            f"  best fixed fleet: {b['replicas']['prefill']}P+{b['replicas']['decode']}D, {b['gpu_hours']:.2f} GPU-h at "
+            f"{100 * b['slo_attainment']:.2f} % ({b['gpu_hours'] / o['gpu_hours']:.2f}x the oracle), "
+            f"{b.get('simulations', 0)} simulations\n"
+        )
+    oat = o.get("gpu_hours_at", {})
+    out.write(f"  {'policy':<18}{'@95 %':>20}{'@99 %':>20}\n")
+    for name, m in doc["policies"].items():
+        at = m.get("gpu_hours_at", {})
+        cells = [_hours(at.get(k), oat.get(k)) for k in ("0.95", "0.99")]
+        out.write(f"  {name:<18}{cells[0]:>20}{cells[1]:>20}\n")
 
 
 def plot(doc: dict[str, Any], path: str) -> None:
@@ -234,6 +300,53 @@ def plot(doc: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
+def curves_path(plot_path: str) -> str:
+    return plot_path[: -len(".png")] + "-curves.png"
+
+
+def plot_curves(doc: dict[str, Any], path: str) -> None:
+    """Attainment vs GPU-hours per policy (its knob's curve), with the hindsight references."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, m in doc["policies"].items():
+        pts = m.get("curve") or [{"gpu_hours": m["gpu_hours"], "slo_attainment": m["slo_attainment"]}]
+        pts = [p for p in pts if p["slo_attainment"] is not None]
+        ax.plot(
+            [p["gpu_hours"] for p in pts],
+            [100 * p["slo_attainment"] for p in pts],
+            marker="o",
+            ms=4,
+            lw=1.2,
+            label=name,
+        )
+    refs = doc.get("references", {})
+    for key, marker in (("oracle", "*"), ("best_static", "s")):
+        r = refs.get(key)
+        if r:
+            ax.plot(
+                r["gpu_hours"], 100 * r["slo_attainment"], marker=marker, ms=12, color="k", ls="", label=key
+            )
+    for a in (95, 99):
+        ax.axhline(a, color="0.8", lw=0.8, ls="--")
+    ax.set_xlabel("GPU-hours")
+    ax.set_ylabel("SLO attainment, %")
+    ax.set_ylim(max(0.0, ax.get_ylim()[0]), 100.5)
+    st = doc["settings"]
+    ax.set_title(
+        f"{os.path.basename(doc['trace'])}: {st.get('workload', 'trace')} x{st.get('rate_scale', 1)}, "
+        f"start-up {st['startup_s']:g} s",
+        fontsize=10,
+    )
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def run(args: argparse.Namespace) -> int:
     from disagg.cli import UsageError
 
@@ -261,6 +374,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--media-fraction must be between 0 and 1, got {args.media_fraction}")
     if args.media_items < 1:
         raise UsageError(f"--media-items must be >= 1, got {args.media_items}")
+    if not 0 < args.target_attainment < 1:
+        raise UsageError(f"--target-attainment must be between 0 and 1, got {args.target_attainment}")
     if not 0 <= args.headroom <= 4:
         raise UsageError(
             f"--headroom must be between 0 and 4 (a fraction of the demand), got {args.headroom}"
@@ -286,7 +401,7 @@ def run(args: argparse.Namespace) -> int:
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    doc = evaluate(w, policies, settings, progress)
+    doc = evaluate(w, policies, settings, progress, curves=args.curves, best_static=not args.no_best_static)
     doc["settings"]["rate_scale"] = args.rate_scale
     doc["settings"]["workload"] = args.workload
     doc["settings"]["seed"] = args.seed
@@ -300,4 +415,8 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(doc, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
+        if args.curves:
+            path = curves_path(args.plot)
+            plot_curves(doc, path)
+            print(f"wrote {path}", file=sys.stderr)
     return 0
