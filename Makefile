@@ -17,7 +17,7 @@ TOOLS_BIN := $(shell $(HACK)/tools.sh --print)
 # hack/*.sh and the tests' subprocesses find the venv's `python3` and `disagg` first.
 export PATH := $(CURDIR)/$(VENV)/bin:$(TOOLS_BIN):$(PATH)
 
-.PHONY: help venv venv-clean install lock prereqs tools cluster-up cluster-down demo demo-down \
+.PHONY: help venv venv-clean install lock prereqs routers tools cluster-up cluster-down demo demo-down \
 	test test-unit lint crds bench
 
 help: ## list targets
@@ -60,6 +60,9 @@ lock: ## refresh constraints.txt (pinned runtime + test dependencies) from a fre
 prereqs: ## check Go, prometheus, chromium and Python venv support; install what is missing (apt)
 	@PYTHON="$(BASE_PYTHON)" $(HACK)/prereqs.sh test
 
+routers: ## install the pinned P/D routers (vllm-router, sglang-router) from PyPI (cached)
+	$(HACK)/routers.sh >/dev/null
+
 tools: ## build kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok, kwokctl, helm (cached)
 	$(HACK)/tools.sh
 
@@ -87,7 +90,7 @@ crds: venv ## regenerate the CRD from the API models
 
 test: ## all tests: lint, unit, cluster, Prometheus, browser (missing prerequisites fail)
 	@PYTHON="$(BASE_PYTHON)" $(HACK)/prereqs.sh test
-	@$(MAKE) --no-print-directory venv tools
+	@$(MAKE) --no-print-directory venv tools routers
 	$(VENV_PY) -m ruff check operator tests hack
 	$(VENV_PY) -m pytest -q tests
 

@@ -23,6 +23,7 @@ from router_util import StandaloneFleet, StaticRouter, router_binary
 from disagg.emulator.fleet import DeploymentEmulator
 from disagg.emulator.metrics import NAMES
 from disagg.model import StageModels
+from prereqs import missing_prerequisite
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -35,7 +36,7 @@ EARLY_S = 0.01
 
 def needs(engine: str) -> None:
     if router_binary(engine) is None:
-        pytest.skip(f"the {engine} router is not installed: run hack/routers.sh")
+        missing_prerequisite(f"the {engine} router (hack/routers.sh installs the pinned one)")
 
 
 def model_ttft(prompt: int) -> tuple[float, float]:

@@ -33,6 +33,7 @@ from test_router_binary import complete, stream
 
 from disagg import routers
 from disagg.emulator.metrics import NAMES
+from prereqs import missing_prerequisite
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
@@ -84,7 +85,7 @@ def test_operator_router_discovers_the_pools_and_serves_through_them(
     """drain_by "gate": only the readiness gate turns False; "operator": the operator's drain code
     (gate, annotation, and the router's removal API where the router needs it)."""
     if router_binary(engine) is None:
-        pytest.skip(f"the {engine} router is not installed: run hack/routers.sh")
+        missing_prerequisite(f"the {engine} router (hack/routers.sh installs the pinned one)")
     obj = samples.fixed(SAMPLE[engine], prefill=1, decode=2)
     name = obj["metadata"]["name"]
     op = operator_factory([namespace])
@@ -100,7 +101,7 @@ def test_operator_router_discovers_the_pools_and_serves_through_them(
     cluster.wait_for(lambda: len(routable()) == 3, timeout=180, what="3 routable pods")
     ips = [p["status"]["podIP"] for p in routable()]
     if not all(ipaddress.ip_address(ip) in ipaddress.ip_network("127.0.0.0/8") for ip in ips):
-        pytest.skip(f"pod IPs {ips} are not on loopback: recreate the cluster (hack/cluster.sh down && up)")
+        missing_prerequisite(f"a local cluster with loopback pod IPs, not {ips} (hack/cluster.sh down && up)")
 
     # The operator's router objects.
     rname = f"{name}-router"

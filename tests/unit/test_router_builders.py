@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from disagg import api, builders, routers
+from prereqs import missing_prerequisite
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = yaml.safe_load((ROOT / "config/samples/vllm-disaggregated-70b.yaml").read_text())
@@ -130,7 +131,7 @@ def test_the_pinned_router_parses_the_operator_args(engine: str):
     p = routers.preset(engine)
     venv = ROUTERS_DIR / f"{p.package}-{p.version}"
     if not (venv / "bin" / p.binary).exists():
-        pytest.skip(f"{p.package} {p.version} not installed (hack/routers.sh)")
+        missing_prerequisite(f"{p.package} {p.version} (hack/routers.sh installs it)")
     s = copy.deepcopy(SAMPLE["spec"])
     s["engine"] = engine
     args = builders.router_args(OWNER, api.parse_spec(s))
