@@ -58,7 +58,9 @@ def test_operator_survives_an_api_server_restart(cluster, namespace, operator_fa
     name = obj["metadata"]["name"]
     cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", "-", input=json.dumps(obj))
     cluster.wait_for(
-        lambda: len(cluster.get_json("deployments", "-n", namespace)["items"]) == 2, timeout=30, what="pools"
+        lambda: len(cluster.get_json("deployments", "-n", namespace, "-l", "disagg.dev/pool")["items"]) == 2,
+        timeout=30,
+        what="pools",
     )
 
     restart_apiserver(tmp_path / "apiserver.log")

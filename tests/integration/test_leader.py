@@ -30,7 +30,7 @@ def test_one_active_replica_and_failover(cluster, namespace, operator_factory):
     name = obj["metadata"]["name"]
     cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", "-", input=json.dumps(obj))
     cluster.wait_for(
-        lambda: len(cluster.get_json("deployments", "-n", namespace)["items"]) == 2,
+        lambda: len(cluster.get_json("deployments", "-n", namespace, "-l", "disagg.dev/pool")["items"]) == 2,
         timeout=30,
         what="pools created by the leader",
     )
