@@ -23,6 +23,12 @@ as read there; docs/evaluation.md lists the facts and files:
 * a GPU budget squeezes prefill to floor(n_p x B / total) (at least min_endpoint,
   leaving min_endpoint decode replicas) and gives decode the rest
   (planner_core._apply_global_gpu_budget);
+* encoder (a media workload's encoder pool; Dynamo's planner sizes prefill and
+  decode only, so this is its throughput rule carried over, "phase 1": no
+  correction factor): replicas = ceil(media requests x items per media request /
+  T / encoder items/s per GPU / GPUs per replica), at least min_endpoint; under a
+  GPU budget the encoder keeps what leaves min_endpoint prefill and decode
+  replicas, and prefill and decode share the rest as above;
 * a request made while the deployment is not ready is ignored
   (kubernetes_connector.set_component_replicas); scale-in deletes replicas, no drain.
 
@@ -47,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from disagg.evaluate import POOLS, EvalSettings, Obs, Policy
+from disagg.evaluate import EvalSettings, Obs, Policy
 from disagg.model import StageModels
 from disagg.workload import Workload
 
@@ -61,6 +67,8 @@ __all__ = [
     "dynamo_budget",
     "dynamo_corrections",
     "dynamo_decode_replicas",
+    "dynamo_encoder_budget",
+    "dynamo_encoder_replicas",
     "dynamo_prefill_replicas",
     "keda_desired",
 ]
@@ -79,6 +87,8 @@ class DynamoMetrics:
     ttft_ms: float | None  # mean TTFT
     itl_ms: float | None  # mean inter-token latency
     request_duration_s: float | None  # mean request duration
+    media_req: float | None = None  # requests with media in the interval
+    items: float | None = None  # mean media items per media request
 
     def is_valid(self) -> bool:
         """Dynamo's Metrics.is_valid: TTFT, ITL, ISL and OSL present and not NaN."""
@@ -153,6 +163,43 @@ def dynamo_decode_replicas(
     return max(n, min_endpoint)
 
 
+def dynamo_encoder_replicas(
+    media_req: float,
+    items: float,
+    interval_s: float,
+    models: StageModels,
+    gpus_per_replica: int = 1,
+    min_endpoint: int = DYNAMO_MIN_ENDPOINT,
+) -> int:
+    """ceil(media requests x items / T / encoder items/s per GPU / GPUs per replica), throughput only.
+
+    One GPU encodes a request of `items` items in ``encoder.service_ms(items)``
+    (fixed cost + per item): ``items / that time`` items/s.
+    """
+    items = max(items, 1.0)
+    items_per_s = media_req * items / interval_s
+    per_gpu = items * 1000.0 / float(models.encoder.service_ms(items)) / gpus_per_replica
+    n = math.ceil(items_per_s / per_gpu / gpus_per_replica - 1e-9)
+    return max(n, min_endpoint)
+
+
+def dynamo_encoder_budget(
+    n_e: int,
+    budget: int | None,
+    gpus_e: int = 1,
+    gpus_p: int = 1,
+    gpus_d: int = 1,
+    min_endpoint: int = DYNAMO_MIN_ENDPOINT,
+) -> tuple[int, int | None]:
+    """(encoder replicas, GPUs left for prefill and decode): the encoder keeps at most what leaves
+    min_endpoint prefill and decode replicas (and at least min_endpoint itself while that fits)."""
+    if budget is None:
+        return n_e, None
+    room = budget - min_endpoint * (gpus_p + gpus_d)
+    n_e = max(0, min(n_e, room // gpus_e))
+    return n_e, budget - n_e * gpus_e
+
+
 def dynamo_budget(
     n_p: int,
     n_d: int,
@@ -187,7 +234,8 @@ class DynamoPolicy(Policy):
         self.interval_s = DYNAMO_ADJUSTMENT_INTERVAL_S
         self.last_adjust = 0.0  # the planner starts with the deployment
         self.corrections = (1.0, 1.0)
-        self.last_load: tuple[float, float, float] | None = None  # constant predictor's memory
+        # constant predictor's memory: requests, ISL, OSL, media requests, items per media request
+        self.last_load: tuple[float, float, float, float, float] | None = None
         self.cluster: Any = None
         self.output = w.output_tokens
         self.skipped = 0
@@ -200,11 +248,13 @@ class DynamoPolicy(Policy):
         ts = now - self.s.scrape_s
         lo = ts - self.interval_s
         n, pm, _ps, om, _os = self.pre.stats(lo, ts)
+        share, items = self.pre.media(lo, ts)
+        media_req, items = (float(n) * share, items) if n else (None, None)
         cl = self.cluster
         done = np.frombuffer(cl.r_done, dtype=np.float64) if len(cl.r_done) else np.zeros(0)
         sel = (done >= lo) & (done < ts)
         if n == 0 or not sel.any():
-            return DynamoMetrics(float(n), None, None, None, None, None)
+            return DynamoMetrics(float(n), None, None, None, None, None, media_req, items)
         ttft = np.frombuffer(cl.r_ttft, dtype=np.float64)[sel]
         itl = np.frombuffer(cl.r_itl, dtype=np.float64)[sel]
         arrival = np.frombuffer(cl.r_arrival, dtype=np.float64)[sel]
@@ -219,6 +269,8 @@ class DynamoPolicy(Policy):
             ttft_ms=float(ttft.mean()) * 1000.0,
             itl_ms=itl_ms,
             request_duration_s=float((done[sel] - arrival).mean()),
+            media_req=media_req,
+            items=items,
         )
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
@@ -227,16 +279,26 @@ class DynamoPolicy(Policy):
         self.last_adjust = o.now
         m = self.observe(o.now)
         if m.num_req is not None and m.isl is not None and m.osl is not None:
-            self.last_load = (m.num_req, m.isl, m.osl)
+            self.last_load = (m.num_req, m.isl, m.osl, m.media_req or 0.0, m.items or 1.0)
         if not m.is_valid():
             self.skipped += 1
             return dict(o.requested), "dynamo: metrics None/NaN, skipped"
         self.corrections = dynamo_corrections(
             m, self.s.models, o.ready["decode"], self.interval_s, self.corrections
         )
-        num_req, isl, osl = self.last_load or (0.0, 1.0, 1.0)  # constant predictor: next = last
+        num_req, isl, osl, media_req, items = self.last_load or (0.0, 1.0, 1.0, 0.0, 1.0)  # next = last
         num_req *= self.s.capacity_scale
+        media_req *= self.s.capacity_scale
         g = self.s.gpus_per_replica
+        budget = self.s.gpu_budget
+        out: dict[str, int] = {}
+        if "encoder" in self.pools:
+            n_e = dynamo_encoder_replicas(
+                media_req, items, self.interval_s, self.s.models, g.get("encoder", 1)
+            )
+            out["encoder"], budget = dynamo_encoder_budget(
+                n_e, budget, g.get("encoder", 1), g.get("prefill", 1), g.get("decode", 1)
+            )
         n_p = dynamo_prefill_replicas(
             num_req, isl, self.corrections[0], self.interval_s, self.s.models, g.get("prefill", 1)
         )
@@ -250,10 +312,12 @@ class DynamoPolicy(Policy):
             self.s.slo.itl_s * 1000.0,
             g.get("decode", 1),
         )
-        n_p, n_d = dynamo_budget(n_p, n_d, self.s.gpu_budget, g.get("prefill", 1), g.get("decode", 1))
-        if any(o.ready[p] != o.requested[p] or o.pending.get(p, 0) for p in POOLS):
+        out["prefill"], out["decode"] = dynamo_budget(
+            n_p, n_d, budget, g.get("prefill", 1), g.get("decode", 1)
+        )
+        if any(o.ready[p] != o.requested[p] or o.pending.get(p, 0) for p in self.pools):
             return dict(o.requested), "dynamo: deployment not ready, request ignored"
-        return {"prefill": n_p, "decode": n_d}, "dynamo"
+        return out, "dynamo"
 
     def report(self) -> dict[str, Any]:
         return {"skipped_intervals": self.skipped}
@@ -269,8 +333,10 @@ def keda_desired(in_pool: float, per_replica: float, current: int, tolerance: fl
 class KedaPolicy(Policy):
     """`keda`: per pool, requests in the pool (running + waiting) over a target per replica.
 
-    Target per replica: what it serves at once (prefill 1, decode the largest
-    batch meeting the ITL target) plus ``keda_queue_per_replica`` waiting. HPA
+    Every pool the workload needs (the encoder pool too when requests carry
+    media), each on its own queue. Target per replica: what it serves at once
+    (encoder 1, prefill 1, decode the largest batch meeting the ITL target) plus
+    ``keda_queue_per_replica`` waiting. HPA
     semantics as `hpa`: 10 % tolerance, scale-up limit x2 or +4, 300 s scale-down
     stabilization; no drain. Gauges read at the decision (KEDA polls every 30 s).
     """
@@ -284,30 +350,32 @@ class KedaPolicy(Policy):
         self.hist: list[tuple[float, dict[str, int]]] = []
         batch = s.models.decode.max_batch_for_itl(s.slo.itl_s * 1000.0) or 1
         q = s.keda_queue_per_replica
-        self.per_replica = {"prefill": 1.0 + q, "decode": batch + q}
+        self.per_replica = {"encoder": 1.0 + q, "prefill": 1.0 + q, "decode": batch + q}
 
     def attach(self, cluster: Any) -> None:
         self.cluster = cluster
 
     def in_pool(self) -> dict[str, int]:
         cl = self.cluster
-        unplaced = {"prefill": 0, "decode": 0}
+        unplaced = dict.fromkeys(self.pools, 0)
+        # "arrive": waiting for an encoder worker (only media requests do); "send": for a decode slot
+        to_pool = {"arrive": "encoder" if "encoder" in self.pools else "prefill", "prefill": "prefill"}
         for what, _job in cl.unplaced:
-            unplaced["prefill" if what in ("arrive", "prefill") else "decode"] += 1
-        return {p: sum(w.in_flight() for w in cl.pools[p]) + unplaced[p] for p in POOLS}
+            unplaced[to_pool.get(what, "decode")] += 1
+        return {p: sum(w.in_flight() for w in cl.pools[p]) + unplaced[p] for p in self.pools}
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
         s = self.s
         load = self.in_pool()
         desired = {}
-        for p in POOLS:
+        for p in self.pools:
             cur = o.requested[p]
             want = keda_desired(load[p], self.per_replica[p], o.ready[p])
             want = min(want, max(2 * cur, cur + 4))
             desired[p] = min(s.max_replicas, max(s.min_replicas, want))
         self.hist = [(t, d) for t, d in self.hist if t > o.now - s.stabilization_s] + [(o.now, desired)]
         out = {}
-        for p in POOLS:
+        for p in self.pools:
             if desired[p] < o.requested[p]:
                 out[p] = min(o.requested[p], max(d[p] for _, d in self.hist))
             else:

@@ -1118,7 +1118,7 @@ def evaluate(
     if best_static:
         if progress is not None:
             progress("searching the best fixed fleet ...")
-        guess = {q: math.ceil(om["replicas_mean"][q]) for q in POOLS}  # search up or down from the mean
+        guess = {q: math.ceil(n) for q, n in om["replicas_mean"].items()}  # search up or down from the mean
         sizes, stats = yardstick.best_static(w, s, guess=guess, progress=progress)
         bm = yardstick.fixed_fleet_metrics(w, s, sizes)
         references["best_static"] = {**_reference(bm), **stats.to_dict()}

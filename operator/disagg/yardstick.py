@@ -10,11 +10,11 @@ a policy need to meet the SLO, compared with what I would otherwise do":
   over), and applies them with no start-up delay. Misses left unspent by earlier
   intervals may be spent later; it aims a little above the target
   (`ORACLE_AIM_MARGIN`). It approximates the least GPU-hours for that
-  attainment: greedy (one interval at a time), local (a pair passes when one
-  worker fewer in either pool fails), and blind to what its choice does to
+  attainment: greedy (one interval at a time), local (a fleet passes when one
+  worker fewer in any pool fails), and blind to what its choice does to
   requests still in flight from earlier intervals (the replay counts them).
-* `best_static` - the **best fixed fleet in hindsight**: the fewest prefill +
-  decode workers, fixed for the whole trace, that reach the target attainment;
+* `best_static` - the **best fixed fleet in hindsight**: the fewest workers per
+  pool (encoder too for media workloads), fixed for the whole trace, that reach the target attainment;
   found by the same local search over whole-trace simulations. An
   autoscaler is worth running only where it beats this.
 * `gpu_hours_at` - GPU-hours a policy needs for an attainment, interpolated on
@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from disagg.evaluate import POOLS, EvalSettings, Obs, Policy, infeasible_mask, run_policy
+from disagg.evaluate import EvalSettings, Obs, Policy, infeasible_mask, pools_for, run_policy
 from disagg.sim.core import DONE, INF, WAITING, Job
 from disagg.sim.engine import Cluster, SimConfig
 from disagg.workload import Workload
@@ -156,12 +156,13 @@ def curve(
 
 
 def _resize(cl: Cluster, sizes: dict[str, int], now: float) -> None:
-    """Set the serving pool sizes at once, as the evaluation loop applies an instant target.
+    """Set the serving pool sizes at once (every pool in `sizes`), as the evaluation loop applies
+    an instant target.
 
     Growing first un-drains draining workers, then adds new ones; shrinking drains
     the workers with the least in flight (they finish what they hold).
     """
-    for p in POOLS:
+    for p in sizes:
         serving = [w for w in cl.pools[p] if not w.draining]
         diff = int(sizes[p]) - len(serving)
         if diff > 0:
@@ -177,7 +178,7 @@ def _resize(cl: Cluster, sizes: dict[str, int], now: float) -> None:
 
 def _reap(cl: Cluster, now: float) -> None:
     """Delete drained workers (nothing in flight, no KV send pending), as the loop's drain poll does."""
-    for p in POOLS:
+    for p in cl.pools:
         for w in [w for w in cl.pools[p] if w.draining]:
             if cl.in_flight(w) == 0 and cl.pending_kv_sends(w) == 0:
                 cl.remove_worker(w, now)
@@ -268,6 +269,8 @@ class _Trace:
         self.arrival = w.arrival_s.tolist()
         self.prompt = w.prompt_tokens.tolist()
         self.output = w.output_tokens.tolist()
+        self.media = w.media_items.tolist()
+        self.pools = pools_for(w)  # the encoder pool only when some request carries media
         self.feasible = (~infeasible_mask(w, s)).tolist()
         self.n = len(self.arrival)
         self.ttft_s = s.slo.ttft_s
@@ -277,6 +280,7 @@ class _Trace:
         cfg = SimConfig(
             prefill=max(1, sizes["prefill"]),
             decode=max(1, sizes["decode"]),
+            encoder=max(1, sizes["encoder"]) if "encoder" in self.pools else 0,
             ttft_ms=self.ttft_s * 1000.0,
             itl_ms=self.itl_s * 1000.0,
             seed=self.s.seed,
@@ -300,13 +304,14 @@ class _Trace:
         it (False) or no longer can (True); without, count them all (True).
         """
         heap = cl.heap
-        arrival, prompt, output, feasible = self.arrival, self.prompt, self.output, self.feasible
+        arrival, prompt, output, media = self.arrival, self.prompt, self.output, self.media
+        feasible = self.feasible
         ttft = self.ttft_s
         for i in range(lo, hi):
             t = arrival[i]
             if heap and heap[0][0] <= t:
                 cl.advance(t)
-            job = Job(i, t, prompt[i], output[i], 0, None, t + ttft)
+            job = Job(i, t, prompt[i], output[i], media[i], None, t + ttft)
             cl.submit(job, t)
             if feasible[i]:
                 tr.open[i] = job
@@ -335,12 +340,17 @@ class _Trace:
             cl.advance(t)
 
 
+def _label(sizes: dict[str, int]) -> str:
+    """A fleet in short: 1E+3P+4D (encoder, prefill, decode workers)."""
+    return "+".join(f"{n}{p[0].upper()}" for p, n in sizes.items())
+
+
 def _allowed_misses(target: float, judged: int) -> int:
     return math.floor((1.0 - target) * judged + 1e-9)
 
 
 def _gpus(s: EvalSettings, sizes: dict[str, int]) -> int:
-    return sum(int(sizes[p]) * s.gpus_per_replica.get(p, 1) for p in POOLS)
+    return sum(int(n) * s.gpus_per_replica.get(p, 1) for p, n in sizes.items())
 
 
 def _min_feasible(ok: Callable[[int], bool], guess: int, cap: int) -> int:
@@ -391,12 +401,13 @@ def oracle_schedule(
     Interval k covers arrivals in [k x interval, (k+1) x interval). For each, from the
     simulated state at its start (queues carried over), a trial simulates the
     interval's arrivals on candidate pool sizes until each of its feasible arrivals
-    has met or missed the SLO. A pair passes when those misses stay within
+    has met or missed the SLO. A fleet (every pool the workload needs: the encoder
+    pool too when some request carries media) passes when those misses stay within
     ``(1 - aim)`` x the interval's feasible arrivals, or within the misses the
     whole run so far may still afford if that is more; ``aim`` is the target plus
     `ORACLE_AIM_MARGIN` of its allowed misses (the replay also counts requests in
-    flight across interval boundaries, which the trials do not judge). Search: `_search_pair` from
-    the previous interval's sizes. The chosen sizes are applied at the interval's
+    flight across interval boundaries, which the trials do not judge). Search:
+    `_search_pools` from the previous interval's sizes. The chosen sizes are applied at the interval's
     start with no start-up delay; the state then advances to the next interval.
     """
     target = s.target_attainment if target is None else target
@@ -405,7 +416,7 @@ def oracle_schedule(
     stats = SearchStats()
     tr = _Trace(w, s)
     if tr.n == 0:
-        return [dict.fromkeys(POOLS, s.min_replicas)], stats
+        return [dict.fromkeys(tr.pools, s.min_replicas)], stats
     iv = s.interval_s
     end = tr.arrival[-1]
     n_int = int(end // iv) + 1
@@ -413,10 +424,10 @@ def oracle_schedule(
     bounds[-1] = tr.n
     lo_n = max(1, s.min_replicas)
     cap = s.max_replicas
-    base, btr = tr.cluster({"prefill": 1, "decode": 1})
+    base, btr = tr.cluster(dict.fromkeys(tr.pools, 1))
     judged_total = 0  # feasible arrivals so far
     schedule: list[dict[str, int]] = []
-    prev = {"prefill": lo_n, "decode": lo_n}
+    prev = dict.fromkeys(tr.pools, lo_n)
     for k in range(n_int):
         t_k = k * iv
         a, b = bounds[k], bounds[k + 1]
@@ -431,30 +442,28 @@ def oracle_schedule(
         allowed = max(share, _allowed_misses(aim, judged_total) - btr.misses)
 
         def trial(
-            p: int, d: int, limit: int | None, a: int = a, b: int = b, t_k: float = t_k
+            sizes: dict[str, int], limit: int | None, a: int = a, b: int = b, t_k: float = t_k
         ) -> tuple[bool, int]:
             cl, ctr = _clone(base, btr)
-            _resize(cl, {"prefill": p, "decode": d}, t_k)
+            _resize(cl, sizes, t_k)
             stats.simulations += 1
             return tr.run(cl, ctr, a, b, allowed=limit), ctr.misses
 
-        chosen, reached = _search_pair(trial, prev, lo_n, cap, allowed, s)
+        chosen, reached = _search_pools(trial, tr.pools, prev, lo_n, cap, allowed, s)
         stats.reached = stats.reached and reached
         schedule.append(chosen)
         prev = chosen
         _resize(base, chosen, t_k)
         tr.run(base, btr, a, b, until=min((k + 1) * iv, end) if k + 1 < n_int else None)
         if progress is not None and (k % 20 == 0 or k == n_int - 1):
-            progress(
-                f"oracle: interval {k + 1}/{n_int}, {chosen['prefill']}P+{chosen['decode']}D, "
-                f"{stats.simulations} simulations"
-            )
+            progress(f"oracle: interval {k + 1}/{n_int}, {_label(chosen)}, {stats.simulations} simulations")
     stats.wall_s = time.perf_counter() - t0
     return schedule, stats
 
 
-def _search_pair(
-    trial: Callable[[int, int, int | None], tuple[bool, int]],
+def _search_pools(
+    trial: Callable[[dict[str, int], int | None], tuple[bool, int]],
+    pools: tuple[str, ...],
     start: dict[str, int],
     lo_n: int,
     cap: int,
@@ -463,81 +472,95 @@ def _search_pair(
     max_doublings: int = 3,
     probe: bool = False,
 ) -> tuple[dict[str, int], bool]:
-    """Fewest (prefill, decode) whose trial has at most `allowed` misses; (sizes, target reached).
+    """Fewest workers per pool whose trial has at most `allowed` misses; (sizes, target reached).
 
-    `trial(p, d, limit)` -> (passed, misses); limit None counts every miss. A local
-    search from `start` for trials monotone in both pools. If `start`, or `start`
-    with one more decode or else one more prefill worker, passes, shrink prefill,
-    then decode, as far as they pass (galloping down, then bisection). Otherwise
-    count the misses of a generous pair (twice `start` plus 4 per pool,
+    `pools` are the pools searched (encoder, prefill, decode for a media workload;
+    prefill, decode otherwise). `trial(sizes, limit)` -> (passed, misses); limit None
+    counts every miss. A local search from `start` for trials monotone in every
+    pool. If `start`, or `start` with one more worker in one pool (decode first,
+    then prefill, then encoder), passes, shrink each pool in turn (encoder,
+    prefill, decode) as far as it passes (galloping down, then bisection).
+    Otherwise count the misses of a generous fleet (twice `start` plus 4 per pool,
     doubled at most `max_doublings` times while that at least halves them, by 2 or
-    more: smaller drops are routing noise); what even that pair misses cannot be
+    more: smaller drops are routing noise); what even that fleet misses cannot be
     helped by more workers, so if it exceeds `allowed` the limit becomes those
-    misses and the target is not reached. Then the smallest
-    prefill pool passing with the generous decode pool, and the smallest decode
-    pool passing with that prefill pool, both searched from `start`. Either way the
-    result passes and one worker fewer in either pool fails. With `probe`, pairs 2
-    and 3 workers below in either pool are tried too (trials are monotone only up
-    to routing noise of a few misses), and the search shrinks again from the
-    cheapest that passes. Pairs over the GPU budget fail.
+    misses and the target is not reached. Then each pool in turn is shrunk to the
+    smallest size passing with the pools before it at their found sizes and those
+    after it at their generous sizes, searched from `start`. Either way the result
+    passes and, by monotonicity, one worker fewer in any pool fails. With `probe`,
+    fleets 2 and 3 workers below in each pool are tried too (trials are monotone
+    only up to routing noise of a few misses), and the search shrinks again from
+    the cheapest that passes. Fleets over the GPU budget fail.
     """
+    k = len(pools)
 
-    def fits(p: int, d: int) -> bool:
-        return s.gpu_budget is None or _gpus(s, {"prefill": p, "decode": d}) <= s.gpu_budget
+    def sizes_of(c: tuple[int, ...]) -> dict[str, int]:
+        return dict(zip(pools, c, strict=True))
 
-    def shrink_to_budget(p: int, d: int) -> tuple[int, int]:
-        while not fits(p, d) and (p > lo_n or d > lo_n):
-            if p >= d and p > lo_n:
-                p -= 1
-            else:
-                d -= 1
-        return p, d
+    def fits(c: tuple[int, ...]) -> bool:
+        return s.gpu_budget is None or _gpus(s, sizes_of(c)) <= s.gpu_budget
 
-    memo: dict[tuple[int, int], bool] = {}
+    def with_size(c: tuple[int, ...], i: int, n: int) -> tuple[int, ...]:
+        return (*c[:i], n, *c[i + 1 :])
+
+    def shrink_to_budget(c: tuple[int, ...]) -> tuple[int, ...]:
+        while not fits(c) and any(n > lo_n for n in c):
+            i = max((i for i in range(k) if c[i] > lo_n), key=lambda i: (c[i], -i))  # largest first
+            c = with_size(c, i, c[i] - 1)
+        return c
+
+    memo: dict[tuple[int, ...], bool] = {}
     limit = allowed
 
-    def ok(p: int, d: int) -> bool:
-        key = (p, d)
-        if key not in memo:
-            memo[key] = fits(p, d) and trial(p, d, limit)[0]
-        return memo[key]
+    def ok(c: tuple[int, ...]) -> bool:
+        if c not in memo:
+            memo[c] = fits(c) and trial(sizes_of(c), limit)[0]
+        return memo[c]
 
-    p0 = max(lo_n, min(cap, start["prefill"]))
-    d0 = max(lo_n, min(cap, start["decode"]))
+    x0 = tuple(max(lo_n, min(cap, start.get(p, lo_n))) for p in pools)
     reached = True
-    neighbours = [c for c in ((p0, min(cap, d0 + 1)), (min(cap, p0 + 1), d0)) if c != (p0, d0)]
-    if ok(p0, d0):
-        big_p, big_d = p0, d0
-    elif any(ok(*c) for c in neighbours):  # the common case of a small rise: one more worker
-        big_p, big_d = next(c for c in neighbours if memo.get(c))
+    neighbours = [c for i in reversed(range(k)) if (c := with_size(x0, i, min(cap, x0[i] + 1))) != x0]
+    if ok(x0):
+        big = x0
+    elif any(ok(c) for c in neighbours):  # the common case of a small rise: one more worker
+        big = next(c for c in neighbours if memo.get(c))
     else:
-        big_p, big_d = shrink_to_budget(min(cap, 2 * p0 + 4), min(cap, 2 * d0 + 4))
-        _passed, misses = trial(big_p, big_d, None)
+        big = shrink_to_budget(tuple(min(cap, 2 * n + 4) for n in x0))
+        _passed, misses = trial(sizes_of(big), None)
         for _ in range(max_doublings):
             if misses <= allowed:
                 break
-            np_, nd = shrink_to_budget(min(cap, 2 * big_p), min(cap, 2 * big_d))
-            if (np_, nd) == (big_p, big_d):
+            bigger = shrink_to_budget(tuple(min(cap, 2 * n) for n in big))
+            if bigger == big:
                 break
-            _passed, m2 = trial(np_, nd, None)
+            _passed, m2 = trial(sizes_of(bigger), None)
             if misses - m2 < max(2, misses / 2):  # not a capacity shortage, noise: stop
                 break
-            big_p, big_d, misses = np_, nd, m2
-        if misses > allowed:  # out of reach: do no worse than the generous pair
+            big, misses = bigger, m2
+        if misses > allowed:  # out of reach: do no worse than the generous fleet
             reached = False
             limit = misses
             memo.clear()
-        memo[(big_p, big_d)] = True
-    p = max(lo_n, _min_feasible(lambda n: ok(n, big_d), p0, big_p))
-    d = max(lo_n, _min_feasible(lambda n: ok(p, n), d0, big_d))
+        memo[big] = True
+
+    def shrink(c: tuple[int, ...], guess: tuple[int, ...]) -> tuple[int, ...]:
+        """Each pool in turn to its smallest passing size (from `guess`), the others held."""
+        for i in range(k):
+            c = with_size(
+                c, i, max(lo_n, _min_feasible(lambda n, c=c, i=i: ok(with_size(c, i, n)), guess[i], c[i]))
+            )
+        return c
+
+    best = shrink(big, x0)
     if probe:  # routing noise makes trials not quite monotone: look a little further down
-        below = [(p, x) for x in (d - 2, d - 3) if x >= lo_n] + [(x, d) for x in (p - 2, p - 3) if x >= lo_n]
-        passing = [c for c in below if ok(*c)]
+        below = [
+            with_size(best, i, best[i] - d) for i in reversed(range(k)) for d in (2, 3) if best[i] - d >= lo_n
+        ]
+        passing = [c for c in below if ok(c)]
         if passing:
-            p, d = min(passing, key=lambda c: (_gpus(s, {"prefill": c[0], "decode": c[1]}), c))
-            p = max(lo_n, _min_feasible(lambda n: ok(n, d), p, p))
-            d = max(lo_n, _min_feasible(lambda n: ok(p, n), d, d))
-    return {"prefill": p, "decode": d}, reached
+            cheapest = min(passing, key=lambda c: (_gpus(s, sizes_of(c)), c))
+            best = shrink(cheapest, cheapest)
+    return sizes_of(best), reached
 
 
 class HindsightOraclePolicy(Policy):
@@ -571,8 +594,8 @@ class HindsightOraclePolicy(Policy):
         sched = self.schedule
         return {
             "target_attainment": self.s.target_attainment,
-            "replicas_mean": {p: round(sum(x[p] for x in sched) / len(sched), 3) for p in POOLS},
-            "replicas_max": {p: max(x[p] for x in sched) for p in POOLS},
+            "replicas_mean": {p: round(sum(x[p] for x in sched) / len(sched), 3) for p in sched[0]},
+            "replicas_max": {p: max(x[p] for x in sched) for p in sched[0]},
             **self.stats.to_dict(),
         }
 
@@ -603,12 +626,14 @@ def best_static(
     guess: dict[str, int] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, int], SearchStats]:
-    """Fewest fixed (prefill, decode) workers reaching `target` over the whole trace.
+    """Fewest fixed workers per pool reaching `target` over the whole trace.
 
-    Each trial simulates the whole trace on fixed pools and stops as soon as the
-    misses exceed ``(1 - target)`` x the feasible requests. Search: `_search_pair`
-    from `guess` (e.g. the oracle's mean sizes), probing 2-3 workers below at the
-    end. The result passes and one worker fewer in either pool does not.
+    The pools are those the workload needs (the encoder pool too when some request
+    carries media). Each trial simulates the whole trace on fixed pools and stops as
+    soon as the misses exceed ``(1 - target)`` x the feasible requests. Search:
+    `_search_pools` from `guess` (e.g. the oracle's mean sizes; 2 per pool it
+    lacks), probing 2-3 workers below at the end. The result passes and one
+    worker fewer in any pool does not.
     """
     target = s.target_attainment if target is None else target
     t0 = time.perf_counter()
@@ -616,18 +641,18 @@ def best_static(
     tr = _Trace(w, s)
     allowed = _allowed_misses(target, sum(tr.feasible))
 
-    def trial(p: int, d: int, limit: int | None) -> tuple[bool, int]:
-        cl, ctr = tr.cluster({"prefill": p, "decode": d})
+    def trial(sizes: dict[str, int], limit: int | None) -> tuple[bool, int]:
+        cl, ctr = tr.cluster(sizes)
         stats.simulations += 1
         passed = tr.run(cl, ctr, 0, tr.n, allowed=limit)
         if progress is not None:
-            progress(f"best-static: {p}P+{d}D {'passes' if passed else 'misses'}")
+            progress(f"best-static: {_label(sizes)} {'passes' if passed else 'misses'}")
         return passed, ctr.misses
 
-    g = guess or {"prefill": 2, "decode": 2}
+    g = guess or {}
     lo_n = max(1, s.min_replicas)
-    prev = {"prefill": max(lo_n, g["prefill"]), "decode": max(lo_n, g["decode"])}
-    sizes, reached = _search_pair(trial, prev, lo_n, s.max_replicas, allowed, s, probe=True)
+    prev = {p: max(lo_n, int(g.get(p, 2))) for p in tr.pools}
+    sizes, reached = _search_pools(trial, tr.pools, prev, lo_n, s.max_replicas, allowed, s, probe=True)
     stats.wall_s = time.perf_counter() - t0
     stats.reached = reached
     return sizes, stats

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import math
 
@@ -14,12 +15,15 @@ from disagg.baselines import (
     dynamo_budget,
     dynamo_corrections,
     dynamo_decode_replicas,
+    dynamo_encoder_budget,
+    dynamo_encoder_replicas,
     dynamo_prefill_replicas,
     keda_desired,
 )
+from disagg.commands.evaluate import print_equal_attainment
 from disagg.evaluate import EvalSettings, evaluate, run_policy
 from disagg.model import DecodeModel, PrefillModel, StageModels
-from disagg.workload import Workload, piecewise_poisson
+from disagg.workload import Workload, piecewise_poisson, poisson
 
 SMALL = EvalSettings(startup_s=30.0, stabilization_s=120.0, timeline_points=50)
 
@@ -96,6 +100,64 @@ def test_curves_sweep_the_knob(bursty: Workload) -> None:
     assert d["policies"]["static"]["gpu_hours_at"]["0.95"] == yardstick.gpu_hours_at(pts, 0.95)
 
 
+# --------------------------------------------------------------------------- media: the encoder pool
+
+
+@pytest.fixture(scope="module")
+def media() -> Workload:
+    """Five minutes at 8 rps, 60 % with eight images: 4.8 x (15 + 8 x 25) ms = 1.03 busy encoders."""
+    return poisson(
+        8.0, 300.0, prompt_tokens=1000, output_tokens=60, media_fraction=0.6, media_items=8, seed=5
+    )
+
+
+@pytest.fixture(scope="module")
+def media_doc(media: Workload) -> dict:
+    return evaluate(media, ["dynamo", "keda"], SMALL)
+
+
+def test_media_oracle_and_best_static_size_the_encoder(media_doc: dict) -> None:
+    refs = media_doc["references"]
+    oracle, fixed = refs["oracle"], refs["best_static"]
+    assert set(oracle["replicas_max"]) == set(fixed["replicas"]) == {"encoder", "prefill", "decode"}
+    assert oracle["replicas_max"]["encoder"] >= 2  # one encoder cannot carry 1.03 busy encoders' work
+    assert fixed["replicas"]["encoder"] >= 2
+    for ref in (oracle, fixed):
+        assert ref["slo_attainment"] >= SMALL.target_attainment - 0.005
+        assert ref["lost_requests"] == 0
+    text = io.StringIO()
+    print_equal_attainment(media_doc, text)
+    r = fixed["replicas"]
+    assert f"best fixed fleet: {r['encoder']}E+{r['prefill']}P+{r['decode']}D," in text.getvalue()
+
+
+def test_media_baselines_size_the_encoder(media_doc: dict) -> None:
+    for name in ("dynamo", "keda"):
+        tl = media_doc["policies"][name]["timeline"]
+        assert all(set(x["replicas"]) == {"encoder", "prefill", "decode"} for x in tl), name
+    # Dynamo from its first adjustment: ~900 media requests x 8 items per 180 s = 40 items/s;
+    # a GPU encodes 8 items in 215 ms, 37.2 items/s: ceil(1.08) = 2 encoders
+    after = [x["replicas"]["encoder"] for x in media_doc["policies"]["dynamo"]["timeline"] if x["t"] >= 180.0]
+    assert after and set(after) == {2}
+    # KEDA: the encoder queue (3 requests per replica) grows past one worker's share
+    assert max(x["replicas"]["encoder"] for x in media_doc["policies"]["keda"]["timeline"]) >= 2
+
+
+def test_media_best_static_one_encoder_fewer_fails(media: Workload) -> None:
+    target = SMALL.target_attainment
+    sizes, stats = yardstick.best_static(media, SMALL)
+    assert stats.reached and set(sizes) == {"encoder", "prefill", "decode"}
+    assert sizes["encoder"] >= 2
+    assert yardstick.fixed_fleet_metrics(media, SMALL, sizes)["slo_attainment"] >= target
+    fewer = dict(sizes, encoder=sizes["encoder"] - 1)
+    assert yardstick.fixed_fleet_metrics(media, SMALL, fewer)["slo_attainment"] < target
+
+
+def test_text_only_searches_no_encoder(bursty: Workload) -> None:
+    schedule, _stats = yardstick.oracle_schedule(bursty, SMALL)
+    assert all(set(x) == {"prefill", "decode"} for x in schedule)
+
+
 # --------------------------------------------------------------------------- curve interpolation
 
 
@@ -161,6 +223,20 @@ def test_dynamo_corrections_by_hand() -> None:
     assert p_cf == pytest.approx(2.0)
     assert d_cf == pytest.approx(1.5)
     assert dynamo_corrections(m, MODELS, decode_workers=0, interval_s=180.0, previous=(1.0, 1.3))[1] == 1.3
+
+
+def test_dynamo_encoder_by_hand() -> None:
+    # 1,800 media requests x 4 items / 180 s = 40 items/s; one GPU encodes 4 items in
+    # 15 + 4 x 25 = 115 ms: 34.8 items/s -> ceil(1.15) = 2
+    assert dynamo_encoder_replicas(1800, 4, 180.0, MODELS) == 2
+    assert dynamo_encoder_replicas(720, 4, 180.0, MODELS) == 1  # 16 items/s: ceil(0.46)
+    # two GPUs per replica: 17.4 items/s per GPU, / 2 GPUs -> ceil(1.15) = 2 replicas
+    assert dynamo_encoder_replicas(1800, 4, 180.0, MODELS, gpus_per_replica=2) == 2
+    assert dynamo_encoder_replicas(0, 4, 180.0, MODELS) == 1  # at least min_endpoint
+    # a budget of 4 GPUs leaves room for 2 encoders beside 1 prefill + 1 decode
+    assert dynamo_encoder_budget(3, 4) == (2, 2)
+    assert dynamo_encoder_budget(3, 10) == (3, 7)
+    assert dynamo_encoder_budget(3, None) == (3, None)
 
 
 def test_dynamo_budget_and_validity() -> None:

@@ -230,6 +230,11 @@ def _hours(h: Any, ref: Any) -> str:
     return f"{h:.2f} ({h / ref:.2f}x)" if ref else f"{h:.2f}"
 
 
+def _fleet(replicas: dict[str, int]) -> str:
+    """Pool sizes in short, encoder first when present: 2E+3P+4D."""
+    return "+".join(f"{replicas[p]}{p[0].upper()}" for p in ("encoder", "prefill", "decode") if p in replicas)
+
+
 def print_equal_attainment(doc: dict[str, Any], out: Any = None) -> None:
     """GPU-hours each policy needs for 95 % and 99 % attainment, against the hindsight oracle."""
     out = sys.stdout if out is None else out
@@ -249,13 +254,13 @@ def print_equal_attainment(doc: dict[str, Any], out: Any = None) -> None:
     )
     out.write(
         f"  oracle (target {100 * o.get('target_attainment', 0.99):g} %): {o['gpu_hours']:.2f} GPU-h at "
-        f"{100 * o['slo_attainment']:.2f} %, peak {o['replicas_max']['prefill']}P+{o['replicas_max']['decode']}D, "
+        f"{100 * o['slo_attainment']:.2f} %, peak {_fleet(o['replicas_max'])}, "
         f"{o.get('simulations', 0)} simulations\n"
     )
     b = refs.get("best_static")
     if b:
         out.write(
-            f"  best fixed fleet: {b['replicas']['prefill']}P+{b['replicas']['decode']}D, {b['gpu_hours']:.2f} GPU-h at "
+            f"  best fixed fleet: {_fleet(b['replicas'])}, {b['gpu_hours']:.2f} GPU-h at "
             f"{100 * b['slo_attainment']:.2f} % ({b['gpu_hours'] / o['gpu_hours']:.2f}x the oracle), "
             f"{b.get('simulations', 0)} simulations\n"
         )
