@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from disagg import api, routers
-from disagg.names import ANNOTATION_TEMPLATE_HASH, LABEL_DEPLOYMENT, LABEL_POOL, MANAGER, READINESS_GATE
+from disagg.names import (
+    ANNOTATION_TEMPLATE_HASH,
+    LABEL_DEPLOYMENT,
+    LABEL_POOL,
+    LABEL_ROUTER,
+    MANAGER,
+    READINESS_GATE,
+)
 
 GPU_RESOURCE = api.GPU_RESOURCE
 PART_OF = "disagg"
@@ -219,10 +226,6 @@ def all_objects(
 
 
 # --------------------------------------------------------------------------- the router
-
-#: Label of the router's objects and pods. Not `disagg.dev/deployment`: the router is not a pool
-#: (the pool logic, the drain and the emulator select pods by that label).
-LABEL_ROUTER = "disagg.dev/router"
 
 
 def router_name(owner_name: str) -> str:

@@ -30,6 +30,11 @@ ANNOTATION_APPLIED = "disagg.dev/applied-hash"
 ANNOTATION_DRAIN = "disagg.dev/drain"
 #: Kubernetes' annotation that orders a ReplicaSet's choice of pods to delete.
 ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: Label of the router's objects and pods. Not `LABEL_DEPLOYMENT`: the router is not a pool
+#: (the pool logic, the drain and the emulator select pods by that label).
+LABEL_ROUTER = "disagg.dev/router"
+#: Label by which a Secret's owner lets the operator use it as Prometheus credentials.
+LABEL_PROMETHEUS_CREDENTIALS = "disagg.dev/prometheus-credentials"
 #: Label the Deployment controller puts on a pod: which ReplicaSet (template revision) owns it.
 LABEL_POD_TEMPLATE_HASH = "pod-template-hash"
 #: Pod condition (readiness gate) the operator sets: False on a worker being drained.
