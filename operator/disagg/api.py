@@ -560,7 +560,10 @@ class KVTransfer(_Model):
         22.0, gt=0, alias="bandwidthGiBps", description="Link bandwidth per transfer, in GiB/s."
     )
     chunk_tokens: int = Field(
-        2000, ge=1, le=1_000_000, description="Tokens per streamed chunk (overlaps transfer with prefill)."
+        2000,
+        ge=1,
+        le=1_000_000,
+        description="Tokens per streamed chunk (overlaps transfer with prefill).",
     )
     stream_chunks: bool = Field(
         False,
@@ -965,10 +968,10 @@ def format_ratio(replicas: dict[str, float]) -> str:
     def fmt(x: float) -> str:
         return f"{x:.2f}".rstrip("0").rstrip(".")
 
-    if "colocated" in replicas:
-        return fmt(replicas["colocated"])
-    order = [n for n in ("prefill", "decode", "encoder") if n in replicas]
-    base = replicas.get("prefill") or 0
+    if names.POOL_COLOCATED in replicas:
+        return fmt(replicas[names.POOL_COLOCATED])
+    order = [n for n in (names.POOL_PREFILL, names.POOL_DECODE, names.POOL_ENCODER) if n in replicas]
+    base = replicas.get(names.POOL_PREFILL) or 0
     if base <= 0:
         return ":".join(fmt(replicas[n]) for n in order)
     return ":".join(fmt(replicas[n] / base) for n in order)
@@ -986,7 +989,7 @@ def stage_models(spec: DisaggDeploymentSpec) -> dict[str, Any]:
     p = spec.pools
     if p.encoder is not None:
         e = p.encoder.service_model
-        out["encoder"] = m.EncoderModel(fixed_ms=e.fixed_ms, ms_per_item=e.ms_per_item)
+        out[names.POOL_ENCODER] = m.EncoderModel(fixed_ms=e.fixed_ms, ms_per_item=e.ms_per_item)
     prefill = (
         p.prefill.service_model
         if p.prefill is not None
@@ -998,7 +1001,7 @@ def stage_models(spec: DisaggDeploymentSpec) -> dict[str, Any]:
         else (p.colocated.service_model if p.colocated else None)
     )
     if prefill is not None:
-        out["prefill"] = m.PrefillModel(
+        out[names.POOL_PREFILL] = m.PrefillModel(
             fixed_ms=prefill.fixed_ms,
             ms_per_token=prefill.ms_per_token,
             ms_per_token_sq=prefill.ms_per_token_squared,
@@ -1013,7 +1016,7 @@ def stage_models(spec: DisaggDeploymentSpec) -> dict[str, Any]:
             chunk_tokens=kv.chunk_tokens,
         )
     if decode is not None:
-        out["decode"] = m.DecodeModel(
+        out[names.POOL_DECODE] = m.DecodeModel(
             step_fixed_ms=decode.step_fixed_ms,
             step_ms_per_seq=decode.step_ms_per_sequence,
             slots=decode.slots,

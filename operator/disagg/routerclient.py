@@ -92,7 +92,9 @@ async def _update(session: Any, base: str, url: str, pool: str | None, routable:
         return 1 if ids else 0
     if ids:
         return 0
-    body = {"url": url, "worker_type": pool} if pool in ("prefill", "decode") else {"url": url}
+    body = (
+        {"url": url, "worker_type": pool} if pool in (names.POOL_PREFILL, names.POOL_DECODE) else {"url": url}
+    )
     async with session.post(f"{base}/workers", json=body) as r:
         r.raise_for_status()
     log.info("router %s: re-added worker %s", base, url)

@@ -58,10 +58,10 @@ FIELD_FLAGS = {
     "percentile": "percentile",
 }
 POOL_DEFAULTS = {
-    "encoder": (0, 10_000, 1),
-    "prefill": (1, 10_000, 1),
-    "decode": (1, 10_000, 1),
-    "colocated": (1, 10_000, 1),
+    names.POOL_ENCODER: (0, 10_000, 1),
+    names.POOL_PREFILL: (1, 10_000, 1),
+    names.POOL_DECODE: (1, 10_000, 1),
+    names.POOL_COLOCATED: (1, 10_000, 1),
 }
 
 
@@ -340,7 +340,7 @@ def _print_table(pl: Any) -> None:
     )
     hdr = f"{'pool':<10}{'replicas':>9}{'gpus':>6}{'cap rps/rep':>13}{'util':>7}{'wait mean s':>13}{'wait p s':>10}{'L=λW':>9}\n"
     out(hdr)
-    for name in ("encoder", "prefill", "decode", "colocated"):
+    for name in names.POOL_NAMES:
         if name not in d["pools"]:
             continue
         p = d["pools"][name]
