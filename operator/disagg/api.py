@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validat
 from pydantic.alias_generators import to_camel
 
 from disagg import names
+from disagg import worked_example as we
 
 GROUP = "disagg.dev"
 VERSION = "v1alpha1"
@@ -372,30 +373,42 @@ class Placement(_Model):
 class EncoderServiceModel(_Model):
     """Encoder service time: fixedMs + msPerItem x items (images, video frames, audio clips)."""
 
-    fixed_ms: float = Field(15.0, ge=0, description="Fixed cost of one encoder call, in milliseconds.")
-    ms_per_item: float = Field(25.0, gt=0, description="Cost per multimodal item, in milliseconds.")
+    fixed_ms: float = Field(
+        we.ENCODER_FIXED_MS, ge=0, description="Fixed cost of one encoder call, in milliseconds."
+    )
+    ms_per_item: float = Field(
+        we.ENCODER_MS_PER_ITEM, gt=0, description="Cost per multimodal item, in milliseconds."
+    )
 
 
 class PrefillServiceModel(_Model):
     """Prefill service time: fixedMs + msPerToken x tokens + msPerTokenSquared x tokens^2, in chunks."""
 
-    fixed_ms: float = Field(20.0, ge=0, description="Fixed cost of one prefill, in milliseconds.")
-    ms_per_token: float = Field(0.035, gt=0, description="Cost per prompt token, in milliseconds.")
+    fixed_ms: float = Field(
+        we.PREFILL_FIXED_MS, ge=0, description="Fixed cost of one prefill, in milliseconds."
+    )
+    ms_per_token: float = Field(
+        we.PREFILL_MS_PER_TOKEN, gt=0, description="Cost per prompt token, in milliseconds."
+    )
     ms_per_token_squared: float = Field(
         0.0, ge=0, description="Quadratic (attention) cost per token squared, in milliseconds."
     )
-    chunk_tokens: int = Field(2000, ge=1, le=1_000_000, description="Chunked-prefill size, in tokens.")
+    chunk_tokens: int = Field(
+        we.CHUNK_TOKENS, ge=1, le=1_000_000, description="Chunked-prefill size, in tokens."
+    )
 
 
 class DecodeServiceModel(_Model):
     """Decode step time: stepFixedMs + stepMsPerSequence x running sequences, with `slots` sequences per worker."""
 
-    step_fixed_ms: float = Field(45.0, gt=0, description="Fixed cost of one decode step, in milliseconds.")
+    step_fixed_ms: float = Field(
+        we.DECODE_STEP_MS, gt=0, description="Fixed cost of one decode step, in milliseconds."
+    )
     step_ms_per_sequence: float = Field(
         0.0, ge=0, description="Added step cost per running sequence, in milliseconds."
     )
     slots: int = Field(
-        32, ge=1, le=100_000, description="Concurrent sequences (batch slots) per decode worker."
+        we.DECODE_SLOTS, ge=1, le=100_000, description="Concurrent sequences (batch slots) per decode worker."
     )
 
 
@@ -553,14 +566,16 @@ class KVTransfer(_Model):
     """KV-cache transfer between prefill and decode: setup + bytes / bandwidth, sent in chunks."""
 
     bytes_per_token: int = Field(
-        327680, ge=1, description="KV-cache bytes per token (all layers, all heads)."
+        we.KV_BYTES_PER_TOKEN, ge=1, description="KV-cache bytes per token (all layers, all heads)."
     )
-    link_setup_ms: float = Field(12.0, ge=0, description="Fixed setup cost of one transfer, in milliseconds.")
+    link_setup_ms: float = Field(
+        we.LINK_SETUP_MS, ge=0, description="Fixed setup cost of one transfer, in milliseconds."
+    )
     bandwidth_gi_bps: float = Field(
-        22.0, gt=0, alias="bandwidthGiBps", description="Link bandwidth per transfer, in GiB/s."
+        we.LINK_GIBPS, gt=0, alias="bandwidthGiBps", description="Link bandwidth per transfer, in GiB/s."
     )
     chunk_tokens: int = Field(
-        2000,
+        we.CHUNK_TOKENS,
         ge=1,
         le=1_000_000,
         description="Tokens per streamed chunk (overlaps transfer with prefill).",
@@ -582,10 +597,10 @@ class KVTransfer(_Model):
 class SLO(_Model):
     """Latency targets, at `percentile`."""
 
-    ttft_seconds: float = Field(0.6, gt=0, description="Time-to-first-token target, in seconds.")
-    itl_seconds: float = Field(0.15, gt=0, description="Inter-token latency target, in seconds.")
+    ttft_seconds: float = Field(we.TTFT_S, gt=0, description="Time-to-first-token target, in seconds.")
+    itl_seconds: float = Field(we.ITL_S, gt=0, description="Inter-token latency target, in seconds.")
     percentile: float = Field(
-        0.9, gt=0, lt=1, description="Quantile the targets apply to, in (0, 1), e.g. 0.9."
+        we.PERCENTILE, gt=0, lt=1, description="Quantile the targets apply to, in (0, 1), e.g. 0.9."
     )
     itl_statistic: Literal["max", "p99", "mean"] = Field(
         "max",

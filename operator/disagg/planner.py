@@ -35,6 +35,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 import numpy as np
 
 from disagg import sizes as _sizes
+from disagg import worked_example as we
 from disagg.model import (
     DEFAULT_ITL_STATISTIC,
     GIB,
@@ -103,10 +104,10 @@ def _num(name: str, v: Any, *, positive: bool = False, unit: bool = False, integ
 class Demand:
     """Offered load: arrival rate and request shape (defaults: the worked example at 1 rps)."""
 
-    arrival_rps: float = 1.0
-    prompt_tokens_mean: float = 6000.0
+    arrival_rps: float = we.ARRIVAL_RPS
+    prompt_tokens_mean: float = we.PROMPT_TOKENS
     prompt_tokens_std: float = 0.0
-    output_tokens_mean: float = 400.0
+    output_tokens_mean: float = we.OUTPUT_TOKENS
     output_tokens_std: float = 0.0
     media_fraction: float = 0.0
     items_per_request: float = 1.0
@@ -141,9 +142,9 @@ class Demand:
 class SLO:
     """Targets at `percentile` of requests; a request's ITL is its gaps' `itl_statistic` (max, p99, mean)."""
 
-    ttft_s: float = 0.6
-    itl_s: float = 0.15
-    percentile: float = 0.9
+    ttft_s: float = we.TTFT_S
+    itl_s: float = we.ITL_S
+    percentile: float = we.PERCENTILE
     itl_statistic: str = DEFAULT_ITL_STATISTIC
     # a TTFT target that grows with the prompt: ttft_s + this x prompt tokens / 1000 (per size
     # class with Demand.sizes; at the mean prompt without)

@@ -16,16 +16,17 @@ import sys
 from typing import Any
 
 from disagg import names
+from disagg import worked_example as we
 from disagg.commands import modelflags
 
 POOL_NAMES = names.POOL_NAMES
 
 # flag dest -> worked-example default
 DEFAULTS: dict[str, Any] = {
-    "arrival_rate": 1.0,
-    "input_tokens": 6000.0,
+    "arrival_rate": we.ARRIVAL_RPS,
+    "input_tokens": we.PROMPT_TOKENS,
     "input_tokens_std": 0.0,
-    "output_tokens": 400.0,
+    "output_tokens": we.OUTPUT_TOKENS,
     "output_tokens_std": 0.0,
     "media_fraction": 0.0,
     "items_per_request": 1.0,
@@ -74,10 +75,10 @@ def register(subparsers: Any) -> None:
     )
     f = p.add_argument
     g = p.add_argument_group("demand")
-    g.add_argument("--arrival-rate", type=float, help="requests per second (default 1)")
-    g.add_argument("--input-tokens", type=float, help="mean prompt tokens (default 6000)")
+    g.add_argument("--arrival-rate", type=float, help=f"requests per second (default {we.ARRIVAL_RPS:g})")
+    g.add_argument("--input-tokens", type=float, help=f"mean prompt tokens (default {we.PROMPT_TOKENS:g})")
     g.add_argument("--input-tokens-std", type=float, help="prompt tokens standard deviation (default 0)")
-    g.add_argument("--output-tokens", type=float, help="mean output tokens (default 400)")
+    g.add_argument("--output-tokens", type=float, help=f"mean output tokens (default {we.OUTPUT_TOKENS:g})")
     g.add_argument("--output-tokens-std", type=float, help="output tokens standard deviation (default 0)")
     g.add_argument("--media-fraction", type=float, help="fraction of requests with media (default 0)")
     g.add_argument("--items-per-request", type=float, help="media items per media request (default 1)")
