@@ -49,6 +49,7 @@ import numpy as np
 
 from disagg.evaluate import POOLS, EvalSettings, Obs, Policy
 from disagg.model import StageModels
+from disagg.names import POOL_DECODE, POOL_PREFILL
 from disagg.workload import Workload
 
 __all__ = [
@@ -232,13 +233,13 @@ class DynamoPolicy(Policy):
             self.skipped += 1
             return dict(o.requested), "dynamo: metrics None/NaN, skipped"
         self.corrections = dynamo_corrections(
-            m, self.s.models, o.ready["decode"], self.interval_s, self.corrections
+            m, self.s.models, o.ready[POOL_DECODE], self.interval_s, self.corrections
         )
         num_req, isl, osl = self.last_load or (0.0, 1.0, 1.0)  # constant predictor: next = last
         num_req *= self.s.capacity_scale
         g = self.s.gpus_per_replica
         n_p = dynamo_prefill_replicas(
-            num_req, isl, self.corrections[0], self.interval_s, self.s.models, g.get("prefill", 1)
+            num_req, isl, self.corrections[0], self.interval_s, self.s.models, g.get(POOL_PREFILL, 1)
         )
         n_d = dynamo_decode_replicas(
             num_req,
@@ -248,12 +249,12 @@ class DynamoPolicy(Policy):
             self.interval_s,
             self.s.models,
             self.s.slo.itl_s * 1000.0,
-            g.get("decode", 1),
+            g.get(POOL_DECODE, 1),
         )
-        n_p, n_d = dynamo_budget(n_p, n_d, self.s.gpu_budget, g.get("prefill", 1), g.get("decode", 1))
+        n_p, n_d = dynamo_budget(n_p, n_d, self.s.gpu_budget, g.get(POOL_PREFILL, 1), g.get(POOL_DECODE, 1))
         if any(o.ready[p] != o.requested[p] or o.pending.get(p, 0) for p in POOLS):
             return dict(o.requested), "dynamo: deployment not ready, request ignored"
-        return {"prefill": n_p, "decode": n_d}, "dynamo"
+        return {POOL_PREFILL: n_p, POOL_DECODE: n_d}, "dynamo"
 
     def report(self) -> dict[str, Any]:
         return {"skipped_intervals": self.skipped}
@@ -284,14 +285,14 @@ class KedaPolicy(Policy):
         self.hist: list[tuple[float, dict[str, int]]] = []
         batch = s.models.decode.max_batch_for_itl(s.slo.itl_s * 1000.0) or 1
         q = s.keda_queue_per_replica
-        self.per_replica = {"prefill": 1.0 + q, "decode": batch + q}
+        self.per_replica = {POOL_PREFILL: 1.0 + q, POOL_DECODE: batch + q}
 
     def attach(self, cluster: Any) -> None:
         self.cluster = cluster
 
     def in_pool(self) -> dict[str, int]:
         cl = self.cluster
-        unplaced = {"prefill": 0, "decode": 0}
+        unplaced = {POOL_PREFILL: 0, POOL_DECODE: 0}
         for what, _job in cl.unplaced:
             unplaced["prefill" if what in ("arrive", "prefill") else "decode"] += 1
         return {p: sum(w.in_flight() for w in cl.pools[p]) + unplaced[p] for p in POOLS}

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from disagg.evaluate import POOLS, EvalSettings, Obs, Policy, infeasible_mask, run_policy
+from disagg.names import POOL_DECODE, POOL_PREFILL
 from disagg.sim.core import DONE, INF, WAITING, Job
 from disagg.sim.engine import Cluster, SimConfig
 from disagg.workload import Workload
@@ -275,8 +276,8 @@ class _Trace:
 
     def cluster(self, sizes: dict[str, int]) -> tuple[Cluster, _Tracker]:
         cfg = SimConfig(
-            prefill=max(1, sizes["prefill"]),
-            decode=max(1, sizes["decode"]),
+            prefill=max(1, sizes[POOL_PREFILL]),
+            decode=max(1, sizes[POOL_DECODE]),
             ttft_ms=self.ttft_s * 1000.0,
             itl_ms=self.itl_s * 1000.0,
             seed=self.s.seed,
@@ -413,10 +414,10 @@ def oracle_schedule(
     bounds[-1] = tr.n
     lo_n = max(1, s.min_replicas)
     cap = s.max_replicas
-    base, btr = tr.cluster({"prefill": 1, "decode": 1})
+    base, btr = tr.cluster({POOL_PREFILL: 1, POOL_DECODE: 1})
     judged_total = 0  # feasible arrivals so far
     schedule: list[dict[str, int]] = []
-    prev = {"prefill": lo_n, "decode": lo_n}
+    prev = {POOL_PREFILL: lo_n, POOL_DECODE: lo_n}
     for k in range(n_int):
         t_k = k * iv
         a, b = bounds[k], bounds[k + 1]
@@ -434,7 +435,7 @@ def oracle_schedule(
             p: int, d: int, limit: int | None, a: int = a, b: int = b, t_k: float = t_k
         ) -> tuple[bool, int]:
             cl, ctr = _clone(base, btr)
-            _resize(cl, {"prefill": p, "decode": d}, t_k)
+            _resize(cl, {POOL_PREFILL: p, POOL_DECODE: d}, t_k)
             stats.simulations += 1
             return tr.run(cl, ctr, a, b, allowed=limit), ctr.misses
 
@@ -483,7 +484,7 @@ def _search_pair(
     """
 
     def fits(p: int, d: int) -> bool:
-        return s.gpu_budget is None or _gpus(s, {"prefill": p, "decode": d}) <= s.gpu_budget
+        return s.gpu_budget is None or _gpus(s, {POOL_PREFILL: p, POOL_DECODE: d}) <= s.gpu_budget
 
     def shrink_to_budget(p: int, d: int) -> tuple[int, int]:
         while not fits(p, d) and (p > lo_n or d > lo_n):
@@ -502,8 +503,8 @@ def _search_pair(
             memo[key] = fits(p, d) and trial(p, d, limit)[0]
         return memo[key]
 
-    p0 = max(lo_n, min(cap, start["prefill"]))
-    d0 = max(lo_n, min(cap, start["decode"]))
+    p0 = max(lo_n, min(cap, start[POOL_PREFILL]))
+    d0 = max(lo_n, min(cap, start[POOL_DECODE]))
     reached = True
     neighbours = [c for c in ((p0, min(cap, d0 + 1)), (min(cap, p0 + 1), d0)) if c != (p0, d0)]
     if ok(p0, d0):
@@ -534,10 +535,10 @@ def _search_pair(
         below = [(p, x) for x in (d - 2, d - 3) if x >= lo_n] + [(x, d) for x in (p - 2, p - 3) if x >= lo_n]
         passing = [c for c in below if ok(*c)]
         if passing:
-            p, d = min(passing, key=lambda c: (_gpus(s, {"prefill": c[0], "decode": c[1]}), c))
+            p, d = min(passing, key=lambda c: (_gpus(s, {POOL_PREFILL: c[0], POOL_DECODE: c[1]}), c))
             p = max(lo_n, _min_feasible(lambda n: ok(n, d), p, p))
             d = max(lo_n, _min_feasible(lambda n: ok(p, n), d, d))
-    return {"prefill": p, "decode": d}, reached
+    return {POOL_PREFILL: p, POOL_DECODE: d}, reached
 
 
 class HindsightOraclePolicy(Policy):
@@ -617,16 +618,16 @@ def best_static(
     allowed = _allowed_misses(target, sum(tr.feasible))
 
     def trial(p: int, d: int, limit: int | None) -> tuple[bool, int]:
-        cl, ctr = tr.cluster({"prefill": p, "decode": d})
+        cl, ctr = tr.cluster({POOL_PREFILL: p, POOL_DECODE: d})
         stats.simulations += 1
         passed = tr.run(cl, ctr, 0, tr.n, allowed=limit)
         if progress is not None:
             progress(f"best-static: {p}P+{d}D {'passes' if passed else 'misses'}")
         return passed, ctr.misses
 
-    g = guess or {"prefill": 2, "decode": 2}
+    g = guess or {POOL_PREFILL: 2, POOL_DECODE: 2}
     lo_n = max(1, s.min_replicas)
-    prev = {"prefill": max(lo_n, g["prefill"]), "decode": max(lo_n, g["decode"])}
+    prev = {POOL_PREFILL: max(lo_n, g[POOL_PREFILL]), POOL_DECODE: max(lo_n, g[POOL_DECODE])}
     sizes, reached = _search_pair(trial, prev, lo_n, s.max_replicas, allowed, s, probe=True)
     stats.wall_s = time.perf_counter() - t0
     stats.reached = reached
