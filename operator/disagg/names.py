@@ -16,6 +16,14 @@ POOL_DECODE = "decode"
 POOL_COLOCATED = "colocated"
 POOL_NAMES = (POOL_ENCODER, POOL_PREFILL, POOL_DECODE, POOL_COLOCATED)
 
+# --------------------------------------------------------------------------- placements
+
+PLACEMENT_DISAGGREGATED = "disaggregated"
+PLACEMENT_COLOCATED = "colocated"
+PLACEMENT_CONDITIONAL = "conditional"
+#: Every spec.placement.mode (the planner and the simulator take the same).
+PLACEMENTS = (PLACEMENT_DISAGGREGATED, PLACEMENT_COLOCATED, PLACEMENT_CONDITIONAL)
+
 # --------------------------------------------------------------------------- labels and annotations
 
 #: Label on every child (and pod) naming the DisaggDeployment it belongs to.

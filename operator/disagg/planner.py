@@ -47,7 +47,7 @@ from disagg.model import (
     check_itl_statistic,
     gap_p99_rank,
 )
-from disagg.names import POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
+from disagg.names import PLACEMENTS, POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 from disagg.queueing import erlang_b_stride, poisson_cdf, poisson_quantile, summed_wait_tail
 from disagg.sizes import (
     Covers,
@@ -71,7 +71,6 @@ __all__ = [
 ]
 
 Placement = Literal["disaggregated", "colocated", "conditional"]
-PLACEMENTS = ("disaggregated", "colocated", "conditional")
 POOLS = (POOL_ENCODER, POOL_PREFILL, POOL_DECODE)
 _T = TypeVar("_T")
 ENCODER_CS2 = 1.0  # encoder service variability (items per request vary): exponential-like

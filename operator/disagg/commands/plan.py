@@ -98,7 +98,7 @@ def register(subparsers: Any) -> None:
     pl.add_argument("--gpu-budget", type=int, help="most GPUs all pools may use (default: none)")
     pl.add_argument(
         "--placement",
-        choices=["disaggregated", "colocated", "conditional"],
+        choices=list(names.PLACEMENTS),
         help="default disaggregated",
     )
     for pool in POOL_NAMES:
@@ -413,7 +413,7 @@ def _plot(path: str, plans: list[Any]) -> None:
 
     xs = [pl.demand.arrival_rps for pl in plans]
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    names = [n for n in ("encoder", "prefill", "decode", "colocated") if n in plans[0].pools]
+    names = [n for n in POOL_NAMES if n in plans[0].pools]
     for name in names:
         ys = [pl.pools[name].replicas if name in pl.pools else 0 for pl in plans]
         if any(ys):
@@ -458,7 +458,7 @@ def run(args: argparse.Namespace) -> int:
             doc = {"schema": "disagg.plan.sweep/v1", "points": [pl.to_dict() for pl in plans]}
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         else:
-            names = [n for n in ("encoder", "prefill", "decode", "colocated") if n in plans[0].pools]
+            names = [n for n in POOL_NAMES if n in plans[0].pools]
             sys.stdout.write(
                 f"{'rps':>8}"
                 + "".join(f"{n:>10}" for n in names)
