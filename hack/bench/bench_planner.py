@@ -100,7 +100,7 @@ def operator_args() -> tuple[StageModels, SLO, dict[str, PoolBounds]]:
         "prefill": PoolBounds(1, 10_000, 1),
         "decode": PoolBounds(1, 10_000, 1),
     }
-    return StageModels(), SLO(0.6, 0.15, 0.9), bounds
+    return StageModels(), SLO(), bounds
 
 
 def timed(fn: Callable[[], object], repeats: int) -> float:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validat
 from pydantic.alias_generators import to_camel
 
 from disagg import names
+from disagg import worked_example as we
 
 GROUP = "disagg.dev"
 VERSION = "v1alpha1"
@@ -372,30 +373,42 @@ class Placement(_Model):
 class EncoderServiceModel(_Model):
     """Encoder service time: fixedMs + msPerItem x items (images, video frames, audio clips)."""
 
-    fixed_ms: float = Field(15.0, ge=0, description="Fixed cost of one encoder call, in milliseconds.")
-    ms_per_item: float = Field(25.0, gt=0, description="Cost per multimodal item, in milliseconds.")
+    fixed_ms: float = Field(
+        we.ENCODER_FIXED_MS, ge=0, description="Fixed cost of one encoder call, in milliseconds."
+    )
+    ms_per_item: float = Field(
+        we.ENCODER_MS_PER_ITEM, gt=0, description="Cost per multimodal item, in milliseconds."
+    )
 
 
 class PrefillServiceModel(_Model):
     """Prefill service time: fixedMs + msPerToken x tokens + msPerTokenSquared x tokens^2, in chunks."""
 
-    fixed_ms: float = Field(20.0, ge=0, description="Fixed cost of one prefill, in milliseconds.")
-    ms_per_token: float = Field(0.035, gt=0, description="Cost per prompt token, in milliseconds.")
+    fixed_ms: float = Field(
+        we.PREFILL_FIXED_MS, ge=0, description="Fixed cost of one prefill, in milliseconds."
+    )
+    ms_per_token: float = Field(
+        we.PREFILL_MS_PER_TOKEN, gt=0, description="Cost per prompt token, in milliseconds."
+    )
     ms_per_token_squared: float = Field(
         0.0, ge=0, description="Quadratic (attention) cost per token squared, in milliseconds."
     )
-    chunk_tokens: int = Field(2000, ge=1, le=1_000_000, description="Chunked-prefill size, in tokens.")
+    chunk_tokens: int = Field(
+        we.CHUNK_TOKENS, ge=1, le=1_000_000, description="Chunked-prefill size, in tokens."
+    )
 
 
 class DecodeServiceModel(_Model):
     """Decode step time: stepFixedMs + stepMsPerSequence x running sequences, with `slots` sequences per worker."""
 
-    step_fixed_ms: float = Field(45.0, gt=0, description="Fixed cost of one decode step, in milliseconds.")
+    step_fixed_ms: float = Field(
+        we.DECODE_STEP_MS, gt=0, description="Fixed cost of one decode step, in milliseconds."
+    )
     step_ms_per_sequence: float = Field(
         0.0, ge=0, description="Added step cost per running sequence, in milliseconds."
     )
     slots: int = Field(
-        32, ge=1, le=100_000, description="Concurrent sequences (batch slots) per decode worker."
+        we.DECODE_SLOTS, ge=1, le=100_000, description="Concurrent sequences (batch slots) per decode worker."
     )
 
 
@@ -553,14 +566,19 @@ class KVTransfer(_Model):
     """KV-cache transfer between prefill and decode: setup + bytes / bandwidth, sent in chunks."""
 
     bytes_per_token: int = Field(
-        327680, ge=1, description="KV-cache bytes per token (all layers, all heads)."
+        we.KV_BYTES_PER_TOKEN, ge=1, description="KV-cache bytes per token (all layers, all heads)."
     )
-    link_setup_ms: float = Field(12.0, ge=0, description="Fixed setup cost of one transfer, in milliseconds.")
+    link_setup_ms: float = Field(
+        we.LINK_SETUP_MS, ge=0, description="Fixed setup cost of one transfer, in milliseconds."
+    )
     bandwidth_gi_bps: float = Field(
-        22.0, gt=0, alias="bandwidthGiBps", description="Link bandwidth per transfer, in GiB/s."
+        we.LINK_GIBPS, gt=0, alias="bandwidthGiBps", description="Link bandwidth per transfer, in GiB/s."
     )
     chunk_tokens: int = Field(
-        2000, ge=1, le=1_000_000, description="Tokens per streamed chunk (overlaps transfer with prefill)."
+        we.CHUNK_TOKENS,
+        ge=1,
+        le=1_000_000,
+        description="Tokens per streamed chunk (overlaps transfer with prefill).",
     )
     stream_chunks: bool = Field(
         False,
@@ -579,10 +597,10 @@ class KVTransfer(_Model):
 class SLO(_Model):
     """Latency targets, at `percentile`."""
 
-    ttft_seconds: float = Field(0.6, gt=0, description="Time-to-first-token target, in seconds.")
-    itl_seconds: float = Field(0.15, gt=0, description="Inter-token latency target, in seconds.")
+    ttft_seconds: float = Field(we.TTFT_S, gt=0, description="Time-to-first-token target, in seconds.")
+    itl_seconds: float = Field(we.ITL_S, gt=0, description="Inter-token latency target, in seconds.")
     percentile: float = Field(
-        0.9, gt=0, lt=1, description="Quantile the targets apply to, in (0, 1), e.g. 0.9."
+        we.PERCENTILE, gt=0, lt=1, description="Quantile the targets apply to, in (0, 1), e.g. 0.9."
     )
     itl_statistic: Literal["max", "p99", "mean"] = Field(
         "max",
@@ -965,10 +983,10 @@ def format_ratio(replicas: dict[str, float]) -> str:
     def fmt(x: float) -> str:
         return f"{x:.2f}".rstrip("0").rstrip(".")
 
-    if "colocated" in replicas:
-        return fmt(replicas["colocated"])
-    order = [n for n in ("prefill", "decode", "encoder") if n in replicas]
-    base = replicas.get("prefill") or 0
+    if names.POOL_COLOCATED in replicas:
+        return fmt(replicas[names.POOL_COLOCATED])
+    order = [n for n in (names.POOL_PREFILL, names.POOL_DECODE, names.POOL_ENCODER) if n in replicas]
+    base = replicas.get(names.POOL_PREFILL) or 0
     if base <= 0:
         return ":".join(fmt(replicas[n]) for n in order)
     return ":".join(fmt(replicas[n] / base) for n in order)
@@ -986,7 +1004,7 @@ def stage_models(spec: DisaggDeploymentSpec) -> dict[str, Any]:
     p = spec.pools
     if p.encoder is not None:
         e = p.encoder.service_model
-        out["encoder"] = m.EncoderModel(fixed_ms=e.fixed_ms, ms_per_item=e.ms_per_item)
+        out[names.POOL_ENCODER] = m.EncoderModel(fixed_ms=e.fixed_ms, ms_per_item=e.ms_per_item)
     prefill = (
         p.prefill.service_model
         if p.prefill is not None
@@ -998,7 +1016,7 @@ def stage_models(spec: DisaggDeploymentSpec) -> dict[str, Any]:
         else (p.colocated.service_model if p.colocated else None)
     )
     if prefill is not None:
-        out["prefill"] = m.PrefillModel(
+        out[names.POOL_PREFILL] = m.PrefillModel(
             fixed_ms=prefill.fixed_ms,
             ms_per_token=prefill.ms_per_token,
             ms_per_token_sq=prefill.ms_per_token_squared,
@@ -1013,7 +1031,7 @@ def stage_models(spec: DisaggDeploymentSpec) -> dict[str, Any]:
             chunk_tokens=kv.chunk_tokens,
         )
     if decode is not None:
-        out["decode"] = m.DecodeModel(
+        out[names.POOL_DECODE] = m.DecodeModel(
             step_fixed_ms=decode.step_fixed_ms,
             step_ms_per_seq=decode.step_ms_per_sequence,
             slots=decode.slots,

@@ -342,7 +342,7 @@ class DecisionRecord:
 
     time: float
     reason: str
-    metrics_ok: bool
+    metrics_ok: bool | None  # None: the tick read no metrics (autoscaling paused)
     metrics_problem: str | None
     arrival_rps: float | None
     planned_rps: float | None
@@ -365,6 +365,38 @@ class DecisionRecord:
     sacrificed: str | None
     notes: tuple[str, ...]
     admitted_fraction: float | None = None  # share of the load the plan serves (the rest is shed)
+
+    @classmethod
+    def without_decision(cls, time: float, reason: str, note: str) -> DecisionRecord:
+        """A tick that read nothing and decided nothing (autoscaling paused): every pool is held.
+
+        No figures (they are left out of the status) and no targets; `note` says why."""
+        return cls(
+            time=time,
+            reason=reason,
+            metrics_ok=None,
+            metrics_problem=None,
+            arrival_rps=None,
+            planned_rps=None,
+            lead_time_s=math.nan,
+            prompt_tokens_mean=None,
+            output_tokens_mean=None,
+            observed_ttft_s=None,
+            observed_itl_s=None,
+            custom={},
+            current={},
+            pending={},
+            stages={},
+            predicted_ttft_s=None,
+            predicted_itl_s=None,
+            targets={},
+            next_step={},
+            planned={},
+            feasible=None,
+            budget_limited=False,
+            sacrificed=None,
+            notes=(note,),
+        )
 
     def to_status(self) -> dict[str, Any]:
         """The dict written to `status.lastDecision` (camelCase keys; pool maps are {pool: n}).

@@ -55,6 +55,7 @@ import numpy as np
 
 from disagg.evaluate import EvalSettings, Obs, Policy
 from disagg.model import StageModels
+from disagg.names import POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 from disagg.workload import Workload
 
 __all__ = [
@@ -284,7 +285,7 @@ class DynamoPolicy(Policy):
             self.skipped += 1
             return dict(o.requested), "dynamo: metrics None/NaN, skipped"
         self.corrections = dynamo_corrections(
-            m, self.s.models, o.ready["decode"], self.interval_s, self.corrections
+            m, self.s.models, o.ready[POOL_DECODE], self.interval_s, self.corrections
         )
         num_req, isl, osl, media_req, items = self.last_load or (0.0, 1.0, 1.0, 0.0, 1.0)  # next = last
         num_req *= self.s.capacity_scale
@@ -292,15 +293,15 @@ class DynamoPolicy(Policy):
         g = self.s.gpus_per_replica
         budget = self.s.gpu_budget
         out: dict[str, int] = {}
-        if "encoder" in self.pools:
+        if POOL_ENCODER in self.pools:
             n_e = dynamo_encoder_replicas(
-                media_req, items, self.interval_s, self.s.models, g.get("encoder", 1)
+                media_req, items, self.interval_s, self.s.models, g.get(POOL_ENCODER, 1)
             )
-            out["encoder"], budget = dynamo_encoder_budget(
-                n_e, budget, g.get("encoder", 1), g.get("prefill", 1), g.get("decode", 1)
+            out[POOL_ENCODER], budget = dynamo_encoder_budget(
+                n_e, budget, g.get(POOL_ENCODER, 1), g.get(POOL_PREFILL, 1), g.get(POOL_DECODE, 1)
             )
         n_p = dynamo_prefill_replicas(
-            num_req, isl, self.corrections[0], self.interval_s, self.s.models, g.get("prefill", 1)
+            num_req, isl, self.corrections[0], self.interval_s, self.s.models, g.get(POOL_PREFILL, 1)
         )
         n_d = dynamo_decode_replicas(
             num_req,
@@ -310,10 +311,10 @@ class DynamoPolicy(Policy):
             self.interval_s,
             self.s.models,
             self.s.slo.itl_s * 1000.0,
-            g.get("decode", 1),
+            g.get(POOL_DECODE, 1),
         )
-        out["prefill"], out["decode"] = dynamo_budget(
-            n_p, n_d, budget, g.get("prefill", 1), g.get("decode", 1)
+        out[POOL_PREFILL], out[POOL_DECODE] = dynamo_budget(
+            n_p, n_d, budget, g.get(POOL_PREFILL, 1), g.get(POOL_DECODE, 1)
         )
         if any(o.ready[p] != o.requested[p] or o.pending.get(p, 0) for p in self.pools):
             return dict(o.requested), "dynamo: deployment not ready, request ignored"
@@ -350,7 +351,7 @@ class KedaPolicy(Policy):
         self.hist: list[tuple[float, dict[str, int]]] = []
         batch = s.models.decode.max_batch_for_itl(s.slo.itl_s * 1000.0) or 1
         q = s.keda_queue_per_replica
-        self.per_replica = {"encoder": 1.0 + q, "prefill": 1.0 + q, "decode": batch + q}
+        self.per_replica = {POOL_ENCODER: 1.0 + q, POOL_PREFILL: 1.0 + q, POOL_DECODE: batch + q}
 
     def attach(self, cluster: Any) -> None:
         self.cluster = cluster
@@ -359,9 +360,9 @@ class KedaPolicy(Policy):
         cl = self.cluster
         unplaced = dict.fromkeys(self.pools, 0)
         # "arrive": waiting for an encoder worker (only media requests do); "send": for a decode slot
-        to_pool = {"arrive": "encoder" if "encoder" in self.pools else "prefill", "prefill": "prefill"}
+        to_pool = {"arrive": "encoder" if POOL_ENCODER in self.pools else "prefill", "prefill": "prefill"}
         for what, _job in cl.unplaced:
-            unplaced[to_pool.get(what, "decode")] += 1
+            unplaced[to_pool.get(what, POOL_DECODE)] += 1
         return {p: sum(w.in_flight() for w in cl.pools[p]) + unplaced[p] for p in self.pools}
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:

@@ -21,7 +21,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from disagg import api, routers
-from disagg.names import ANNOTATION_TEMPLATE_HASH, LABEL_DEPLOYMENT, LABEL_POOL, MANAGER, READINESS_GATE
+from disagg.names import (
+    ANNOTATION_TEMPLATE_HASH,
+    LABEL_DEPLOYMENT,
+    LABEL_POOL,
+    LABEL_ROUTER,
+    MANAGER,
+    POOL_COLOCATED,
+    POOL_DECODE,
+    POOL_PREFILL,
+    READINESS_GATE,
+)
 
 GPU_RESOURCE = api.GPU_RESOURCE
 PART_OF = "disagg"
@@ -220,10 +230,6 @@ def all_objects(
 
 # --------------------------------------------------------------------------- the router
 
-#: Label of the router's objects and pods. Not `disagg.dev/deployment`: the router is not a pool
-#: (the pool logic, the drain and the emulator select pods by that label).
-LABEL_ROUTER = "disagg.dev/router"
-
 
 def router_name(owner_name: str) -> str:
     return f"{owner_name}-router"
@@ -259,18 +265,18 @@ def engine_port(spec: api.DisaggDeploymentSpec) -> int:
     The router takes one port for all discovered pods, so prefill and decode must serve on the
     same port (see docs/router.md).
     """
-    pool = "colocated" if spec.placement.mode == "colocated" else "decode"
+    pool = POOL_COLOCATED if spec.placement.mode == "colocated" else POOL_DECODE
     return int(_ports(spec, pool)[0]["port"])
 
 
 def router_args(owner: Owner, spec: api.DisaggDeploymentSpec) -> list[str]:
     """The router's flags: pool selectors, this namespace only, the engine port, spec.router.extraArgs."""
     if spec.placement.mode == "colocated":
-        sel = {"worker_selector": selector_labels(owner.name, "colocated")}
+        sel = {"worker_selector": selector_labels(owner.name, POOL_COLOCATED)}
     else:
         sel = {
-            "prefill_selector": selector_labels(owner.name, "prefill"),
-            "decode_selector": selector_labels(owner.name, "decode"),
+            "prefill_selector": selector_labels(owner.name, POOL_PREFILL),
+            "decode_selector": selector_labels(owner.name, POOL_DECODE),
         }
     return routers.router_args(
         spec.engine,

@@ -115,7 +115,9 @@ class EvalSettings:
     scrape_s: float = 15.0
     drain_poll_s: float = 5.0
     stabilization_s: float = 300.0
-    gpus_per_replica: dict[str, int] = field(default_factory=lambda: {"prefill": 1, "decode": 1})
+    gpus_per_replica: dict[str, int] = field(
+        default_factory=lambda: {names.POOL_PREFILL: 1, names.POOL_DECODE: 1}
+    )
     min_replicas: int = 1
     max_replicas: int = 10_000
     gpu_budget: int | None = None
@@ -436,10 +438,10 @@ def spec_for(
         "slots": m.decode.slots,
     }
     models = {
-        "prefill": prefill,
-        "decode": decode,
-        "colocated": {**prefill, **decode},
-        "encoder": {"fixedMs": m.encoder.fixed_ms, "msPerItem": m.encoder.ms_per_item},
+        names.POOL_PREFILL: prefill,
+        names.POOL_DECODE: decode,
+        names.POOL_COLOCATED: {**prefill, **decode},
+        names.POOL_ENCODER: {"fixedMs": m.encoder.fixed_ms, "msPerItem": m.encoder.ms_per_item},
     }
     pools = pools or POOLS
     if placement == "colocated":
@@ -619,12 +621,12 @@ class ThroughputPolicy(Policy):
         step_s = float(m.decode.step_ms(batch)) / 1000.0
         dec_rps = batch / (max(output_mean, 1.0) * step_s)
         out = {
-            "prefill": max(s.min_replicas, math.ceil(rate / pf_rps - 1e-9)),
-            "decode": max(s.min_replicas, math.ceil(rate / dec_rps - 1e-9)),
+            names.POOL_PREFILL: max(s.min_replicas, math.ceil(rate / pf_rps - 1e-9)),
+            names.POOL_DECODE: max(s.min_replicas, math.ceil(rate / dec_rps - 1e-9)),
         }
-        if "encoder" in self.pools:
+        if names.POOL_ENCODER in self.pools:
             enc_rps = 1000.0 / float(m.encoder.service_ms(max(items, 1.0)))
-            out["encoder"] = max(s.min_replicas, math.ceil(rate * media / enc_rps - 1e-9))
+            out[names.POOL_ENCODER] = max(s.min_replicas, math.ceil(rate * media / enc_rps - 1e-9))
         out = {p: min(s.max_replicas, n) for p, n in out.items()}
         g = s.gpus_per_replica
         total = sum(out[p] * g.get(p, 1) for p in self.pools)
@@ -707,9 +709,9 @@ class _Loop:
         self.pools = pol.pools
         cfg = SimConfig(
             placement=s.placement,
-            prefill=max(1, init["prefill"]),
-            decode=max(1, init["decode"]),
-            encoder=max(1, init["encoder"]) if "encoder" in self.pools else 0,
+            prefill=max(1, init[names.POOL_PREFILL]),
+            decode=max(1, init[names.POOL_DECODE]),
+            encoder=max(1, init[names.POOL_ENCODER]) if names.POOL_ENCODER in self.pools else 0,
             split_threshold=_sim_threshold(s) if s.placement == "conditional" else 2048,
             ttft_ms=s.slo.ttft_s * 1000.0,
             itl_ms=s.slo.itl_s * 1000.0,
@@ -736,11 +738,11 @@ class _Loop:
     def queued(self) -> int:
         cl = self.cl
         n = len(cl.unplaced)
-        for w in cl.pools["encoder"]:
+        for w in cl.pools[names.POOL_ENCODER]:
             n += len(w.queue)
-        for w in cl.pools["prefill"]:
+        for w in cl.pools[names.POOL_PREFILL]:
             n += len(w.queue)
-        for w in cl.pools["decode"]:
+        for w in cl.pools[names.POOL_DECODE]:
             n += len(w.waiting) + len(w.pq)  # waiting for a slot, or for a local prefill
         return n
 
@@ -856,7 +858,7 @@ class _Loop:
                 continue
             tot = 0.0
             for w in ws:
-                if p == "decode":
+                if p == names.POOL_DECODE:
                     w._account(now)
                     v = w.slot_area / w.slots
                 else:

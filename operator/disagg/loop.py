@@ -507,14 +507,10 @@ async def _paused(kube: Kube, body: Mapping[str, Any], tr: Tracker, now: float, 
     tr.last_decision_at = now
     prev = (body.get("status") or {}).get("lastDecision") or {}
     if prev.get("reason") != names.EVENT_PAUSED:
-        record = {
-            "time": status.now_iso(),
-            "reason": names.EVENT_PAUSED,
-            "inputs": {},
-            "outputs": {"notes": ["autoscaling paused: holding every pool"]},
-        }
-        await reconcile.write_status(kube, body, {"lastDecision": record})
-        await kube.event(body, names.EVENT_PAUSED, "autoscaling paused: holding every pool")
+        note = "autoscaling paused: holding every pool"
+        record = autoscaler.DecisionRecord.without_decision(now, names.EVENT_PAUSED, note)
+        await reconcile.write_status(kube, body, {"lastDecision": record.to_status()})
+        await kube.event(body, names.EVENT_PAUSED, note)
 
 
 async def step(kube: Kube, body: Mapping[str, Any], opts: LoopOptions, now: float) -> None:

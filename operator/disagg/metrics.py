@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from disagg.names import POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -141,11 +143,13 @@ class Query:
 
 
 def front_pool(pools: Sequence[str]) -> str:
-    return "prefill" if "prefill" in pools else ("colocated" if "colocated" in pools else pools[0])
+    return (
+        POOL_PREFILL if POOL_PREFILL in pools else (POOL_COLOCATED if POOL_COLOCATED in pools else pools[0])
+    )
 
 
 def back_pool(pools: Sequence[str]) -> str:
-    return "decode" if "decode" in pools else ("colocated" if "colocated" in pools else pools[-1])
+    return POOL_DECODE if POOL_DECODE in pools else (POOL_COLOCATED if POOL_COLOCATED in pools else pools[-1])
 
 
 def arrival_pool(pools: Sequence[str], placement: str = "disaggregated") -> str:
@@ -238,15 +242,15 @@ def build_queries(
                 pool=arr,
             )
         )
-    if "encoder" in pools and p.media_requests and p.media_items:
-        es = pool_selector(namespace, deployment, "encoder")
+    if POOL_ENCODER in pools and p.media_requests and p.media_items:
+        es = pool_selector(namespace, deployment, POOL_ENCODER)
         q += [
             Query(
                 "media_rps",
                 f"sum(rate({p.media_requests}{{{es}}}[{w}]))",
                 "scalar",
                 required=False,
-                pool="encoder",
+                pool=POOL_ENCODER,
                 required_with_pods=True,
             ),
             Query(
@@ -254,7 +258,7 @@ def build_queries(
                 f"sum(rate({p.media_items}{{{es}}}[{w}]))",
                 "scalar",
                 required=False,
-                pool="encoder",
+                pool=POOL_ENCODER,
                 required_with_pods=True,
             ),
         ]
@@ -270,15 +274,15 @@ def build_queries(
                 pool=pool,
             ),
         ]
-    if p.pending_kv and "prefill" in pools:
-        sel = pool_selector(namespace, deployment, "prefill")
+    if p.pending_kv and POOL_PREFILL in pools:
+        sel = pool_selector(namespace, deployment, POOL_PREFILL)
         q.append(
             Query(
                 "pending_kv_by_pod.prefill",
                 f"sum by (pod) ({p.pending_kv}{{{sel}}})",
                 "by_pod",
                 required=False,
-                pool="prefill",
+                pool=POOL_PREFILL,
             )
         )
     if p.prefill_time:

@@ -1,7 +1,7 @@
 """Stage service-time models: encoder, prefill, KV transfer and decode.
 
 Pure (numpy only). Every model is a frozen dataclass whose defaults are the
-worked example of the stage-disaggregation chapter:
+worked example of the stage-disaggregation chapter (`disagg.worked_example`):
 
 * prefill_ms = 20 + 0.035 x tokens            (6,000 tokens -> 230 ms)
 * KV state = 320 KiB per token                  (6,000 tokens -> 1.83 GiB)
@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from disagg import worked_example as we
 
 GIB = float(2**30)
 MIB = float(2**20)
@@ -112,8 +114,8 @@ def _out(a: np.ndarray) -> Any:
 class EncoderModel:
     """Multimodal encoder: ``fixed_ms + ms_per_item x items`` per request with media."""
 
-    fixed_ms: float = 15.0
-    ms_per_item: float = 25.0
+    fixed_ms: float = we.ENCODER_FIXED_MS
+    ms_per_item: float = we.ENCODER_MS_PER_ITEM
 
     def __post_init__(self) -> None:
         _check("encoder.fixed_ms", self.fixed_ms)
@@ -138,8 +140,8 @@ class PrefillModel:
     it is the default chunk for `chunk_ready_ms`.
     """
 
-    fixed_ms: float = 20.0
-    ms_per_token: float = 0.035
+    fixed_ms: float = we.PREFILL_FIXED_MS
+    ms_per_token: float = we.PREFILL_MS_PER_TOKEN
     ms_per_token_sq: float = 0.0
     chunk_tokens: int = 0
 
@@ -184,10 +186,10 @@ class PrefillModel:
 class TransferModel:
     """KV transfer: each send pays ``setup_ms`` then ``bytes / bandwidth``."""
 
-    kv_bytes_per_token: float = 327680.0  # 320 KiB
-    setup_ms: float = 12.0
-    bandwidth_gibps: float = 22.0
-    chunk_tokens: int = 2000
+    kv_bytes_per_token: float = float(we.KV_BYTES_PER_TOKEN)
+    setup_ms: float = we.LINK_SETUP_MS
+    bandwidth_gibps: float = we.LINK_GIBPS
+    chunk_tokens: int = we.CHUNK_TOKENS
 
     def __post_init__(self) -> None:
         _check("transfer.kv_bytes_per_token", self.kv_bytes_per_token)
@@ -246,9 +248,9 @@ class DecodeModel:
     holds its slot for ``output_tokens`` steps.
     """
 
-    step_fixed_ms: float = 45.0
+    step_fixed_ms: float = we.DECODE_STEP_MS
     step_ms_per_seq: float = 0.0
-    slots: int = 32
+    slots: int = we.DECODE_SLOTS
 
     def __post_init__(self) -> None:
         _check("decode.step_fixed_ms", self.step_fixed_ms, positive=True)

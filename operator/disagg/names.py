@@ -16,6 +16,14 @@ POOL_DECODE = "decode"
 POOL_COLOCATED = "colocated"
 POOL_NAMES = (POOL_ENCODER, POOL_PREFILL, POOL_DECODE, POOL_COLOCATED)
 
+# --------------------------------------------------------------------------- placements
+
+PLACEMENT_DISAGGREGATED = "disaggregated"
+PLACEMENT_COLOCATED = "colocated"
+PLACEMENT_CONDITIONAL = "conditional"
+#: Every spec.placement.mode (the planner and the simulator take the same).
+PLACEMENTS = (PLACEMENT_DISAGGREGATED, PLACEMENT_COLOCATED, PLACEMENT_CONDITIONAL)
+
 # --------------------------------------------------------------------------- labels and annotations
 
 #: Label on every child (and pod) naming the DisaggDeployment it belongs to.
@@ -30,6 +38,11 @@ ANNOTATION_APPLIED = "disagg.dev/applied-hash"
 ANNOTATION_DRAIN = "disagg.dev/drain"
 #: Kubernetes' annotation that orders a ReplicaSet's choice of pods to delete.
 ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: Label of the router's objects and pods. Not `LABEL_DEPLOYMENT`: the router is not a pool
+#: (the pool logic, the drain and the emulator select pods by that label).
+LABEL_ROUTER = "disagg.dev/router"
+#: Label by which a Secret's owner lets the operator use it as Prometheus credentials.
+LABEL_PROMETHEUS_CREDENTIALS = "disagg.dev/prometheus-credentials"
 #: Label the Deployment controller puts on a pod: which ReplicaSet (template revision) owns it.
 LABEL_POD_TEMPLATE_HASH = "pod-template-hash"
 #: Pod condition (readiness gate) the operator sets: False on a worker being drained.

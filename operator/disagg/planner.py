@@ -35,6 +35,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 import numpy as np
 
 from disagg import sizes as _sizes
+from disagg import worked_example as we
 from disagg.model import (
     DEFAULT_ITL_STATISTIC,
     GIB,
@@ -46,6 +47,7 @@ from disagg.model import (
     check_itl_statistic,
     gap_p99_rank,
 )
+from disagg.names import PLACEMENTS, POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 from disagg.queueing import erlang_b_stride, poisson_cdf, poisson_quantile, summed_wait_tail
 from disagg.sizes import (
     Covers,
@@ -69,8 +71,7 @@ __all__ = [
 ]
 
 Placement = Literal["disaggregated", "colocated", "conditional"]
-PLACEMENTS = ("disaggregated", "colocated", "conditional")
-POOLS = ("encoder", "prefill", "decode")
+POOLS = (POOL_ENCODER, POOL_PREFILL, POOL_DECODE)
 _T = TypeVar("_T")
 ENCODER_CS2 = 1.0  # encoder service variability (items per request vary): exponential-like
 
@@ -102,10 +103,10 @@ def _num(name: str, v: Any, *, positive: bool = False, unit: bool = False, integ
 class Demand:
     """Offered load: arrival rate and request shape (defaults: the worked example at 1 rps)."""
 
-    arrival_rps: float = 1.0
-    prompt_tokens_mean: float = 6000.0
+    arrival_rps: float = we.ARRIVAL_RPS
+    prompt_tokens_mean: float = we.PROMPT_TOKENS
     prompt_tokens_std: float = 0.0
-    output_tokens_mean: float = 400.0
+    output_tokens_mean: float = we.OUTPUT_TOKENS
     output_tokens_std: float = 0.0
     media_fraction: float = 0.0
     items_per_request: float = 1.0
@@ -140,9 +141,9 @@ class Demand:
 class SLO:
     """Targets at `percentile` of requests; a request's ITL is its gaps' `itl_statistic` (max, p99, mean)."""
 
-    ttft_s: float = 0.6
-    itl_s: float = 0.15
-    percentile: float = 0.9
+    ttft_s: float = we.TTFT_S
+    itl_s: float = we.ITL_S
+    percentile: float = we.PERCENTILE
     itl_statistic: str = DEFAULT_ITL_STATISTIC
     # a TTFT target that grows with the prompt: ttft_s + this x prompt tokens / 1000 (per size
     # class with Demand.sizes; at the mean prompt without)
@@ -178,10 +179,10 @@ _DEFAULT_MODELS = StageModels()  # frozen: one shared default instead of a new o
 _DEFAULT_SLO = SLO()
 
 DEFAULT_BOUNDS: dict[str, PoolBounds] = {
-    "encoder": PoolBounds(min_replicas=0),
-    "prefill": PoolBounds(),
-    "decode": PoolBounds(),
-    "colocated": PoolBounds(),
+    POOL_ENCODER: PoolBounds(min_replicas=0),
+    POOL_PREFILL: PoolBounds(),
+    POOL_DECODE: PoolBounds(),
+    POOL_COLOCATED: PoolBounds(),
 }
 
 
@@ -801,9 +802,9 @@ def _specs(lam: float, st: _Setup, bounds: dict[str, PoolBounds]) -> tuple[_Spec
     # sees the arrival variability (conservative for decode: a queue smooths its departures)
     a = st.ca2 - 1.0
     return (
-        (lam * st.media, st.enc_s, ENCODER_CS2 + a, 1, bounds["encoder"]),
-        (lam, st.prefill_s, st.prefill_cs2 + a, 1, bounds["prefill"]),
-        (lam, st.hold_s, st.hold_cs2 + a, st.b_eff, bounds["decode"]),
+        (lam * st.media, st.enc_s, ENCODER_CS2 + a, 1, bounds[POOL_ENCODER]),
+        (lam, st.prefill_s, st.prefill_cs2 + a, 1, bounds[POOL_PREFILL]),
+        (lam, st.hold_s, st.hold_cs2 + a, st.b_eff, bounds[POOL_DECODE]),
     )
 
 
@@ -974,7 +975,7 @@ def _plan_disagg(
     st = _shape(ctx, d)
     target = _ttft_target(slo, d)
     reasons: list[str] = []
-    eb, pb, db = bounds["encoder"], bounds["prefill"], bounds["decode"]
+    eb, pb, db = bounds[POOL_ENCODER], bounds[POOL_PREFILL], bounds[POOL_DECODE]
     gpus = (eb.gpus_per_replica, pb.gpus_per_replica, db.gpus_per_replica)
     pick: _Pick | None = None
     if st.covers is not None:  # size classes: p and the target become the chosen candidate's
@@ -1035,10 +1036,10 @@ def _plan_disagg(
         )
     (r0e, wpe, wme), (r0p, wpp, wmp), (r0d, wpd, wmd) = tabs
     ie, ip, i_d = idx
-    enc = _pool_plan("encoder", specs[0], r0e + ie, wpe[ie], wme[ie])
-    pre = _pool_plan("prefill", specs[1], r0p + ip, wpp[ip], wmp[ip])
-    dec = _pool_plan("decode", specs[2], r0d + i_d, wpd[i_d], wmd[i_d])
-    pools = {"encoder": enc, "prefill": pre, "decode": dec}
+    enc = _pool_plan(POOL_ENCODER, specs[0], r0e + ie, wpe[ie], wme[ie])
+    pre = _pool_plan(POOL_PREFILL, specs[1], r0p + ip, wpp[ip], wmp[ip])
+    dec = _pool_plan(POOL_DECODE, specs[2], r0d + i_d, wpd[i_d], wmd[i_d])
+    pools = {POOL_ENCODER: enc, POOL_PREFILL: pre, POOL_DECODE: dec}
     ttft = st.fixed_s + (wpe[ie] + wpp[ip] + wpd[i_d])
     # ITL at the expected decode occupancy, capped at the effective batch
     lam_adm = lam * frac
@@ -1250,8 +1251,8 @@ def _plan_colocated(
     """
     st = _setup(d, m, slo, chunked=False)
     st = st._replace(fixed_s=st.enc_s + st.prefill_s + float(m.decode.step_ms(1)) / 1000.0)
-    b = bounds["colocated"]
-    eb = bounds["encoder"]
+    b = bounds[POOL_COLOCATED]
+    eb = bounds[POOL_ENCODER]
     ge, gc = eb.gpus_per_replica, b.gpus_per_replica
     min_cost = b.min_replicas * gc + eb.min_replicas * ge
     if budget is not None and budget < min_cost:
@@ -1331,7 +1332,7 @@ def _plan_colocated(
     enc_tab = _table(lam_adm * st.media, st.enc_s, ENCODER_CS2, 1, r_enc, r_enc, slo.percentile)
     enc_spec: _Spec = (lam_adm * st.media, st.enc_s, ENCODER_CS2, 1, eb)
     enc = _pool_plan(
-        "encoder",
+        POOL_ENCODER,
         enc_spec,
         r_enc,
         enc_tab[1][0] if enc_tab[1] else math.inf,
@@ -1340,7 +1341,7 @@ def _plan_colocated(
     k = st.b_eff
     cap = 1.0 / (st.prefill_s + d.output_tokens_mean * st.step_cap_ms / 1000.0 / k)
     pool = PoolPlan(
-        name="colocated",
+        name=POOL_COLOCATED,
         replicas=r,
         gpus=r * b.gpus_per_replica,
         gpus_per_replica=b.gpus_per_replica,
@@ -1360,7 +1361,7 @@ def _plan_colocated(
         sacrificed = f"shed {lam * (1 - frac):.4g} rps ({1 - frac:.1%} of demand) at admission"
     return Plan(
         placement="colocated",
-        pools={"encoder": enc, "colocated": pool},
+        pools={POOL_ENCODER: enc, POOL_COLOCATED: pool},
         stages={
             "encoder.service_ms": st.enc_s * 1000.0,
             "prefill.service_ms": st.prefill_s * 1000.0,
@@ -1555,7 +1556,7 @@ def _solve_conditional(
     encoder and prefill rows that fit.
     """
     p = ctx.slo.percentile
-    eb, pb, db = bounds["encoder"], bounds["prefill"], bounds["decode"]
+    eb, pb, db = bounds[POOL_ENCODER], bounds[POOL_PREFILL], bounds[POOL_DECODE]
     ge, gp, gd = eb.gpus_per_replica, pb.gpus_per_replica, db.gpus_per_replica
     lam_r, lam_l = rate * remote, rate * (1.0 - remote)
     r0e, we, _ = _table(rate * st_r.media, st_r.enc_s, ENCODER_CS2, 1, eb.min_replicas, eb.max_replicas, p)
@@ -1688,7 +1689,7 @@ def _plan_conditional(
     # wait for the running decode step to end (at most one step), which only a decode pool idle
     # most of the time avoids (hundreds of workers for a few req/s)
     eff_l = slack_l if slack_l >= 0 else st_l.step_cap_ms / 1000.0
-    eb, pb, db = bounds["encoder"], bounds["prefill"], bounds["decode"]
+    eb, pb, db = bounds[POOL_ENCODER], bounds[POOL_PREFILL], bounds[POOL_DECODE]
     if budget is not None:
         min_cost = sum(b.min_replicas * b.gpus_per_replica for b in (eb, pb, db))
         if budget < min_cost:
@@ -1727,17 +1728,21 @@ def _plan_conditional(
     u = sol.local_util
     hold = sol.hold_s
     enc = _pool_plan(
-        "encoder", (lam_adm * st_r.media, st_r.enc_s, ENCODER_CS2, 1, eb), sol.encoder, sol.w_enc, sol.w_enc
+        POOL_ENCODER,
+        (lam_adm * st_r.media, st_r.enc_s, ENCODER_CS2, 1, eb),
+        sol.encoder,
+        sol.w_enc,
+        sol.w_enc,
     )
     pre = _pool_plan(
-        "prefill",
+        POOL_PREFILL,
         (lam_adm * remote, st_r.prefill_s, st_r.prefill_cs2, 1, pb),
         sol.prefill,
         sol.w_pre,
         sol.w_pre,
     )
     dec = _pool_plan(
-        "decode", (lam_adm, hold, st_r.hold_cs2, st_r.b_eff, db), sol.decode, sol.w_dec, sol.w_dec
+        POOL_DECODE, (lam_adm, hold, st_r.hold_cs2, st_r.b_eff, db), sol.decode, sol.w_dec, sol.w_dec
     )
     ttft_r = st_r.fixed_s + sol.w_enc + sol.w_pre + sol.w_dec if remote > 0 else 0.0
     ttft_l = local_fixed + sol.w_enc + sol.w_local + sol.w_dec if remote < 1 else 0.0
@@ -1745,7 +1750,7 @@ def _plan_conditional(
     itl = sol.itl_s
     return Plan(
         placement="conditional",
-        pools={"encoder": enc, "prefill": pre, "decode": dec},
+        pools={POOL_ENCODER: enc, POOL_PREFILL: pre, POOL_DECODE: dec},
         stages={
             "encoder.service_ms": st_r.enc_s * 1000.0,
             "prefill.service_ms": st_r.prefill_s * 1000.0,
@@ -1839,7 +1844,11 @@ def plan_replicas(
     s = slo or _DEFAULT_SLO
     b = _bounds(bounds)
     ctx = _ctx(m, s, chunked)
-    gpus = (b["encoder"].gpus_per_replica, b["prefill"].gpus_per_replica, b["decode"].gpus_per_replica)
+    gpus = (
+        b[POOL_ENCODER].gpus_per_replica,
+        b[POOL_PREFILL].gpus_per_replica,
+        b[POOL_DECODE].gpus_per_replica,
+    )
     out: list[tuple[int, int, int, bool]] = []
     p = s.percentile
     for d in demands:
@@ -1886,7 +1895,7 @@ def predict(
     return {
         "ttft_s": st.fixed_s + sum(waits.values()),
         "itl_s": st.step_cap_ms / 1000.0 if st.itl_ok else float(m.decode.step_ms(1)) / 1000.0,
-        "encoder_wait_s": waits["encoder"],
-        "prefill_wait_s": waits["prefill"],
-        "decode_wait_s": waits["decode"],
+        "encoder_wait_s": waits[POOL_ENCODER],
+        "prefill_wait_s": waits[POOL_PREFILL],
+        "decode_wait_s": waits[POOL_DECODE],
     }

@@ -32,9 +32,7 @@ import requests
 from disagg import api
 from disagg.kube import Kube, NotFound
 from disagg.metrics import Query, QueryFailed
-
-#: Label by which a Secret's owner lets the operator use it as Prometheus credentials.
-LABEL_PROMETHEUS_CREDENTIALS = "disagg.dev/prometheus-credentials"
+from disagg.names import LABEL_PROMETHEUS_CREDENTIALS
 
 #: Fixed reasons by HTTP status: what is shown instead of the reply's body.
 STATUS_REASONS = {

@@ -305,7 +305,7 @@ async def reconcile_router(
     A refused write (e.g. the operator may not create Roles) is reported as an event and
     logged; the pools are reconciled regardless.
     """
-    sel = f"{builders.LABEL_ROUTER}={owner.name}"
+    sel = f"{names.LABEL_ROUTER}={owner.name}"
     try:
         found = await asyncio.gather(*(kube.list(k, owner.namespace, sel) for k in builders.ROUTER_KINDS))
         existing = {

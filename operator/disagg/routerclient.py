@@ -19,7 +19,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from disagg import builders, routers
+from disagg import builders, names, routers
 
 log = logging.getLogger("disagg.routerclient")
 
@@ -49,13 +49,13 @@ async def set_worker_routable(kube: Any, pod: Mapping[str, Any], routable: bool)
     """
     labels = (pod.get("metadata") or {}).get("labels") or {}
     engine = labels.get("app.kubernetes.io/name")
-    owner = labels.get(builders.LABEL_DEPLOYMENT)
-    pool = labels.get(builders.LABEL_POOL)
+    owner = labels.get(names.LABEL_DEPLOYMENT)
+    pool = labels.get(names.LABEL_POOL)
     url = worker_url(pod)
     if engine not in NEEDS_REMOVAL_API or not owner or not url:
         return 0
     ns = pod["metadata"]["namespace"]
-    router_pods = await kube.list("Pod", ns, f"{builders.LABEL_ROUTER}={owner}")
+    router_pods = await kube.list("Pod", ns, f"{names.LABEL_ROUTER}={owner}")
     bases = [
         f"http://{p['status']['podIP']}:{routers.ROUTER_HTTP_PORT}"
         for p in router_pods
@@ -92,7 +92,9 @@ async def _update(session: Any, base: str, url: str, pool: str | None, routable:
         return 1 if ids else 0
     if ids:
         return 0
-    body = {"url": url, "worker_type": pool} if pool in ("prefill", "decode") else {"url": url}
+    body = (
+        {"url": url, "worker_type": pool} if pool in (names.POOL_PREFILL, names.POOL_DECODE) else {"url": url}
+    )
     async with session.post(f"{base}/workers", json=body) as r:
         r.raise_for_status()
     log.info("router %s: re-added worker %s", base, url)

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from disagg.evaluate import EvalSettings, Obs, Policy, infeasible_mask, pools_for, run_policy
+from disagg.names import POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 from disagg.sim.core import DONE, INF, WAITING, Job
 from disagg.sim.engine import Cluster, SimConfig
 from disagg.workload import Workload
@@ -278,9 +279,9 @@ class _Trace:
 
     def cluster(self, sizes: dict[str, int]) -> tuple[Cluster, _Tracker]:
         cfg = SimConfig(
-            prefill=max(1, sizes["prefill"]),
-            decode=max(1, sizes["decode"]),
-            encoder=max(1, sizes["encoder"]) if "encoder" in self.pools else 0,
+            prefill=max(1, sizes[POOL_PREFILL]),
+            decode=max(1, sizes[POOL_DECODE]),
+            encoder=max(1, sizes[POOL_ENCODER]) if POOL_ENCODER in self.pools else 0,
             ttft_ms=self.ttft_s * 1000.0,
             itl_ms=self.itl_s * 1000.0,
             seed=self.s.seed,

@@ -83,7 +83,7 @@ def test_measured_dispersion_brings_allen_cunneen_to_the_simulated_prefill_wait(
     w = Workload(a, rng.integers(3000, 9000, a.size), rng.integers(50, 300, a.size))
     ca2 = index_of_dispersion(counts(w.arrival_s))
     lam = len(w) / DURATION
-    service = (20 + 0.035 * w.prompt_tokens) / 1000.0  # the default prefill model
+    service = StageModels().prefill.service_ms(w.prompt_tokens) / 1000.0  # the default prefill model
     s, cs2 = float(service.mean()), float(service.var() / service.mean() ** 2)
     c = 3  # utilisation ~0.9
     sim = simulate(w, StageModels(), SimConfig(prefill=c, decode=8)).stages["prefill"]

@@ -41,6 +41,7 @@ PURE = [
     "disagg.sizes",
     "disagg.burstiness",
     "disagg.routers",
+    "disagg.worked_example",
 ]
 # Modules that must exist for the contract to mean something.
 REQUIRED = {

@@ -405,3 +405,26 @@ def test_damaged_state_starts_fresh():
     assert autoscaler.ScalerState.from_dict({"policy": "x", "calibration": 3, "startups": [1]}) == (
         autoscaler.ScalerState()
     )
+
+
+def test_paused_autoscaling_holds_and_writes_a_typed_decision_record_once():
+    spec = sample_spec(paused=True)
+    w = World(spec=spec, prefill=1, decode=2)
+    w.load(8.0, short=8.0)
+    w.step()
+    w.step()
+    assert (w.replicas("prefill"), w.replicas("decode")) == (1, 2)
+    rec = w.status()["lastDecision"]
+    # the shape of every other decision record (status.lastDecision), without figures it did not read
+    assert set(rec) == {"time", "reason", "inputs", "outputs"} and rec["reason"] == names.EVENT_PAUSED
+    assert rec["outputs"]["targets"] == {} and rec["outputs"]["notes"] == [
+        "autoscaling paused: holding every pool"
+    ]
+    assert "metricsOk" not in rec["inputs"]
+    assert (
+        rec
+        == autoscaler.DecisionRecord.without_decision(
+            w.now - 30.0, names.EVENT_PAUSED, rec["outputs"]["notes"][0]
+        ).to_status()
+    )
+    assert [e["reason"] for e in w.kube.events].count(names.EVENT_PAUSED) == 1

@@ -109,7 +109,7 @@ def test_colocated_long_prompts_sized_like_the_simulator():
     assert pl.replicas["colocated"] <= 5
     assert r.slo_attainment >= 0.98
     w = poisson(4.0, 300.0, prompt_tokens=6000, output_tokens=400, seed=7)
-    strict = plan(demand_of(w, 4.0), M, SLO(0.6, 0.15, P, "max"), placement="colocated")
+    strict = plan(demand_of(w, 4.0), M, SLO(percentile=P, itl_statistic="max"), placement="colocated")
     assert strict.replicas["colocated"] > 100
     for n in (5, 11):
         sim = simulate(w, M, SimConfig(placement="colocated", colocated=n, itl_statistic="max"))

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from disagg import api, metrics, promclient
+from disagg import api, metrics, names, promclient
 from disagg.kube import NotFound
 
 BODY = "<html>internal-hostname-10.1.2.3 ERROR token=abcdef</html>"
@@ -130,9 +130,7 @@ def test_secret_needs_the_label_or_the_admins_allow_list():
     unlabelled = SecretKube({("team-a", "prom-token"): secret()})
     with pytest.raises(metrics.QueryFailed, match="not allowed as Prometheus credentials"):
         client_for(unlabelled, prom_cfg(), promclient.AccessPolicy(allowed_url))
-    labelled = SecretKube(
-        {("team-a", "prom-token"): secret({promclient.LABEL_PROMETHEUS_CREDENTIALS: "true"})}
-    )
+    labelled = SecretKube({("team-a", "prom-token"): secret({names.LABEL_PROMETHEUS_CREDENTIALS: "true"})})
     assert (
         client_for(labelled, prom_cfg(), promclient.AccessPolicy(allowed_url))._session.headers[
             "Authorization"
@@ -144,7 +142,7 @@ def test_secret_needs_the_label_or_the_admins_allow_list():
 
 
 def test_no_secret_is_read_for_a_url_that_is_not_allowed():
-    kube = SecretKube({("team-a", "prom-token"): secret({promclient.LABEL_PROMETHEUS_CREDENTIALS: "true"})})
+    kube = SecretKube({("team-a", "prom-token"): secret({names.LABEL_PROMETHEUS_CREDENTIALS: "true"})})
     with pytest.raises(metrics.QueryFailed):
         client_for(
             kube, prom_cfg("http://attacker:9090"), promclient.AccessPolicy(("http://prom.team-a:9090",))

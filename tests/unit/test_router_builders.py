@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from disagg import api, builders, routers
+from disagg import api, builders, names, routers
 from prereqs import missing_prerequisite
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,8 +37,8 @@ def test_router_is_on_by_default_with_five_objects_named_after_the_deployment():
         assert o["metadata"]["namespace"] == "serving"
         assert o["metadata"]["ownerReferences"][0]["uid"] == "u-1"
         # not a pool: the pool logic, drains and the emulator select pods by disagg.dev/deployment
-        assert builders.LABEL_DEPLOYMENT not in o["metadata"]["labels"]
-        assert o["metadata"]["labels"][builders.LABEL_ROUTER] == "llama"
+        assert names.LABEL_DEPLOYMENT not in o["metadata"]["labels"]
+        assert o["metadata"]["labels"][names.LABEL_ROUTER] == "llama"
 
 
 def test_disabled_router_has_no_objects():
@@ -106,7 +106,7 @@ def test_image_replicas_resources_and_extra_args_come_from_the_spec():
     assert c["image"] == "registry.local/vllm-router:0.1.17"
     assert c["resources"] == res
     assert c["args"][-2:] == ["--x", "1"]
-    assert o["Service"]["spec"]["selector"] == {builders.LABEL_ROUTER: "llama"}
+    assert o["Service"]["spec"]["selector"] == {names.LABEL_ROUTER: "llama"}
     assert o["Service"]["spec"]["ports"][0]["port"] == routers.ROUTER_HTTP_PORT
 
 

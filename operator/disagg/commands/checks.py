@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from disagg.commands.errors import CommandFailed, UsageError
+from disagg.names import POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 
 PORT_OPTIONS = ("port", "metrics_port", "dashboard_port", "liveness_port")
 PORT_MAX = 65535
@@ -42,7 +43,7 @@ SIMULATE_WORKLOAD_FLAGS: dict[str, tuple[str, ...]] = {
     "skip_bad_lines": ("trace",),
 }
 # `disagg emulate`: flags of one mode only.
-EMULATE_STANDALONE_ONLY = ("prefill", "decode", "encoder", "colocated", "spec")
+EMULATE_STANDALONE_ONLY = (POOL_PREFILL, POOL_DECODE, POOL_ENCODER, POOL_COLOCATED, "spec")
 EMULATE_CLUSTER_ONLY = ("kubeconfig", "poll_interval")
 # `disagg emulate`: flags of the generated load, which a replayed --trace replaces.
 EMULATE_GENERATED_LOAD = (
@@ -231,7 +232,7 @@ def check_emulate(args: argparse.Namespace, given: set[str]) -> None:
         _not_for(EMULATE_STANDALONE_ONLY, given, "without --standalone (pods come from the cluster)")
         return
     _not_for(EMULATE_CLUSTER_ONLY, given, "with --standalone (no cluster)")
-    for pool in ("prefill", "decode", "encoder", "colocated"):
+    for pool in (POOL_PREFILL, POOL_DECODE, POOL_ENCODER, POOL_COLOCATED):
         n = getattr(args, pool)
         require(n >= 0, f"--{pool} must be >= 0, got {n}")
     placement = _spec_placement(args.spec) if args.spec else "disaggregated"

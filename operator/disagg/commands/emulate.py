@@ -21,6 +21,8 @@ import math
 import sys
 from typing import Any
 
+from disagg.names import POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -226,16 +228,16 @@ def standalone_fleet(args: argparse.Namespace):
         )
     fleet.add_deployment(dep, 0.0)
     counts = {
-        "encoder": args.encoder,
-        "prefill": args.prefill,
-        "decode": args.decode,
-        "colocated": args.colocated,
+        POOL_ENCODER: args.encoder,
+        POOL_PREFILL: args.prefill,
+        POOL_DECODE: args.decode,
+        POOL_COLOCATED: args.colocated,
     }
     if dep.placement == "colocated":
-        counts["prefill"] = counts["decode"] = 0
-        counts["colocated"] = counts["colocated"] or 1
+        counts[POOL_PREFILL] = counts[POOL_DECODE] = 0
+        counts[POOL_COLOCATED] = counts[POOL_COLOCATED] or 1
     else:
-        counts["colocated"] = 0
+        counts[POOL_COLOCATED] = 0
     for pool, n in counts.items():
         if n < 0:
             raise UsageError(f"--{pool} must be >= 0")

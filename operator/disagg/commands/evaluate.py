@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 from disagg.commands import modelflags
+from disagg.names import POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 
 # Kept in sync with disagg.evaluate.POLICY_HELP (not imported here: `disagg --help` stays fast).
 POLICY_LINES = {
@@ -133,7 +134,7 @@ def register(subparsers: Any) -> None:
         helps={"percentile": "planner quantile of the targets; attainment counts every request"},
     )
     modelflags.add_itl_statistic_flag(m)
-    for pool in ("encoder", "prefill", "decode"):
+    for pool in (POOL_ENCODER, POOL_PREFILL, POOL_DECODE):
         m.add_argument(f"--{pool}-gpus-per-replica", type=int, default=1, metavar="N", help="default 1")
     p.set_defaults(func=run)
 
@@ -160,9 +161,9 @@ def _settings(args: argparse.Namespace) -> Any:
         interval_s=args.interval,
         startup_s=args.startup_seconds,
         gpus_per_replica={
-            "encoder": args.encoder_gpus_per_replica,
-            "prefill": args.prefill_gpus_per_replica,
-            "decode": args.decode_gpus_per_replica,
+            POOL_ENCODER: args.encoder_gpus_per_replica,
+            POOL_PREFILL: args.prefill_gpus_per_replica,
+            POOL_DECODE: args.decode_gpus_per_replica,
         },
         gpu_budget=args.gpu_budget,
         headroom=args.headroom,
@@ -286,7 +287,11 @@ def plot(doc: dict[str, Any], path: str) -> None:
         ax2 = ax.twinx()
         ax2.plot(t, [x["arrival_rps"] for x in tl], color="0.7", lw=1, label="arrival rps")
         ax2.set_ylabel("rps", color="0.5")
-        for pool, color in (("encoder", "tab:green"), ("prefill", "tab:blue"), ("decode", "tab:orange")):
+        for pool, color in (
+            (POOL_ENCODER, "tab:green"),
+            (POOL_PREFILL, "tab:blue"),
+            (POOL_DECODE, "tab:orange"),
+        ):
             if tl and pool in tl[0]["replicas"]:
                 ax.step(t, [x["replicas"][pool] for x in tl], where="post", color=color, label=pool)
         m = doc["policies"][name]

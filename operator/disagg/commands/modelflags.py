@@ -1,6 +1,6 @@
 """The service-time model and SLO flags that `disagg plan`, `simulate` and `evaluate` share.
 
-One table of the worked example's figures (docs/planner.md), so the three commands
+One table of the worked example's figures (`disagg.worked_example`), so the three commands
 cannot drift apart: flag dest -> (type, default, help). A command takes the flags it
 needs with `add_flags`; `plan` and `evaluate` leave them unset (None) so a value
 given on the command line can be told from a default, `simulate` takes the defaults
@@ -12,25 +12,27 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from disagg import worked_example as we
+
 # dest -> (type, worked-example default, help)
 MODEL_FLAGS: dict[str, tuple[type, Any, str]] = {
-    "encoder_fixed_ms": (float, 15.0, "encoder: fixed ms per request"),
-    "encoder_ms_per_item": (float, 25.0, "encoder: ms per media item"),
-    "prefill_fixed_ms": (float, 20.0, "prefill: fixed ms per request"),
-    "prefill_ms_per_token": (float, 0.035, "prefill: ms per prompt token"),
+    "encoder_fixed_ms": (float, we.ENCODER_FIXED_MS, "encoder: fixed ms per request"),
+    "encoder_ms_per_item": (float, we.ENCODER_MS_PER_ITEM, "encoder: ms per media item"),
+    "prefill_fixed_ms": (float, we.PREFILL_FIXED_MS, "prefill: fixed ms per request"),
+    "prefill_ms_per_token": (float, we.PREFILL_MS_PER_TOKEN, "prefill: ms per prompt token"),
     "prefill_ms_per_token_sq": (float, 0.0, "prefill: quadratic term, ms per token squared"),
-    "decode_step_ms": (float, 45.0, "fixed decode step time, ms"),
+    "decode_step_ms": (float, we.DECODE_STEP_MS, "fixed decode step time, ms"),
     "decode_ms_per_seq": (float, 0.0, "added decode step ms per running sequence"),
-    "decode_slots": (int, 32, "batch slots per decode replica"),
-    "kv_bytes_per_token": (float, 327680.0, "KV-cache bytes per token (320 KiB)"),
-    "link_setup_ms": (float, 12.0, "KV transfer setup, ms"),
-    "link_gibps": (float, 22.0, "KV link bandwidth, GiB/s"),
-    "chunk_tokens": (int, 2000, "tokens per streamed KV chunk"),
+    "decode_slots": (int, we.DECODE_SLOTS, "batch slots per decode replica"),
+    "kv_bytes_per_token": (float, float(we.KV_BYTES_PER_TOKEN), "KV-cache bytes per token (320 KiB)"),
+    "link_setup_ms": (float, we.LINK_SETUP_MS, "KV transfer setup, ms"),
+    "link_gibps": (float, we.LINK_GIBPS, "KV link bandwidth, GiB/s"),
+    "chunk_tokens": (int, we.CHUNK_TOKENS, "tokens per streamed KV chunk"),
 }
 SLO_FLAGS: dict[str, tuple[type, Any, str]] = {
-    "ttft": (float, 0.6, "TTFT target in seconds"),
-    "itl": (float, 0.15, "ITL target in seconds"),
-    "percentile": (float, 0.9, "quantile of the targets, in (0,1)"),
+    "ttft": (float, we.TTFT_S, "TTFT target in seconds"),
+    "itl": (float, we.ITL_S, "ITL target in seconds"),
+    "percentile": (float, we.PERCENTILE, "quantile of the targets, in (0,1)"),
 }
 FLAGS = {**MODEL_FLAGS, **SLO_FLAGS}
 

@@ -16,16 +16,17 @@ import sys
 from typing import Any
 
 from disagg import names
+from disagg import worked_example as we
 from disagg.commands import modelflags
 
 POOL_NAMES = names.POOL_NAMES
 
 # flag dest -> worked-example default
 DEFAULTS: dict[str, Any] = {
-    "arrival_rate": 1.0,
-    "input_tokens": 6000.0,
+    "arrival_rate": we.ARRIVAL_RPS,
+    "input_tokens": we.PROMPT_TOKENS,
     "input_tokens_std": 0.0,
-    "output_tokens": 400.0,
+    "output_tokens": we.OUTPUT_TOKENS,
     "output_tokens_std": 0.0,
     "media_fraction": 0.0,
     "items_per_request": 1.0,
@@ -58,10 +59,10 @@ FIELD_FLAGS = {
     "percentile": "percentile",
 }
 POOL_DEFAULTS = {
-    "encoder": (0, 10_000, 1),
-    "prefill": (1, 10_000, 1),
-    "decode": (1, 10_000, 1),
-    "colocated": (1, 10_000, 1),
+    names.POOL_ENCODER: (0, 10_000, 1),
+    names.POOL_PREFILL: (1, 10_000, 1),
+    names.POOL_DECODE: (1, 10_000, 1),
+    names.POOL_COLOCATED: (1, 10_000, 1),
 }
 
 
@@ -74,10 +75,10 @@ def register(subparsers: Any) -> None:
     )
     f = p.add_argument
     g = p.add_argument_group("demand")
-    g.add_argument("--arrival-rate", type=float, help="requests per second (default 1)")
-    g.add_argument("--input-tokens", type=float, help="mean prompt tokens (default 6000)")
+    g.add_argument("--arrival-rate", type=float, help=f"requests per second (default {we.ARRIVAL_RPS:g})")
+    g.add_argument("--input-tokens", type=float, help=f"mean prompt tokens (default {we.PROMPT_TOKENS:g})")
     g.add_argument("--input-tokens-std", type=float, help="prompt tokens standard deviation (default 0)")
-    g.add_argument("--output-tokens", type=float, help="mean output tokens (default 400)")
+    g.add_argument("--output-tokens", type=float, help=f"mean output tokens (default {we.OUTPUT_TOKENS:g})")
     g.add_argument("--output-tokens-std", type=float, help="output tokens standard deviation (default 0)")
     g.add_argument("--media-fraction", type=float, help="fraction of requests with media (default 0)")
     g.add_argument("--items-per-request", type=float, help="media items per media request (default 1)")
@@ -97,7 +98,7 @@ def register(subparsers: Any) -> None:
     pl.add_argument("--gpu-budget", type=int, help="most GPUs all pools may use (default: none)")
     pl.add_argument(
         "--placement",
-        choices=["disaggregated", "colocated", "conditional"],
+        choices=list(names.PLACEMENTS),
         help="default disaggregated",
     )
     for pool in POOL_NAMES:
@@ -340,7 +341,7 @@ def _print_table(pl: Any) -> None:
     )
     hdr = f"{'pool':<10}{'replicas':>9}{'gpus':>6}{'cap rps/rep':>13}{'util':>7}{'wait mean s':>13}{'wait p s':>10}{'L=λW':>9}\n"
     out(hdr)
-    for name in ("encoder", "prefill", "decode", "colocated"):
+    for name in names.POOL_NAMES:
         if name not in d["pools"]:
             continue
         p = d["pools"][name]
@@ -412,7 +413,7 @@ def _plot(path: str, plans: list[Any]) -> None:
 
     xs = [pl.demand.arrival_rps for pl in plans]
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    names = [n for n in ("encoder", "prefill", "decode", "colocated") if n in plans[0].pools]
+    names = [n for n in POOL_NAMES if n in plans[0].pools]
     for name in names:
         ys = [pl.pools[name].replicas if name in pl.pools else 0 for pl in plans]
         if any(ys):
@@ -457,7 +458,7 @@ def run(args: argparse.Namespace) -> int:
             doc = {"schema": "disagg.plan.sweep/v1", "points": [pl.to_dict() for pl in plans]}
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         else:
-            names = [n for n in ("encoder", "prefill", "decode", "colocated") if n in plans[0].pools]
+            names = [n for n in POOL_NAMES if n in plans[0].pools]
             sys.stdout.write(
                 f"{'rps':>8}"
                 + "".join(f"{n:>10}" for n in names)

@@ -16,10 +16,11 @@ import json
 import sys
 from typing import Any
 
+from disagg import names
 from disagg.commands import checks, modelflags
 
 WORKLOADS = ("poisson", "burst", "mix", "trace")
-PLACEMENT_CHOICES = ("disaggregated", "colocated", "conditional", "all")
+PLACEMENT_CHOICES = (*names.PLACEMENTS, "all")
 
 
 def register(subparsers: Any) -> None:

@@ -34,8 +34,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-POOL_ORDER = ("encoder", "prefill", "decode", "colocated")
-STAGE_ORDER = ("encoder", "prefill", "transfer", "decode")
+from disagg.names import POOL_DECODE, POOL_ENCODER, POOL_NAMES, POOL_PREFILL
+
+POOL_ORDER = POOL_NAMES
+STAGE_ORDER = (POOL_ENCODER, POOL_PREFILL, "transfer", POOL_DECODE)
 DEFAULT_MAX_POINTS = 720  # 1 h at a 5 s poll
 DEFAULT_MAX_DECISIONS = 50
 

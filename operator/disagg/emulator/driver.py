@@ -27,13 +27,9 @@ from disagg.emulator.fleet import (
     format_summary,
     from_spec,
 )
+from disagg.names import ANNOTATION_DRAIN, LABEL_DEPLOYMENT, LABEL_POOL, READINESS_GATE
 
 log = logging.getLogger("disagg.emulator")
-
-LABEL_DEPLOYMENT = "disagg.dev/deployment"
-LABEL_POOL = "disagg.dev/pool"
-READINESS_GATE = "disagg.dev/routable"
-ANNOTATION_DRAIN = "disagg.dev/drain"
 
 INF = math.inf
 

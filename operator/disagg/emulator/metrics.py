@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from disagg.emulator.fleet import EmulatedPod, Fleet
+from disagg.names import POOL_ENCODER, POOL_PREFILL
 
 LABELS = ["namespace", "deployment", "pool", "pod", "model_name"]
 
@@ -134,10 +135,10 @@ class FleetCollector(Collector):
             fam("g", "kv_usage", eng, GaugeMetricFamily).add_metric(lv, pod.kv_usage())
             pend = pod.pending_kv_sends()
             f = fam("g", "prefill_inflight", eng, GaugeMetricFamily)
-            if f is not None and pod.pool == "prefill":
+            if f is not None and pod.pool == POOL_PREFILL:
                 f.add_metric(lv, pend)
             f = fam("g", "decode_transfer", eng, GaugeMetricFamily)
-            if f is not None and pod.pool != "prefill":
+            if f is not None and pod.pool != POOL_PREFILL:
                 f.add_metric(lv, pend)
             for key, h in (
                 ("ttft", st.ttft),
@@ -156,7 +157,7 @@ class FleetCollector(Collector):
                 hf = fam("h", key, eng, HistogramMetricFamily)
                 if hf is not None:
                     hf.add_metric(lv, h.cumulative(), h.sum)
-            if pod.pool == "encoder":
+            if pod.pool == POOL_ENCODER:
                 f = fam("c", "mm_items", eng, CounterMetricFamily)
                 if f is not None:
                     f.add_metric(lv, st.mm_items)

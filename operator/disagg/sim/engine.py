@@ -23,6 +23,7 @@ from array import array
 from dataclasses import dataclass
 from heapq import heappop, heappush
 
+from disagg import names
 from disagg.model import DEFAULT_ITL_STATISTIC, StageModels, check_itl_statistic
 from disagg.sim.core import (
     DONE,
@@ -49,7 +50,7 @@ from disagg.sim.workers import (
 )
 from disagg.workload import Request, Workload
 
-PLACEMENTS = ("disaggregated", "colocated", "conditional")
+PLACEMENTS = names.PLACEMENTS
 
 
 @dataclass(frozen=True)

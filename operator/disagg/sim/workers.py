@@ -26,12 +26,13 @@ from bisect import bisect_right
 from collections import deque
 from heapq import heappop, heappush
 
+from disagg.names import POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 from disagg.sim.core import INF, Job, PrefixCache, StageStats
 
-ENCODER = "encoder"
-PREFILL = "prefill"
-DECODE = "decode"
-COLOCATED = "colocated"
+ENCODER = POOL_ENCODER
+PREFILL = POOL_PREFILL
+DECODE = POOL_DECODE
+COLOCATED = POOL_COLOCATED
 LINK = "link"
 QUEUED = -2.0  # Unit.tag of a send waiting for a place on its link
 
