@@ -75,6 +75,7 @@ VARIANTS = {
     "+sizes": (True, False, False),
     "+ca2": (False, True, False),
     "+headroom": (False, False, True),
+    "+ca2+headroom": (False, True, True),
     "+all": (True, True, True),
 }
 
@@ -108,7 +109,7 @@ def main() -> None:
             t0 = time.perf_counter()
             r = ev.run_policy("disagg", w, settings(s, VARIANTS[name])).metrics
             print(
-                f"  {name:<10} attainment {r['slo_attainment']:.4f}  GPU-h {r['gpu_hours']:6.2f}"
+                f"  {name:<14} attainment {r['slo_attainment']:.4f}  GPU-h {r['gpu_hours']:6.2f}"
                 f"  ttft p99 {r['ttft_p99_s'] or float('nan'):6.2f} s  ({time.perf_counter() - t0:4.0f} s wall)"
             )
 

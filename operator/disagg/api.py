@@ -48,7 +48,7 @@ MAX_GPU_BUDGET = MAX_REPLICAS * MAX_GPUS_PER_REPLICA
 #: Issue-14 sizing inputs on by default (docs/planner.md, "Request sizes, burstiness and automatic headroom").
 SIZING_REQUEST_SIZES_DEFAULT = False
 SIZING_BURSTINESS_DEFAULT = False
-SIZING_AUTO_HEADROOM_DEFAULT = False
+SIZING_AUTO_HEADROOM_DEFAULT = True
 
 
 # ---------------------------------------------------------------------------

@@ -247,11 +247,18 @@ class FakePrometheus:
         self.sample_age_s = 0.0
         self.error: Exception | None = None
         self.asked: list[str] = []
+        self.sizing_asked: list[str] = []
         self.histograms: dict[str, list[tuple[float, float]]] = {}
         self.series: dict[str, list[float]] = {}
 
     async def run(self, queries: list[metrics.Query]) -> dict[str, Any]:
-        self.asked = [q.name for q in queries]
+        names = [q.name for q in queries]
+        if queries and all(
+            q.kind in ("histogram", "series") or q.name.endswith("_sum_rate") for q in queries
+        ):
+            self.sizing_asked = names  # the loop's optional sizing queries, asked separately
+        else:
+            self.asked = names
         out: dict[str, Any] = {}
         for q in queries:
             if self.error is not None:

@@ -132,3 +132,9 @@ def test_spec_defaults_are_the_documented_ones() -> None:
         api.SIZING_BURSTINESS_DEFAULT,
         api.SIZING_AUTO_HEADROOM_DEFAULT,
     )
+
+
+def test_by_default_the_loop_reads_only_the_arrival_counts() -> None:
+    """Default: automatic headroom on (its counts are read), request sizes and burstiness off."""
+    spec = evaluate.spec_for(SETTINGS)
+    assert [q.name for q in loop.sizing_query_list(spec, "ns", "x")] == ["arrival_counts_horizon"]
