@@ -390,6 +390,9 @@ class DecisionRecord:
     sacrificed: str | None
     notes: tuple[str, ...]
     admitted_fraction: float | None = None  # share of the load the plan serves (the rest is shed)
+    arrival_dispersion: float | None = None  # measured index of dispersion used (None: Poisson)
+    auto_headroom: float | None = None  # automatic headroom used (None: the spec's headroom only)
+    size_classes: int | None = None  # prompt size classes planned over (None: the mean request)
 
     def to_status(self) -> dict[str, Any]:
         """The dict written to `status.lastDecision` (camelCase keys; pool maps are {pool: n}).
@@ -406,6 +409,9 @@ class DecisionRecord:
                 "metricsProblem": self.metrics_problem,
                 "arrivalRps": _r(self.arrival_rps),
                 "plannedRps": _r(self.planned_rps),
+                "arrivalDispersion": _r(self.arrival_dispersion),
+                "autoHeadroom": _r(self.auto_headroom),
+                "sizeClasses": self.size_classes,
                 "custom": {k: _r(v) for k, v in self.custom.items()},
                 "leadTimeSeconds": _r(self.lead_time_s, 1),
                 "promptTokensMean": _r(self.prompt_tokens_mean),
@@ -756,6 +762,9 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         sacrificed=(plan.sacrificed or None) if plan and plan.budget_limited else None,
         notes=tuple(n for n in notes if n),
         admitted_fraction=admitted,
+        arrival_dispersion=inputs.dispersion,
+        auto_headroom=inputs.auto_headroom,
+        size_classes=len(inputs.sizes.prompt_tokens) if inputs.sizes is not None else None,
     )
     return Outcome(
         targets=dict(d.targets),

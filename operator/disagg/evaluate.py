@@ -518,20 +518,21 @@ MIN_SIZE_SAMPLES = 20
 
 
 def sizing_observation(
-    w: Workload, lo: float, hi: float, count_interval_s: float
+    w: Workload, lo: float, hi: float, count_interval_s: float, sizes: bool = True
 ) -> tuple[SizeDistribution | None, tuple[float, ...] | None]:
     """The issue-14 inputs at a decision seeing arrivals in [lo, hi): the size distribution of
     the window's requests (what the engines' token histograms give) and the arrival counts per
-    `count_interval_s` over the trailing `autoscaler.BURST_HORIZON_S` (the Prometheus subquery)."""
+    `count_interval_s` over the trailing `autoscaler.BURST_HORIZON_S` (the Prometheus subquery).
+    `sizes` False: no size distribution (the spec does not use it; it is the costly part)."""
     t = w.arrival_s
     i, j = np.searchsorted(t, [lo, hi])
-    sizes = None
-    if j - i >= MIN_SIZE_SAMPLES:
-        sizes = SizeDistribution.from_samples(w.prompt_tokens[i:j], w.output_tokens[i:j])
+    dist = None
+    if sizes and j - i >= MIN_SIZE_SAMPLES:
+        dist = SizeDistribution.from_samples(w.prompt_tokens[i:j], w.output_tokens[i:j])
     start = max(0.0, hi - autoscaler.BURST_HORIZON_S)
     a, b = np.searchsorted(t, [start, hi])
     counts = arrival_counts(t[a:b], count_interval_s, start, hi)
-    return sizes, (tuple(float(c) for c in counts) or None)
+    return dist, (tuple(float(c) for c in counts) or None)
 
 
 def observation_from(o: Obs, startup_s: float, pools: tuple[str, ...] = POOLS) -> autoscaler.Observation:
@@ -582,6 +583,7 @@ class DisaggPolicy(Policy):
         self.sizing_interval_s = (
             self.config.count_interval_s if sz.request_sizes or sz.burstiness or sz.auto_headroom else None
         )
+        self.sizing_sizes = sz.request_sizes
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
         out = autoscaler.decide(
@@ -1023,7 +1025,7 @@ def run_policy(
             )
             count_s = getattr(pol, "sizing_interval_s", None)
             if count_s is not None:
-                sizes, counts = sizing_observation(w, lo, ts, count_s)
+                sizes, counts = sizing_observation(w, lo, ts, count_s, getattr(pol, "sizing_sizes", True))
                 obs = replace(obs, sizes=sizes, arrival_counts=counts, count_interval_s=count_s)
             targets, _reason = pol.decide(obs)
             if pol.admits:

@@ -138,3 +138,26 @@ def test_by_default_the_loop_reads_only_the_arrival_counts() -> None:
     """Default: automatic headroom on (its counts are read), request sizes and burstiness off."""
     spec = evaluate.spec_for(SETTINGS)
     assert [q.name for q in loop.sizing_query_list(spec, "ns", "x")] == ["arrival_counts_horizon"]
+
+
+def test_the_decision_record_shows_the_inputs_it_used() -> None:
+    """status.lastDecision.inputs carries the dispersion, automatic headroom and size classes."""
+    cfg = _config(ALL)
+    bursty = tuple([10.0, 10.0, 90.0, 90.0] * 30)
+    obs = autoscaler.Observation(
+        now=0.0,
+        metrics_ok=True,
+        pools={},
+        arrival_rps=2.0,
+        prompt_tokens_mean=1000.0,
+        output_tokens_mean=100.0,
+        sizes=SizeDistribution.from_buckets(PROMPT, OUTPUT),
+        arrival_counts=bursty,
+        count_interval_s=30.0,
+    )
+    got = autoscaler.decide(cfg, obs, autoscaler.ScalerState()).record.to_status()["inputs"]
+    assert got["arrivalDispersion"] > 10 and got["autoHeadroom"] > 0.5 and got["sizeClasses"] > 1
+    plain = autoscaler.decide(
+        cfg, replace(obs, sizes=None, arrival_counts=None), autoscaler.ScalerState()
+    ).record.to_status()["inputs"]
+    assert not {"arrivalDispersion", "autoHeadroom", "sizeClasses"} & set(plain)
