@@ -46,6 +46,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 MAX_REPLICAS = 10_000
 MAX_GPUS_PER_REPLICA = 64
 MAX_GPU_BUDGET = MAX_REPLICAS * MAX_GPUS_PER_REPLICA
+#: Issue-14 sizing inputs on by default (docs/planner.md, "Request sizes, burstiness and automatic headroom").
+SIZING_REQUEST_SIZES_DEFAULT = False
+SIZING_BURSTINESS_DEFAULT = False
+SIZING_AUTO_HEADROOM_DEFAULT = True
 
 
 # ---------------------------------------------------------------------------
@@ -696,6 +700,26 @@ class PrometheusConfig(_Model):
         return v
 
 
+class Sizing(_Model):
+    """Which measured inputs the autoscaling decision uses (docs/planner.md)."""
+
+    request_sizes: bool = Field(
+        SIZING_REQUEST_SIZES_DEFAULT,
+        description="Size for the prompt/output length distribution (the engines' token histograms), "
+        "not only the mean request.",
+    )
+    burstiness: bool = Field(
+        SIZING_BURSTINESS_DEFAULT,
+        description="Use the measured index of dispersion of arrival counts (per sub-window) in the "
+        "queueing formulas and the forecast's counting noise, instead of Poisson.",
+    )
+    auto_headroom: bool = Field(
+        SIZING_AUTO_HEADROOM_DEFAULT,
+        description="Standing spare capacity derived from the observed burst profile (how far load rose "
+        "within one start-up over the last hour); `headroom` is then a floor under it.",
+    )
+
+
 class Autoscaling(_Model):
     """Autoscaler settings."""
 
@@ -748,6 +772,11 @@ class Autoscaling(_Model):
         le=4,
         description="Spare capacity kept above the forecast demand, as a fraction (0.3 = 30 %): "
         "absorbs bursts that rise faster than a worker starts.",
+    )
+    sizing: Sizing = _sub(
+        Sizing,
+        "Measured inputs the autoscaler sizes with beyond the mean request and Poisson arrivals "
+        "(docs/planner.md, 'Request sizes, burstiness and automatic headroom').",
     )
     queries: dict[str, Annotated[str, Field(max_length=4096)]] | None = Field(
         None,

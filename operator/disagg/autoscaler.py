@@ -35,12 +35,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from disagg import api, drain, names, planner, policy, status
+from disagg import api, burstiness, drain, names, planner, policy, status
 from disagg.calibration import Calibrator
 from disagg.metrics import back_pool
+from disagg.sizes import SizeDistribution
 
 __all__ = [
+    "BURST_HORIZON_S",
+    "COUNT_SCRAPES",
     "DEFAULT_LEAD_S",
+    "DISPERSION_SPAN_S",
     "SHORT_WINDOW_SCRAPES",
     "Config",
     "DecisionRecord",
@@ -59,6 +63,13 @@ __all__ = [
 
 #: The short rate window (fast attack on a real step up) spans this many scrape intervals.
 SHORT_WINDOW_SCRAPES = 3
+#: Arrival counts (burstiness, automatic headroom) are per this many scrape intervals: a
+#: Prometheus `increase` needs two scrapes inside its sub-window.
+COUNT_SCRAPES = 2
+#: The index of dispersion is measured over the most recent this-many seconds of counts.
+DISPERSION_SPAN_S = 600.0
+#: The automatic headroom looks at the rises within this trailing horizon of counts.
+BURST_HORIZON_S = 3600.0
 #: Forecast horizon before any pod start-up has been observed.
 DEFAULT_LEAD_S = 60.0
 LEAD_MIN_S, LEAD_MAX_S = 5.0, 600.0
@@ -100,6 +111,12 @@ class Config:
     ttft_target_s: float
     custom_queries: tuple[str, ...] = ()
     tuning: Tuning = field(default_factory=Tuning)
+    sizing: api.Sizing = field(default_factory=api.Sizing)  # which issue-14 inputs to use
+
+    @property
+    def count_interval_s(self) -> float:
+        """The sub-window of the arrival counts the decision expects (`COUNT_SCRAPES` scrapes)."""
+        return COUNT_SCRAPES * self.scrape_s
 
     def policy_config(self, lead_s: float) -> policy.PolicyConfig:
         return replace(self.base_policy, forecast_horizon_s=lead_s)
@@ -131,6 +148,7 @@ def config_from_spec(spec: api.DisaggDeploymentSpec, tuning: Tuning | None = Non
         ttft_target_s=spec.slo.ttft_seconds,
         custom_queries=tuple(sorted(a.queries or {})),
         tuning=tuning or Tuning(),
+        sizing=a.sizing,
     )
 
 
@@ -190,6 +208,13 @@ class Observation:
     prefill_time_mean_s: float | None = None  # for calibration
     custom: dict[str, float] = field(default_factory=dict)  # user-defined queries
     startups: dict[str, float] = field(default_factory=dict)  # observed pod start-up s, by pod
+    # Issue-14 inputs, each optional (None: missing, the decision keeps today's behaviour):
+    # the window's request-size distribution (token histograms), and arrivals per
+    # `count_interval_s` sub-window over up to BURST_HORIZON_S, oldest first (a sub-window
+    # without a scrape is left out, never counted as zero).
+    sizes: SizeDistribution | None = None
+    arrival_counts: tuple[float, ...] | None = None
+    count_interval_s: float | None = None
 
 
 def _gate(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -365,6 +390,9 @@ class DecisionRecord:
     sacrificed: str | None
     notes: tuple[str, ...]
     admitted_fraction: float | None = None  # share of the load the plan serves (the rest is shed)
+    arrival_dispersion: float | None = None  # measured index of dispersion used (None: Poisson)
+    auto_headroom: float | None = None  # automatic headroom used (None: the spec's headroom only)
+    size_classes: int | None = None  # prompt size classes planned over (None: the mean request)
 
     @classmethod
     def without_decision(cls, time: float, reason: str, note: str) -> DecisionRecord:
@@ -413,6 +441,9 @@ class DecisionRecord:
                 "metricsProblem": self.metrics_problem,
                 "arrivalRps": _r(self.arrival_rps),
                 "plannedRps": _r(self.planned_rps),
+                "arrivalDispersion": _r(self.arrival_dispersion),
+                "autoHeadroom": _r(self.auto_headroom),
+                "sizeClasses": self.size_classes,
                 "custom": {k: _r(v) for k, v in self.custom.items()},
                 "leadTimeSeconds": _r(self.lead_time_s, 1),
                 "promptTokensMean": _r(self.prompt_tokens_mean),
@@ -468,8 +499,52 @@ class Outcome:
 # --------------------------------------------------------------------------- decide
 
 
-def demand_for(obs: Observation, rate: float, shape: dict[str, float]) -> planner.Demand:
+@dataclass(frozen=True)
+class SizingInputs:
+    """The issue-14 inputs one decision uses (None: missing or switched off in the spec)."""
+
+    sizes: SizeDistribution | None = None
+    dispersion: float | None = None  # index of dispersion of arrival counts
+    auto_headroom: float | None = None  # fraction of demand, from the burst profile
+
+
+def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInputs:
+    """What the spec's `autoscaling.sizing` switches on and the observation carries.
+
+    Counts are used only at the sub-window the decision expects; too few counts give
+    None (Poisson, the spec's headroom), never a smooth reading.
+    """
+    sz = config.sizing
+    sizes = obs.sizes if sz.request_sizes and isinstance(obs.sizes, SizeDistribution) else None
+    counts = obs.arrival_counts
+    step = obs.count_interval_s
+    if not counts or step is None or not math.isclose(step, config.count_interval_s, rel_tol=1e-6):
+        counts = None
+    disp = auto = None
+    try:
+        if counts is not None and sz.burstiness:
+            span = max(1, round(DISPERSION_SPAN_S / step))
+            measured = burstiness.index_of_dispersion(counts[-span:])
+            # Below Poisson is read as Poisson: from ~20 sub-windows the estimate's relative
+            # standard error is ~30 %, and sizing below Poisson on that noise lost attainment
+            # on smooth traffic (docs/planner.md). Bursts (above 1) are used as measured.
+            disp = None if measured is None else max(1.0, measured)
+        if counts is not None and sz.auto_headroom:
+            auto = burstiness.burst_headroom(
+                counts, step, startup_s=lead_s, window_s=config.window_s, dispersion=disp or 1.0
+            )
+    except ValueError:
+        disp = auto = None  # invalid counts: missing
+    return SizingInputs(sizes=sizes, dispersion=disp, auto_headroom=auto)
+
+
+def demand_for(
+    obs: Observation, rate: float, shape: dict[str, float], inputs: SizingInputs | None = None
+) -> planner.Demand:
     """The planner's demand at `rate` with the observed request shape.
+
+    With a size distribution (`inputs.sizes`) its moments replace the mean/std and the
+    planner sizes over its classes; with a dispersion it is the arrival term `arrival_ca2`.
 
     A token mean the window does not show (no request finished in it) keeps its last
     measured value in `shape`, which is updated in place; with none ever measured it is
@@ -492,14 +567,21 @@ def demand_for(obs: Observation, rate: float, shape: dict[str, float]) -> planne
 
     media = remembered("media_fraction", obs.media_fraction, 0.0)
     items = remembered("media_items_per_request", obs.media_items_per_request, 1.0)
+    inputs = inputs or SizingInputs()
+    pm, ps = obs.prompt_tokens_mean, obs.prompt_tokens_std
+    om, os_ = obs.output_tokens_mean, obs.output_tokens_std
+    if inputs.sizes is not None:
+        (pm, ps), (om, os_) = inputs.sizes.prompt_mean_std, inputs.sizes.output_mean_std
     return planner.Demand(
         arrival_rps=max(rate, 0.0),
-        prompt_tokens_mean=pos("prompt_tokens_mean", obs.prompt_tokens_mean),
-        prompt_tokens_std=spread(obs.prompt_tokens_std),
-        output_tokens_mean=pos("output_tokens_mean", obs.output_tokens_mean),
-        output_tokens_std=spread(obs.output_tokens_std),
+        prompt_tokens_mean=pos("prompt_tokens_mean", pm),
+        prompt_tokens_std=spread(ps),
+        output_tokens_mean=pos("output_tokens_mean", om),
+        output_tokens_std=spread(os_),
         media_fraction=min(media, 1.0),
         items_per_request=max(items, 1.0),
+        sizes=inputs.sizes,
+        arrival_ca2=inputs.dispersion if inputs.dispersion is not None else 1.0,
     )
 
 
@@ -593,6 +675,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
     plan_rate: float | None = None
     admitted: float | None = None
     notes: list[str] = []
+    inputs = sizing_inputs(config, obs, lead) if observed is not None else SizingInputs()
     if observed is not None:
         queued = sum(v for v in obs.queued.values() if v is not None and math.isfinite(v))
         rate, pstate = policy.sizing_rate(
@@ -610,17 +693,19 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
             ttft_observed=obs.ttft_observed_s if tn.ttft_feedback else None,
             ttft_target=config.ttft_target_s,
             ttft_comfort=tn.ttft_comfort,
+            dispersion=inputs.dispersion,
+            auto_headroom=inputs.auto_headroom,
         )
         plan_rate = rate
         try:
-            plan = config.planning.plan(demand_for(obs, rate, shape), models)
+            plan = config.planning.plan(demand_for(obs, rate, shape, inputs), models)
             planned = _pooled(plan, pools)
             # What the current load needs: a budget rebalance never shrinks a donor below it.
             # The share of the load to admit is that plan's too: under a short budget the front
             # door sheds what the pools cannot serve now, not what a forecast might bring.
             admitted = plan.admitted_fraction
             if pcfg.gpu_budget is not None and rate > observed:
-                now_plan = config.planning.plan(demand_for(obs, observed, shape), models)
+                now_plan = config.planning.plan(demand_for(obs, observed, shape, inputs), models)
                 floor = _pooled(now_plan, pools)
                 admitted = now_plan.admitted_fraction
             else:
@@ -709,6 +794,9 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         sacrificed=(plan.sacrificed or None) if plan and plan.budget_limited else None,
         notes=tuple(n for n in notes if n),
         admitted_fraction=admitted,
+        arrival_dispersion=inputs.dispersion,
+        auto_headroom=inputs.auto_headroom,
+        size_classes=len(inputs.sizes.prompt_tokens) if inputs.sizes is not None else None,
     )
     return Outcome(
         targets=dict(d.targets),

@@ -50,7 +50,10 @@ def arrival_counts(
     if n <= 0:
         return np.zeros(0)
     edges = start + sub_window_s * np.arange(n + 1)
-    got, _ = np.histogram(np.asarray(arrival_s, dtype=float), bins=edges)
+    t = np.asarray(arrival_s, dtype=float)
+    got, _ = np.histogram(t, bins=edges)
+    # numpy's last bin is closed; every sub-window here is half-open [a, b)
+    got[-1] -= np.count_nonzero(t == edges[-1])
     return got.astype(float)
 
 

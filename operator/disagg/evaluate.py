@@ -54,10 +54,12 @@ import numpy as np
 from pydantic import ValidationError
 
 from disagg import api, autoscaler, names
+from disagg.burstiness import arrival_counts
 from disagg.model import StageModels
 from disagg.planner import SLO, Demand, PoolBounds, plan, split_threshold_tokens
 from disagg.sim.core import DONE, INF, REJECTED, Job
 from disagg.sim.engine import Cluster, SimConfig
+from disagg.sizes import SizeDistribution
 from disagg.workload import Workload, piecewise_poisson
 
 __all__ = [
@@ -126,6 +128,9 @@ class EvalSettings:
     hpa_tolerance: float = 0.1
     headroom_z: float = 1.645  # disagg: plan for rate + z x Poisson std of the windowed rate
     headroom: float = 0.0  # disagg: standing spare capacity (spec.autoscaling.headroom)
+    # disagg: spec.autoscaling.sizing ({"requestSizes": bool, "burstiness": bool, "autoHeadroom": bool});
+    # None: the spec's defaults
+    sizing: dict[str, bool] | None = None
     backlog_drain_s: float = 60.0  # disagg: size to clear the observed queue within this time
     backlog_lead_s: float | None = None  # disagg: project queue growth this far (None: start-up time)
     ttft_feedback: bool = True  # disagg: observed p90 TTFT well below target drops the headroom
@@ -291,6 +296,10 @@ class Obs:
     metrics_ok: bool = True
     media_fraction: float = 0.0  # share of the window's requests with media (encoder pods' rate / arrivals)
     items_per_request: float = 1.0  # media items per media request
+    # Issue-14 inputs (filled only for a policy that uses them, see `sizing_observation`):
+    sizes: SizeDistribution | None = None  # the window's requests' sizes
+    arrival_counts: tuple[float, ...] | None = None  # per scrape-resolution sub-window, oldest first
+    count_interval_s: float | None = None
 
     def demand(self, rate: float | None = None) -> Demand:
         return Demand(
@@ -454,6 +463,8 @@ def spec_for(
     }
     if s.gpu_budget is not None:
         autoscaling["gpuBudget"] = s.gpu_budget
+    if s.sizing is not None:
+        autoscaling["sizing"] = dict(s.sizing)
     try:
         return api.parse_spec(
             {
@@ -504,6 +515,28 @@ def tuning_for(s: EvalSettings) -> autoscaler.Tuning:
     )
 
 
+#: A window with fewer requests than this gives no size distribution (the mean/std shape is used).
+MIN_SIZE_SAMPLES = 20
+
+
+def sizing_observation(
+    w: Workload, lo: float, hi: float, count_interval_s: float, sizes: bool = True
+) -> tuple[SizeDistribution | None, tuple[float, ...] | None]:
+    """The issue-14 inputs at a decision seeing arrivals in [lo, hi): the size distribution of
+    the window's requests (what the engines' token histograms give) and the arrival counts per
+    `count_interval_s` over the trailing `autoscaler.BURST_HORIZON_S` (the Prometheus subquery).
+    `sizes` False: no size distribution (the spec does not use it; it is the costly part)."""
+    t = w.arrival_s
+    i, j = np.searchsorted(t, [lo, hi])
+    dist = None
+    if sizes and j - i >= MIN_SIZE_SAMPLES:
+        dist = SizeDistribution.from_samples(w.prompt_tokens[i:j], w.output_tokens[i:j])
+    start = max(0.0, hi - autoscaler.BURST_HORIZON_S)
+    a, b = np.searchsorted(t, [start, hi])
+    counts = arrival_counts(t[a:b], count_interval_s, start, hi)
+    return dist, (tuple(float(c) for c in counts) or None)
+
+
 def observation_from(o: Obs, startup_s: float, pools: tuple[str, ...] = POOLS) -> autoscaler.Observation:
     """The decision's view of the simulation: what the operator would read from the cluster
     and Prometheus at the same moment (replicas requested, pending, the metrics)."""
@@ -528,6 +561,9 @@ def observation_from(o: Obs, startup_s: float, pools: tuple[str, ...] = POOLS) -
         queued={pools[0]: float(o.queued)},
         ttft_observed_s=o.ttft_p,
         startups={"simulated": startup_s},
+        sizes=o.sizes,
+        arrival_counts=o.arrival_counts,
+        count_interval_s=o.count_interval_s,
     )
 
 
@@ -545,6 +581,11 @@ class DisaggPolicy(Policy):
         self.pools = tuple(p for p in self.config.pools if p != names.POOL_COLOCATED) or self.config.pools
         self.state = autoscaler.ScalerState()
         self.last: autoscaler.Outcome | None = None
+        sz = self.config.sizing
+        self.sizing_interval_s = (
+            self.config.count_interval_s if sz.request_sizes or sz.burstiness or sz.auto_headroom else None
+        )
+        self.sizing_sizes = sz.request_sizes
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
         out = autoscaler.decide(
@@ -984,6 +1025,10 @@ def run_policy(
                 media_fraction=media_fraction,
                 items_per_request=items_per_request,
             )
+            count_s = getattr(pol, "sizing_interval_s", None)
+            if count_s is not None:
+                sizes, counts = sizing_observation(w, lo, ts, count_s, getattr(pol, "sizing_sizes", True))
+                obs = replace(obs, sizes=sizes, arrival_counts=counts, count_interval_s=count_s)
             targets, _reason = pol.decide(obs)
             if pol.admits:
                 cl.set_admission(pol.last_admitted)

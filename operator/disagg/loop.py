@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from disagg import api, autoscaler, drain, metrics, names, opmetrics, reconcile, routerclient, status
 from disagg.kube import Kube, NotFound
 from disagg.promclient import client_for
+from disagg.sizes import SizeDistribution
 
 log = logging.getLogger("disagg.loop")
 
@@ -111,9 +112,12 @@ def observation(
     deployments: Mapping[str, dict],
     pods: list[dict],
     now: float,
+    sizing: SizingReadings | None = None,
 ) -> autoscaler.Observation:
-    """The decision's view of one DisaggDeployment: the snapshot, its pools, the time."""
+    """The decision's view of one DisaggDeployment: the snapshot, its pools, the time,
+    and the optional issue-14 readings (`sizing_readings`)."""
     v = snap.values
+    sz = sizing or SizingReadings()
 
     def val(key: str) -> float | None:
         x = v.get(key)
@@ -140,7 +144,110 @@ def observation(
         media_items_per_request=metrics.media_items_per_request(v),
         custom={k: v[k] for k in config.custom_queries if val(k) is not None},
         startups=autoscaler.startup_seconds(pods),
+        sizes=sz.sizes,
+        arrival_counts=sz.arrival_counts,
+        count_interval_s=sz.count_interval_s if sz.arrival_counts else None,
     )
+
+
+@dataclass(frozen=True)
+class SizingReadings:
+    """The optional issue-14 inputs read from Prometheus; None where missing or unusable."""
+
+    sizes: SizeDistribution | None = None
+    arrival_counts: tuple[float, ...] | None = None
+    count_interval_s: float | None = None
+    problems: tuple[str, ...] = ()
+
+
+def sizing_query_list(spec: api.DisaggDeploymentSpec, namespace: str, name: str) -> list[metrics.Query]:
+    """The queries the spec's `autoscaling.sizing` switches need (none when all are off)."""
+    sz, a = spec.autoscaling.sizing, spec.autoscaling
+    if not (sz.request_sizes or sz.burstiness or sz.auto_headroom):
+        return []
+    count_s = autoscaler.COUNT_SCRAPES * a.scrape_interval_seconds
+    horizon = autoscaler.BURST_HORIZON_S if sz.auto_headroom else autoscaler.DISPERSION_SPAN_S
+    qs = metrics.sizing_queries(
+        spec.engine,
+        namespace,
+        name,
+        api.pool_names(spec),
+        a.metric_window_seconds,
+        count_s,
+        horizon_s=int(horizon),
+    )
+    keep = set()
+    if sz.request_sizes:
+        keep |= {
+            "prompt_tokens_histogram",
+            "prompt_tokens_sum_rate",
+            "output_tokens_histogram",
+            "output_tokens_sum_rate",
+        }
+    if sz.burstiness or sz.auto_headroom:
+        keep.add("arrival_counts_horizon")
+    return [q for q in qs if q.name in keep]
+
+
+def sizing_readings(results: Mapping[str, Any], count_interval_s: float) -> SizingReadings:
+    """Parse the sizing queries' answers; a failed or unusable query is missing, never zero."""
+    problems: list[str] = []
+
+    def ok(name: str) -> Any:
+        r = results.get(name)
+        if r is None or isinstance(r, Exception):
+            if r is not None:
+                problems.append(f"{name}: {r}")
+            return None
+        return r
+
+    sizes = None
+    prompt, output = ok("prompt_tokens_histogram"), ok("output_tokens_histogram")
+    if prompt is not None and output is not None:
+
+        def total(name: str) -> float | None:
+            r = ok(name)
+            try:
+                return metrics.parse_scalar(r, name) if r is not None else None
+            except metrics.MetricError:
+                return None
+
+        try:
+            sizes = metrics.size_distribution(
+                prompt, output, total("prompt_tokens_sum_rate"), total("output_tokens_sum_rate")
+            )
+        except metrics.MetricError as exc:
+            problems.append(str(exc))
+    counts = None
+    raw = ok("arrival_counts_horizon")
+    if raw is not None:
+        try:
+            counts = tuple(metrics.parse_series(raw, "arrival_counts_horizon")) or None
+        except metrics.MetricError as exc:
+            problems.append(str(exc))
+    return SizingReadings(sizes, counts, float(count_interval_s) if counts else None, tuple(problems))
+
+
+async def read_sizing(
+    kube: Kube, body: Mapping[str, Any], spec: api.DisaggDeploymentSpec, opts: LoopOptions
+) -> SizingReadings:
+    """Run the sizing queries (optional: any failure is just "missing")."""
+    meta = body["metadata"]
+    queries = sizing_query_list(spec, meta["namespace"], meta["name"])
+    if not queries:
+        return SizingReadings()
+    count_s = autoscaler.COUNT_SCRAPES * spec.autoscaling.scrape_interval_seconds
+    try:
+        source = opts.metrics_source or await client_for(
+            kube, meta["namespace"], spec.autoscaling.prometheus, opts.prometheus_url
+        )
+        results = await source.run(queries)
+    except Exception as exc:  # optional input: the decision goes on without it
+        return SizingReadings(problems=(f"sizing queries: {exc}",))
+    readings = sizing_readings(results, count_s)
+    for p in readings.problems:
+        log.debug("%s/%s: sizing input missing: %s", meta["namespace"], meta["name"], p)
+    return readings
 
 
 async def snapshot(
@@ -546,7 +653,8 @@ async def step(kube: Kube, body: Mapping[str, Any], opts: LoopOptions, now: floa
     tr.last_decision_at = now
     config = autoscaler.config_from_spec(spec)
     deployments = await list_deployments(kube, ns, name)
-    outcome = autoscaler.decide(config, observation(config, snap, deployments, pods, now), tr.state)
+    sizing = await read_sizing(kube, body, spec, opts)
+    outcome = autoscaler.decide(config, observation(config, snap, deployments, pods, now, sizing), tr.state)
     tr.state = outcome.state
     tr.last_outcome = outcome
     # reconcile shows these targets (status.pools.*.desiredReplicas and status.ratio)

@@ -236,7 +236,8 @@ def pod(
 class FakePrometheus:
     """Answers queries by name. `scalars` holds the scalar values (a missing name answers an
     empty result); `per_pod` maps pool -> pod -> (running, waiting); every pod's last sample
-    is `sample_age_s` old at `now`. `error` makes every query fail."""
+    is `sample_age_s` old at `now`. `error` makes every query fail. `histograms` holds
+    cumulative (le, value) buckets and `series` a range vector's values (oldest first), by name."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -246,9 +247,18 @@ class FakePrometheus:
         self.sample_age_s = 0.0
         self.error: Exception | None = None
         self.asked: list[str] = []
+        self.sizing_asked: list[str] = []
+        self.histograms: dict[str, list[tuple[float, float]]] = {}
+        self.series: dict[str, list[float]] = {}
 
     async def run(self, queries: list[metrics.Query]) -> dict[str, Any]:
-        self.asked = [q.name for q in queries]
+        names = [q.name for q in queries]
+        if queries and all(
+            q.kind in ("histogram", "series") or q.name.endswith("_sum_rate") for q in queries
+        ):
+            self.sizing_asked = names  # the loop's optional sizing queries, asked separately
+        else:
+            self.asked = names
         out: dict[str, Any] = {}
         for q in queries:
             if self.error is not None:
@@ -259,6 +269,26 @@ class FakePrometheus:
                 out[q.name] = [] if v is None else [{"metric": {}, "value": [self.now, str(v)]}]
             elif q.kind == "buckets":
                 out[q.name] = []
+            elif q.kind == "histogram":
+                out[q.name] = [
+                    {"metric": {"le": "+Inf" if le == float("inf") else str(le)}, "value": [self.now, str(v)]}
+                    for le, v in self.histograms.get(q.name, [])
+                ]
+            elif q.kind == "series":
+                vals = self.series.get(q.name)
+                step = 30.0
+                out[q.name] = (
+                    []
+                    if vals is None
+                    else [
+                        {
+                            "metric": {},
+                            "values": [
+                                [self.now - step * (len(vals) - 1 - i), str(v)] for i, v in enumerate(vals)
+                            ],
+                        }
+                    ]
+                )
             else:
                 series, _, pool = q.name.partition(".")
                 pods = self.per_pod.get(pool, {})

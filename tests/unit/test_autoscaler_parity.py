@@ -19,6 +19,7 @@ from fakes import FakeKube, FakePrometheus, deployment, disagg_deployment, pod
 
 from disagg import autoscaler, drain, evaluate, loop, reconcile
 from disagg.evaluate import EvalSettings, Obs
+from disagg.sizes import SizeDistribution
 
 NS, NAME = "ns", "llm"
 STARTUP_S = 60.0
@@ -37,6 +38,11 @@ class Row:
     pending: dict[str, int] = field(default_factory=dict)
     draining: dict[str, int] = field(default_factory=dict)
     stale: bool = False
+    # issue-14 inputs: token histograms (cumulative (le, rate) buckets) and arrival counts per
+    # two scrapes over the trailing horizon (None: the query answers nothing)
+    prompt_buckets: list[tuple[float, float]] | None = None
+    output_buckets: list[tuple[float, float]] | None = None
+    counts: list[float] | None = None
 
 
 def _row_cluster(kube: FakeKube, prom: FakePrometheus, row: Row, now: float, pools: tuple[str, ...]) -> None:
@@ -84,6 +90,20 @@ def _row_cluster(kube: FakeKube, prom: FakePrometheus, row: Row, now: float, poo
     ):
         if v is not None:
             prom.scalars[key] = v
+    prom.histograms = {}
+    if row.prompt_buckets is not None and row.output_buckets is not None:
+        prom.histograms = {
+            "prompt_tokens_histogram": row.prompt_buckets,
+            "output_tokens_histogram": row.output_buckets,
+        }
+    prom.series = {} if row.counts is None else {"arrival_counts_horizon": row.counts}
+
+
+def _sizes(row: Row) -> SizeDistribution | None:
+    """What the operator builds from the row's histograms (no _sum answers: none in the fake)."""
+    if row.prompt_buckets is None or row.output_buckets is None:
+        return None
+    return SizeDistribution.from_buckets(row.prompt_buckets, row.output_buckets)
 
 
 def _obs(row: Row, now: float, pools: tuple[str, ...]) -> Obs:
@@ -103,6 +123,9 @@ def _obs(row: Row, now: float, pools: tuple[str, ...]) -> Obs:
         queued=int(row.queued),
         rate_short=row.short,
         metrics_ok=not row.stale and row.rate is not None,
+        sizes=_sizes(row),
+        arrival_counts=None if row.counts is None else tuple(row.counts),
+        count_interval_s=None if row.counts is None else autoscaler.COUNT_SCRAPES * SETTINGS.scrape_s,
     )
 
 
@@ -185,12 +208,29 @@ BUDGET = [  # 6 GPUs: the load outgrows them, then its shape moves GPUs from dec
     Row(3.0, {"prefill": 3, "decode": 3}, short=2.0),
 ]
 
+# A wide prompt mix (most short, a tail of long ones) and on/off arrivals: 3 min at 2 rps,
+# 1 min at 10 rps, per 30 s sub-window, for 40 min.
+WIDE_PROMPTS = [(500.0, 3.0), (2000.0, 4.0), (8000.0, 4.8), (float("inf"), 5.0)]
+OUTPUTS = [(100.0, 2.0), (400.0, 4.5), (float("inf"), 5.0)]
+ON_OFF = ([60.0] * 6 + [300.0] * 2) * 10
+SIZED = [
+    Row(5.0, PD, prompt_buckets=WIDE_PROMPTS, output_buckets=OUTPUTS, counts=ON_OFF),
+    Row(5.0, {"prefill": 2, "decode": 2}, prompt_buckets=WIDE_PROMPTS, output_buckets=OUTPUTS, counts=ON_OFF),
+    Row(9.0, {"prefill": 2, "decode": 2}, short=10.0, prompt_buckets=WIDE_PROMPTS, output_buckets=OUTPUTS),
+    Row(9.0, {"prefill": 3, "decode": 3}, short=10.0, counts=[*ON_OFF, 300.0]),
+    Row(2.0, {"prefill": 3, "decode": 3}, counts=ON_OFF[:3]),  # too few counts: Poisson, spec headroom
+    Row(2.0, {"prefill": 3, "decode": 3}, stale=True, counts=ON_OFF),
+]
+ALL_SIZING = {"requestSizes": True, "burstiness": True, "autoHeadroom": True}
+NO_SIZING = {"requestSizes": False, "burstiness": False, "autoHeadroom": False}
+
 CASES = {
     "load steps": (LOAD_STEPS, SETTINGS),
     "burst": (BURST, SETTINGS),
     "stale metrics": (STALE, SETTINGS),
     "drains in flight": (DRAINS, SETTINGS),
     "budget pressure": (BUDGET, replace(SETTINGS, gpu_budget=6)),
+    "sizes and bursty counts": (SIZED, replace(SETTINGS, sizing=ALL_SIZING)),
 }
 
 
@@ -257,3 +297,47 @@ def test_the_evaluator_measures_the_short_rate_over_the_operators_window(monkeyp
     assert at_60.rate_short == pytest.approx(60 / short_s)
     # and the loop asks Prometheus for the same window
     assert autoscaler.config_from_spec(evaluate.spec_for(SETTINGS)).short_window_s == short_s
+
+
+def test_the_sizing_row_is_decided_by_its_sizes_and_counts() -> None:
+    """The sizes-and-counts table is only worth comparing if those inputs change decisions:
+    each switch alone moves some target, and with every switch off the inputs are ignored."""
+    ops_all, _ = run_both(SIZED, replace(SETTINGS, sizing=ALL_SIZING))
+    ops_none, _ = run_both(SIZED, replace(SETTINGS, sizing=NO_SIZING))
+    plain = [replace(r, prompt_buckets=None, output_buckets=None, counts=None) for r in SIZED]
+    ops_plain, _ = run_both(plain, replace(SETTINGS, sizing=ALL_SIZING))
+    assert ops_none == ops_plain  # switched off: as if nothing were measured
+    assert ops_all != ops_none
+    for switch in ALL_SIZING:
+        one = {**NO_SIZING, switch: True}
+        ops_one, evs_one = run_both(SIZED, replace(SETTINGS, sizing=one))
+        assert ops_one == evs_one
+        assert ops_one != ops_none, switch
+
+
+def test_the_evaluator_fills_sizes_and_counts_from_the_window(monkeypatch) -> None:
+    """`disagg evaluate` gives the decision the window's request sizes and the arrivals per
+    COUNT_SCRAPES scrapes (the operator's subquery resolution), only when the spec uses them."""
+    from disagg.workload import Workload
+
+    seen: list[Obs] = []
+    real = evaluate.DisaggPolicy.decide
+
+    def spy(self, o: Obs):
+        seen.append(o)
+        return real(self, o)
+
+    monkeypatch.setattr(evaluate.DisaggPolicy, "decide", spy)
+    # 1 request/s for 300 s, prompts alternating 100 and 5,000 tokens
+    n = 300
+    w = Workload([float(i) for i in range(n)], [100, 5000] * (n // 2), [10] * n, name="two sizes")
+    evaluate.run_policy("disagg", w, replace(SETTINGS, interval_s=30.0, sizing=ALL_SIZING))
+    at = next(o for o in seen if o.now == 240.0)  # metrics of t = 225, window [165, 225)
+    count_s = autoscaler.COUNT_SCRAPES * SETTINGS.scrape_s
+    assert at.count_interval_s == count_s
+    assert at.arrival_counts == tuple([count_s] * int(225 // count_s))  # 1 rps, whole sub-windows
+    assert at.sizes is not None
+    assert at.sizes.prompt_mean_std[0] == pytest.approx(2550.0, rel=0.01)
+    seen.clear()
+    evaluate.run_policy("disagg", w, replace(SETTINGS, interval_s=30.0, sizing=NO_SIZING))
+    assert all(o.sizes is None and o.arrival_counts is None for o in seen)

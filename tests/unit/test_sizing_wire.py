@@ -1,0 +1,163 @@
+"""The issue-14 inputs on their way into the one decision: what the loop reads from
+Prometheus (a failure is "missing", never zero) and what `autoscaler.sizing_inputs` makes of
+an observation (switches, sub-window, too few counts, sub-Poisson readings)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from disagg import api, autoscaler, evaluate, loop
+from disagg.evaluate import EvalSettings
+from disagg.sizes import SizeDistribution
+
+SETTINGS = EvalSettings(scrape_s=15.0, window_s=60.0)
+ALL = {"requestSizes": True, "burstiness": True, "autoHeadroom": True}
+PROMPT = [(500.0, 3.0), (2000.0, 4.0), (float("inf"), 5.0)]
+OUTPUT = [(100.0, 2.0), (float("inf"), 5.0)]
+
+
+def _hist(buckets):
+    return [
+        {"metric": {"le": "+Inf" if le == float("inf") else str(le)}, "value": [0, str(v)]}
+        for le, v in buckets
+    ]
+
+
+def _series(values):
+    return [{"metric": {}, "values": [[i * 30.0, str(v)] for i, v in enumerate(values)]}]
+
+
+def _config(sizing: dict[str, bool] | None) -> autoscaler.Config:
+    return autoscaler.config_from_spec(evaluate.spec_for(replace(SETTINGS, sizing=sizing)))
+
+
+def _obs(**kw) -> autoscaler.Observation:
+    return autoscaler.Observation(now=0.0, metrics_ok=True, pools={}, arrival_rps=1.0, **kw)
+
+
+def test_queries_follow_the_switches() -> None:
+    off = evaluate.spec_for(
+        replace(SETTINGS, sizing={"requestSizes": False, "burstiness": False, "autoHeadroom": False})
+    )
+    assert loop.sizing_query_list(off, "ns", "x") == []
+    on = evaluate.spec_for(replace(SETTINGS, sizing=ALL))
+    qs = {q.name: q for q in loop.sizing_query_list(on, "ns", "x")}
+    assert set(qs) == {
+        "prompt_tokens_histogram",
+        "prompt_tokens_sum_rate",
+        "output_tokens_histogram",
+        "output_tokens_sum_rate",
+        "arrival_counts_horizon",
+    }
+    # counts per two scrapes (30 s) over the automatic headroom's hour
+    assert qs["arrival_counts_horizon"].promql.endswith("[3600s:30s]")
+    assert all(not q.required for q in qs.values())
+
+
+def test_readings_parse_and_failures_are_missing() -> None:
+    good = loop.sizing_readings(
+        {
+            "prompt_tokens_histogram": _hist(PROMPT),
+            "output_tokens_histogram": _hist(OUTPUT),
+            "arrival_counts_horizon": _series([3, 4, 5]),
+        },
+        30.0,
+    )
+    assert good.sizes == SizeDistribution.from_buckets(PROMPT, OUTPUT)
+    assert good.arrival_counts == (3.0, 4.0, 5.0) and good.count_interval_s == 30.0
+    failed = loop.sizing_readings(
+        {
+            "prompt_tokens_histogram": RuntimeError("down"),
+            "output_tokens_histogram": _hist(OUTPUT),
+            "arrival_counts_horizon": [],
+        },
+        30.0,
+    )
+    assert failed.sizes is None and failed.arrival_counts is None and failed.count_interval_s is None
+    assert any("down" in p for p in failed.problems)
+    broken = loop.sizing_readings(
+        {
+            "prompt_tokens_histogram": _hist([(500.0, 3.0), (float("inf"), 1.0)]),  # not cumulative
+            "output_tokens_histogram": _hist(OUTPUT),
+            "arrival_counts_horizon": _series([1, float("nan")]),
+        },
+        30.0,
+    )
+    assert broken.sizes is None and broken.arrival_counts is None and len(broken.problems) == 2
+
+
+def test_inputs_follow_switches_and_never_read_missing_as_smooth() -> None:
+    sizes = SizeDistribution.from_buckets(PROMPT, OUTPUT)
+    bursty = tuple([10.0, 10.0, 90.0, 90.0] * 30)  # 2 h of 30 s counts, on/off
+    got = autoscaler.sizing_inputs(
+        _config(ALL), _obs(sizes=sizes, arrival_counts=bursty, count_interval_s=30.0), 60.0
+    )
+    assert got.sizes is sizes
+    assert got.dispersion is not None and got.dispersion > 10
+    assert got.auto_headroom is not None and got.auto_headroom > 0.5
+    off = autoscaler.sizing_inputs(
+        _config({"requestSizes": False, "burstiness": False, "autoHeadroom": False}),
+        _obs(sizes=sizes, arrival_counts=bursty, count_interval_s=30.0),
+        60.0,
+    )
+    assert off == autoscaler.SizingInputs()
+    # counts at another resolution than the decision's sub-window, or too few: missing
+    other = autoscaler.sizing_inputs(_config(ALL), _obs(arrival_counts=bursty, count_interval_s=15.0), 60.0)
+    assert other.dispersion is None and other.auto_headroom is None
+    few = autoscaler.sizing_inputs(_config(ALL), _obs(arrival_counts=(5.0, 7.0), count_interval_s=30.0), 60.0)
+    assert few.dispersion is None and few.auto_headroom is None
+    # a sub-Poisson reading (perfectly regular counts) is planned as Poisson, not as smooth
+    regular = autoscaler.sizing_inputs(
+        _config(ALL), _obs(arrival_counts=(30.0,) * 40, count_interval_s=30.0), 60.0
+    )
+    assert regular.dispersion == pytest.approx(1.0)
+
+
+def test_demand_carries_sizes_and_dispersion() -> None:
+    sizes = SizeDistribution.from_buckets(PROMPT, OUTPUT)
+    obs = _obs(prompt_tokens_mean=900.0, output_tokens_mean=50.0)
+    plain = autoscaler.demand_for(obs, 2.0, {})
+    assert plain.sizes is None and plain.arrival_ca2 == 1.0 and plain.prompt_tokens_mean == 900.0
+    d = autoscaler.demand_for(obs, 2.0, {}, autoscaler.SizingInputs(sizes=sizes, dispersion=4.0))
+    assert d.sizes is sizes and d.arrival_ca2 == 4.0
+    assert (d.prompt_tokens_mean, d.prompt_tokens_std) == pytest.approx(sizes.prompt_mean_std)
+
+
+def test_spec_defaults_are_the_documented_ones() -> None:
+    s = api.Autoscaling().sizing
+    assert (s.request_sizes, s.burstiness, s.auto_headroom) == (
+        api.SIZING_REQUEST_SIZES_DEFAULT,
+        api.SIZING_BURSTINESS_DEFAULT,
+        api.SIZING_AUTO_HEADROOM_DEFAULT,
+    )
+
+
+def test_by_default_the_loop_reads_only_the_arrival_counts() -> None:
+    """Default: automatic headroom on (its counts are read), request sizes and burstiness off."""
+    spec = evaluate.spec_for(SETTINGS)
+    assert [q.name for q in loop.sizing_query_list(spec, "ns", "x")] == ["arrival_counts_horizon"]
+
+
+def test_the_decision_record_shows_the_inputs_it_used() -> None:
+    """status.lastDecision.inputs carries the dispersion, automatic headroom and size classes."""
+    cfg = _config(ALL)
+    bursty = tuple([10.0, 10.0, 90.0, 90.0] * 30)
+    obs = autoscaler.Observation(
+        now=0.0,
+        metrics_ok=True,
+        pools={},
+        arrival_rps=2.0,
+        prompt_tokens_mean=1000.0,
+        output_tokens_mean=100.0,
+        sizes=SizeDistribution.from_buckets(PROMPT, OUTPUT),
+        arrival_counts=bursty,
+        count_interval_s=30.0,
+    )
+    got = autoscaler.decide(cfg, obs, autoscaler.ScalerState()).record.to_status()["inputs"]
+    assert got["arrivalDispersion"] > 10 and got["autoHeadroom"] > 0.5 and got["sizeClasses"] > 1
+    plain = autoscaler.decide(
+        cfg, replace(obs, sizes=None, arrival_counts=None), autoscaler.ScalerState()
+    ).record.to_status()["inputs"]
+    assert not {"arrivalDispersion", "autoHeadroom", "sizeClasses"} & set(plain)
