@@ -33,6 +33,9 @@ log() { echo "[tools] $*" >&2; }
 command -v go >/dev/null 2>&1 || die "Go is not installed. Install Go 1.24 or newer (https://go.dev/doc/install, or 'apt-get install golang'), then run 'make tools' again."
 
 export GOFLAGS="-mod=mod -buildvcs=false"
+# Go's build and module caches stay in the project's cache too, not in the user's home.
+export GOCACHE="${GOCACHE_OVERRIDE:-${CACHE}/go-build}"
+export GOMODCACHE="${GOMODCACHE_OVERRIDE:-${CACHE}/go-mod}"
 export CGO_ENABLED=0
 mkdir -p "${BIN}"
 

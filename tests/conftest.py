@@ -28,6 +28,18 @@ from prereqs import chromium, cluster_tools_missing, missing_prerequisite, prome
 ROOT = Path(__file__).resolve().parents[1]
 HACK = ROOT / "hack"
 
+# Everything the test run and the programs it starts (kubectl, helm, chromium, matplotlib)
+# would cache or configure under the user's home goes to the project's cache directory.
+PROJECT_CACHE = Path(os.environ.get("DISAGG_CACHE_DIR", Path.home() / ".cache" / "disagg-operator"))
+for var, sub in (
+    ("KUBECACHEDIR", "state/kube-cache"),
+    ("MPLCONFIGDIR", "test-home/matplotlib"),
+    ("XDG_CACHE_HOME", "test-home/cache"),
+    ("XDG_CONFIG_HOME", "test-home/config"),
+    ("XDG_DATA_HOME", "test-home/data"),
+):
+    os.environ.setdefault(var, str(PROJECT_CACHE / sub))
+
 
 def tools_bin() -> Path:
     out = subprocess.run([str(HACK / "tools.sh"), "--print"], capture_output=True, text=True, check=True)
