@@ -231,9 +231,9 @@ def test_operator_router_discovers_the_pools_and_serves_through_them(
         if router is not None:
             router.stop()
         emu.stop()
-    forbidden = [
-        ln for ln in Path(tmp_path / "router.log").read_text().splitlines() if "403" in ln or "orbidden" in ln
-    ]
+    # The API server's refusal of the router's pod watch says "forbidden" (status 403); a bare "403"
+    # also occurs in latencies and timestamps, so it is not searched for on its own.
+    forbidden = [ln for ln in Path(tmp_path / "router.log").read_text().splitlines() if "orbidden" in ln]
     assert not forbidden, forbidden[:3]
     print(f"{engine}/{drain_by}: a not-Ready decode pod got {not_ready_share:.0f} of 8 new requests")
     if drain_by == "operator":
