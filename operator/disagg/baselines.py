@@ -122,6 +122,12 @@ def dynamo_corrections(
     return p_cf, d_cf
 
 
+def _replicas_for(demand_per_s: float, per_gpu: float, gpus_per_replica: int, min_endpoint: int) -> int:
+    """ceil(demand / per-GPU rate / GPUs per replica), at least min_endpoint (Dynamo's rounding)."""
+    n = math.ceil(demand_per_s / per_gpu / gpus_per_replica - 1e-9)
+    return max(n, min_endpoint)
+
+
 def dynamo_prefill_replicas(
     num_req: float,
     isl: float,
@@ -134,8 +140,7 @@ def dynamo_prefill_replicas(
     """ceil(num_req x ISL / T x min(1, p_cf) / prefill tokens/s per GPU / GPUs per replica)."""
     tokens_per_s = num_req * isl / interval_s * min(1.0, p_cf)
     per_gpu = max(isl, 1e-9) * 1000.0 / _ttft_profile_ms(models, isl) / gpus_per_replica
-    n = math.ceil(tokens_per_s / per_gpu / gpus_per_replica - 1e-9)
-    return max(n, min_endpoint)
+    return _replicas_for(tokens_per_s, per_gpu, gpus_per_replica, min_endpoint)
 
 
 def dynamo_decode_replicas(
@@ -160,8 +165,7 @@ def dynamo_decode_replicas(
         return min_endpoint  # no batch meets the corrected target: Dynamo falls back to min_endpoint
     per_gpu = batch * 1000.0 / float(models.decode.step_ms(batch)) / gpus_per_replica
     tokens_per_s = num_req * osl / interval_s
-    n = math.ceil(tokens_per_s / per_gpu / gpus_per_replica - 1e-9)
-    return max(n, min_endpoint)
+    return _replicas_for(tokens_per_s, per_gpu, gpus_per_replica, min_endpoint)
 
 
 def dynamo_encoder_replicas(
@@ -180,8 +184,7 @@ def dynamo_encoder_replicas(
     items = max(items, 1.0)
     items_per_s = media_req * items / interval_s
     per_gpu = items * 1000.0 / float(models.encoder.service_ms(items)) / gpus_per_replica
-    n = math.ceil(items_per_s / per_gpu / gpus_per_replica - 1e-9)
-    return max(n, min_endpoint)
+    return _replicas_for(items_per_s, per_gpu, gpus_per_replica, min_endpoint)
 
 
 def dynamo_encoder_budget(
