@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from disagg.evaluate import EvalSettings, Obs, Policy
+from disagg.evaluate import EvalSettings, Obs, Policy, hpa_behaviour
 from disagg.model import StageModels
 from disagg.names import POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 from disagg.workload import Workload
@@ -371,20 +371,10 @@ class KedaPolicy(Policy):
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
         s = self.s
         load = self.in_pool()
-        desired = {}
+        wants = {}
         for p in self.pools:
-            cur = o.requested[p]
-            want = keda_desired(load[p], self.per_replica[p], o.ready[p])
-            want = min(want, max(2 * cur, cur + 4))
-            desired[p] = min(s.max_replicas, max(s.min_replicas, want))
-        self.hist = [(t, d) for t, d in self.hist if t > o.now - s.stabilization_s] + [(o.now, desired)]
-        out = {}
-        for p in self.pools:
-            if desired[p] < o.requested[p]:
-                out[p] = min(o.requested[p], max(d[p] for _, d in self.hist))
-            else:
-                out[p] = desired[p]
-        return out, "keda"
+            wants[p] = keda_desired(load[p], self.per_replica[p], o.ready[p])
+        return hpa_behaviour(wants, self.hist, o, s), "keda"
 
 
 POLICY_CLASSES: dict[str, Callable[..., Policy]] = {"dynamo": DynamoPolicy, "keda": KedaPolicy}

@@ -615,6 +615,27 @@ class StaticPolicy(Policy):
         return dict(o.requested), "Hold"
 
 
+def hpa_behaviour(
+    wants: dict[str, int], hist: list[tuple[float, dict[str, int]]], o: Obs, s: EvalSettings
+) -> dict[str, int]:
+    """The HPA's behaviour around each pool's wanted count: the default scale-up policy (at most
+    100 % or 4 pods more), min/max replicas, and the scale-down stabilization window (the highest
+    desired count over the window). `hist` is the caller's window, updated in place."""
+    desired = {}
+    for p, want in wants.items():
+        cur = o.requested[p]
+        want = min(want, max(2 * cur, cur + 4))  # default scale-up policy: 100 % or 4 pods
+        desired[p] = min(s.max_replicas, max(s.min_replicas, want))
+    hist[:] = [(t, d) for t, d in hist if t > o.now - s.stabilization_s] + [(o.now, desired)]
+    out = {}
+    for p in wants:
+        if desired[p] < o.requested[p]:
+            out[p] = min(o.requested[p], max(d[p] for _, d in hist))
+        else:
+            out[p] = desired[p]
+    return out
+
+
 class HpaPolicy(Policy):
     name = "hpa"
 
@@ -625,7 +646,7 @@ class HpaPolicy(Policy):
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
         s = self.s
-        desired = {}
+        wants = {}
         for p in self.pools:
             cur = o.requested[p]
             u = o.util.get(p, 0.0)
@@ -634,16 +655,8 @@ class HpaPolicy(Policy):
                 want = cur
             else:
                 want = math.ceil(o.ready[p] * ratio - 1e-9)
-            want = min(want, max(2 * cur, cur + 4))  # default scale-up policy: 100 % or 4 pods
-            desired[p] = min(s.max_replicas, max(s.min_replicas, want))
-        self.hist = [(t, d) for t, d in self.hist if t > o.now - s.stabilization_s] + [(o.now, desired)]
-        out = {}
-        for p in self.pools:
-            if desired[p] < o.requested[p]:
-                out[p] = min(o.requested[p], max(d[p] for _, d in self.hist))
-            else:
-                out[p] = desired[p]
-        return out, "hpa"
+            wants[p] = want
+        return hpa_behaviour(wants, self.hist, o, s), "hpa"
 
 
 class ThroughputPolicy(Policy):
