@@ -406,20 +406,27 @@ class FleetServer:
                 return False
             await self._wait(job, pod.worker.next_time)
 
+    async def _await_prefill(self, pod: EmulatedPod, job: Job):
+        """Wait until `job`'s prefill on `pod` is done: None, or the 503 answer if it was lost."""
+        self.events[job] = asyncio.Event()
+        try:
+            ok = await self._until_prefilled(pod, job)
+        finally:
+            self.events.pop(job, None)
+        if ok:
+            return None
+        self.errors += 1
+        return _error(503, f"prefill lost on {pod.name}")
+
     async def _vllm_prefill(self, pod: EmulatedPod, fmt: _Format, prompt: int, request):
         from aiohttp import web
 
         dep = pod.owner
         now = self.now()
         job = dep.serve_prefill(pod, Request(now, prompt, 1), now)
-        self.events[job] = asyncio.Event()
-        try:
-            ok = await self._until_prefilled(pod, job)
-        finally:
-            self.events.pop(job, None)
-        if not ok:
-            self.errors += 1
-            return _error(503, f"prefill lost on {pod.name}")
+        lost = await self._await_prefill(pod, job)
+        if lost is not None:
+            return lost
         handle = self._next_handle
         self._next_handle += 1
         self.handles[handle] = (dep, job)
@@ -469,14 +476,9 @@ class FleetServer:
         if waiter is not None:
             waiter.set()
         asyncio.get_running_loop().call_later(self.kv_pull_timeout_s, self._expire_room, key)
-        self.events[job] = asyncio.Event()
-        try:
-            ok = await self._until_prefilled(pod, job)
-        finally:
-            self.events.pop(job, None)
-        if not ok:
-            self.errors += 1
-            return _error(503, f"prefill lost on {pod.name}")
+        lost = await self._await_prefill(pod, job)
+        if lost is not None:
+            return lost
         self.completed += 1
         if not stream:
             return web.json_response(fmt.whole(prompt, 1))
