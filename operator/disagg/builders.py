@@ -147,20 +147,30 @@ def _meta(owner: Owner, spec: api.DisaggDeploymentSpec, pool: str) -> dict[str, 
 
 def deployment(owner: Owner, spec: api.DisaggDeploymentSpec, pool: str, replicas: int) -> dict[str, Any]:
     """The pool's Deployment with `replicas` pods."""
-    template = pod_template(owner, spec, pool)
-    meta = _meta(owner, spec, pool)
+    return _deployment_of(
+        _meta(owner, spec, pool),
+        pod_template(owner, spec, pool),
+        int(replicas),
+        selector_labels(owner.name, pool),
+        strategy={"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+    )
+
+
+def _deployment_of(
+    meta: dict[str, Any],
+    template: dict[str, Any],
+    replicas: int,
+    selector: dict[str, str],
+    strategy: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A Deployment of `template`, its metadata annotated with the template's hash (what tells a
+    changed spec from an unchanged one)."""
     meta["annotations"] = {ANNOTATION_TEMPLATE_HASH: template_hash(template)}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": meta,
-        "spec": {
-            "replicas": int(replicas),
-            "selector": {"matchLabels": selector_labels(owner.name, pool)},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-            "template": template,
-        },
-    }
+    dep_spec: dict[str, Any] = {"replicas": replicas, "selector": {"matchLabels": selector}}
+    if strategy is not None:
+        dep_spec["strategy"] = strategy
+    dep_spec["template"] = template
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": dep_spec}
 
 
 def _ports(spec: api.DisaggDeploymentSpec, pool: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -334,18 +344,7 @@ def router_deployment(owner: Owner, spec: api.DisaggDeploymentSpec) -> dict[str,
         "metadata": {"labels": router_labels(owner.name, spec.engine)},
         "spec": {"serviceAccountName": router_name(owner.name), "containers": [container]},
     }
-    meta = _router_meta(owner, spec)
-    meta["annotations"] = {ANNOTATION_TEMPLATE_HASH: template_hash(template)}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": meta,
-        "spec": {
-            "replicas": r.replicas,
-            "selector": {"matchLabels": router_selector_labels(owner.name)},
-            "template": template,
-        },
-    }
+    return _deployment_of(_router_meta(owner, spec), template, r.replicas, router_selector_labels(owner.name))
 
 
 def router_service(owner: Owner, spec: api.DisaggDeploymentSpec) -> dict[str, Any]:
