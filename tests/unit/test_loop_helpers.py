@@ -172,17 +172,22 @@ def test_conditional_spec_threshold_moves_short_prompts_to_decode():
     assert local.replicas["decode"] > remote.replicas["decode"]
 
 
-def test_demand_takes_the_media_mix_from_the_encoder_metrics():
-    snap = metrics.Snapshot(
+def media_snapshot(arrival_rps: float, media_rps: float, media_items_rps: float) -> metrics.Snapshot:
+    """A snapshot of 1,000-token prompts and 200-token outputs with this arrival and media mix."""
+    return metrics.Snapshot(
         time=0.0,
         values={
-            "arrival_rps": 8.0,
+            "arrival_rps": arrival_rps,
             "prompt_tokens_mean": 1000.0,
             "output_tokens_mean": 200.0,
-            "media_rps": 2.0,
-            "media_items_rps": 6.0,
+            "media_rps": media_rps,
+            "media_items_rps": media_items_rps,
         },
     )
+
+
+def test_demand_takes_the_media_mix_from_the_encoder_metrics():
+    snap = media_snapshot(8.0, 2.0, 6.0)
     last: dict[str, float] = {}
     d = demand_from(snap, 10.0, last)
     assert d.arrival_rps == 10.0 and d.media_fraction == 0.25 and d.items_per_request == 3.0
@@ -196,16 +201,7 @@ def test_multimodal_sample_plans_the_encoder_with_the_media_load():
     spec = api.parse_spec(yaml.safe_load(sample.read_text())["spec"])
 
     def planned(rate: float, media_rps: float) -> dict[str, int]:
-        snap = metrics.Snapshot(
-            time=0.0,
-            values={
-                "arrival_rps": rate,
-                "prompt_tokens_mean": 1000.0,
-                "output_tokens_mean": 200.0,
-                "media_rps": media_rps,
-                "media_items_rps": 4 * media_rps,
-            },
-        )
+        snap = media_snapshot(rate, media_rps, 4 * media_rps)
         return pooled(plan_for(spec, demand_from(snap, rate, {})), spec)
 
     text = planned(8.0, 0.0)
@@ -220,16 +216,7 @@ def test_colocated_spec_keeps_its_encoder_pool_in_the_plan():
     encoder = yaml.safe_load((SAMPLE.parent / "multimodal-epd.yaml").read_text())["spec"]["pools"]["encoder"]
     raw["pools"]["encoder"] = encoder
     spec = api.parse_spec(raw)
-    snap = metrics.Snapshot(
-        time=0.0,
-        values={
-            "arrival_rps": 8.0,
-            "prompt_tokens_mean": 1000.0,
-            "output_tokens_mean": 200.0,
-            "media_rps": 8.0,
-            "media_items_rps": 32.0,
-        },
-    )
+    snap = media_snapshot(8.0, 8.0, 32.0)
     planned = pooled(plan_for(spec, demand_from(snap, 8.0, {})), spec)
     assert set(planned) == {"encoder", "colocated"}
     assert planned["encoder"] > spec.pools.encoder.min_replicas  # 8 req/s x 4 images x 35 ms
