@@ -86,20 +86,7 @@ def pools_for(w: Workload | None) -> tuple[str, ...]:
     return MEDIA_POOLS if w is not None and len(w) and int(w.media_items.max()) > 0 else POOLS
 
 
-POLICY_HELP = {
-    "disagg": "this project: joint queueing planner on the observed demand (forecast one start-up ahead) "
-    "+ policy.decide (300 s stabilization, drains, budget rebalance)",
-    "static": "fixed pools planned for the trace's peak 60 s arrival rate",
-    "hpa": "per-pool HPA: ceil(ready x utilisation / 0.7), 10%% tolerance, 300 s scale-down stabilization",
-    "throughput": "Dynamo-style: per pool ceil(rate / per-replica throughput) from the stage models, "
-    "proportional squeeze under a budget",
-    "dynamo": "Dynamo's SLA planner at its defaults: every 180 s on a 180 s window, prefill/decode sized by "
-    "profiled throughput with TTFT/ITL correction factors, constant predictor, no drain",
-    "keda": "KEDA-style per pool: ceil((in flight + waiting) / target per replica), HPA 300 s scale-down window",
-    "oracle": "hindsight oracle: per interval the fewest workers per pool meeting the target attainment, "
-    "by search through the simulator, applied instantly (GPU-hour reference)",
-    "planner-foresight": "the planner's fewest GPUs for each interval's true load, applied instantly",
-}
+POLICY_HELP = names.EVAL_POLICY_HELP  # the CLI shows the same lines
 POLICIES = tuple(POLICY_HELP)
 EVAL_PERCENTILE = 0.99  # default planner quantile of the evaluation (see EvalSettings.slo)
 TTFT_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, INF)

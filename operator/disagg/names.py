@@ -97,3 +97,20 @@ EVENT_DRAIN_HELD = "DrainHeld"
 EVENT_WRONG_VICTIM = "WrongVictim"
 EVENT_PENDING_PODS_REMOVED = "PendingPodsRemoved"
 #: Autoscaling decisions use the decision's own reason (policy.REASONS) as the Event reason.
+
+# The policies `disagg evaluate` compares, each with its one-line description (the CLI help shows
+# them; kept here, not in disagg.evaluate, so `disagg --help` stays fast). The %% is argparse's %.
+EVAL_POLICY_HELP = {
+    "disagg": "this project: joint queueing planner on the observed demand, forecast one start-up ahead, "
+    "+ policy.decide (300 s stabilization, drains, budget rebalance)",
+    "static": "fixed pools planned for the trace's peak 60 s arrival rate",
+    "hpa": "per-pool HPA: ceil(ready x utilisation / 0.7), 10%% tolerance, 300 s scale-down stabilization",
+    "throughput": "Dynamo's rule at a 30 s cadence: per pool ceil(rate / per-replica throughput) from the "
+    "stage models, proportional squeeze under a budget",
+    "dynamo": "Dynamo's SLA planner at its defaults: every 180 s on a 180 s window, prefill/decode sized by "
+    "profiled throughput with TTFT/ITL correction factors, constant predictor, no drain",
+    "keda": "KEDA-style per pool: ceil((in flight + waiting) / target per replica), HPA 300 s scale-down window",
+    "oracle": "hindsight oracle: per interval the fewest workers per pool meeting the target attainment, "
+    "by search through the simulator, applied instantly (GPU-hour reference)",
+    "planner-foresight": "the planner's fewest GPUs for each interval's true load, applied instantly",
+}

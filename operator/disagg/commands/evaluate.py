@@ -22,23 +22,7 @@ import sys
 from typing import Any
 
 from disagg.commands import modelflags
-from disagg.names import POOL_DECODE, POOL_ENCODER, POOL_PREFILL
-
-# Kept in sync with disagg.evaluate.POLICY_HELP (not imported here: `disagg --help` stays fast).
-POLICY_LINES = {
-    "disagg": "this project: joint queueing planner on the observed demand, forecast one start-up ahead, "
-    "+ policy.decide (300 s stabilization, drains, budget rebalance)",
-    "static": "fixed pools planned for the trace's peak 60 s arrival rate",
-    "hpa": "per-pool HPA: ceil(ready x utilisation / 0.7), 10%% tolerance, 300 s scale-down stabilization",
-    "throughput": "Dynamo's rule at a 30 s cadence: per pool ceil(rate / per-replica throughput) from the "
-    "stage models, proportional squeeze under a budget",
-    "dynamo": "Dynamo's SLA planner at its defaults: every 180 s on a 180 s window, prefill/decode sized by "
-    "profiled throughput with TTFT/ITL correction factors, constant predictor, no drain",
-    "keda": "KEDA-style per pool: ceil((in flight + waiting) / target per replica), HPA 300 s scale-down window",
-    "oracle": "hindsight oracle: per interval the fewest workers per pool meeting the target attainment, "
-    "by search through the simulator, applied instantly (GPU-hour reference)",
-    "planner-foresight": "the planner's fewest GPUs for each interval's true load, applied instantly",
-}
+from disagg.names import EVAL_POLICY_HELP, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 
 # The model flags evaluate takes. Attainment is scored over every request and the goal
 # is 99 % of them, so the evaluation plans for p99 (disagg.evaluate.EVAL_PERCENTILE),
@@ -62,7 +46,7 @@ MODEL_DEFAULTS: dict[str, Any] = {**modelflags.defaults(MODEL_NAMES), "percentil
 
 
 def register(subparsers: Any) -> None:
-    epilog = "policies:\n" + "\n".join(f"  {k:<18} {v}" for k, v in POLICY_LINES.items())
+    epilog = "policies:\n" + "\n".join(f"  {k:<18} {v}" for k, v in EVAL_POLICY_HELP.items())
     p = subparsers.add_parser(
         "evaluate",
         help="compare autoscaling policies on a trace in a virtual-time closed loop",
@@ -77,7 +61,7 @@ def register(subparsers: Any) -> None:
         "--policy",
         action="append",
         metavar="NAME",
-        help=f"policy to run (repeatable; default all: {', '.join(POLICY_LINES)}); the oracle always runs",
+        help=f"policy to run (repeatable; default all: {', '.join(EVAL_POLICY_HELP)}); the oracle always runs",
     )
     f("--startup-seconds", type=float, default=60.0, help="worker start-up time (default 60)")
     f("--interval", type=float, default=30.0, help="seconds between autoscaling decisions (default 30)")
@@ -360,10 +344,10 @@ def plot_curves(doc: dict[str, Any], path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from disagg.cli import UsageError
 
-    policies = args.policy or list(POLICY_LINES)
+    policies = args.policy or list(EVAL_POLICY_HELP)
     for p in policies:
-        if p not in POLICY_LINES:
-            raise UsageError(f"unknown policy {p!r}; choose from {', '.join(POLICY_LINES)}")
+        if p not in EVAL_POLICY_HELP:
+            raise UsageError(f"unknown policy {p!r}; choose from {', '.join(EVAL_POLICY_HELP)}")
     if args.format not in ("auto", "azure", "mooncake"):
         raise UsageError(f"unknown trace format {args.format!r}; choose from auto, azure, mooncake")
     if args.workload not in ("trace", "diurnal"):
