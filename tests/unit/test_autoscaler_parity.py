@@ -21,6 +21,8 @@ from disagg import autoscaler, drain, evaluate, loop, reconcile
 from disagg.evaluate import EvalSettings, Obs
 from disagg.sizes import SizeDistribution
 
+pytestmark = pytest.mark.usefixtures("fresh_loop_memory")
+
 NS, NAME = "ns", "llm"
 STARTUP_S = 60.0
 SETTINGS = EvalSettings(startup_s=STARTUP_S, stabilization_s=120.0, scrape_s=15.0, window_s=60.0)
@@ -154,15 +156,6 @@ def run_both(rows: list[Row], settings: EvalSettings = SETTINGS, placement: str 
     return ops, evs
 
 
-@pytest.fixture(autouse=True)
-def _fresh_memory():
-    loop.TRACKERS.clear()
-    reconcile.DESIRED.clear()
-    yield
-    loop.TRACKERS.clear()
-    reconcile.DESIRED.clear()
-
-
 PD = {"prefill": 1, "decode": 1}
 
 LOAD_STEPS = [
@@ -274,11 +267,8 @@ def test_the_table_exercises_the_short_window_and_the_budget() -> None:
     assert max(gpus) <= 6
 
 
-def test_the_evaluator_measures_the_short_rate_over_the_operators_window(monkeypatch) -> None:
-    """`disagg evaluate` reads the short rate over SHORT_WINDOW_SCRAPES scrapes, as the loop asks
-    Prometheus for it (the decision itself is compared above)."""
-    from disagg.workload import Workload
-
+def observations_seen(monkeypatch) -> list[Obs]:
+    """The observations `disagg evaluate` gives the disagg policy's decisions, appended as they come."""
     seen: list[Obs] = []
     real = evaluate.DisaggPolicy.decide
 
@@ -287,6 +277,15 @@ def test_the_evaluator_measures_the_short_rate_over_the_operators_window(monkeyp
         return real(self, o)
 
     monkeypatch.setattr(evaluate.DisaggPolicy, "decide", spy)
+    return seen
+
+
+def test_the_evaluator_measures_the_short_rate_over_the_operators_window(monkeypatch) -> None:
+    """`disagg evaluate` reads the short rate over SHORT_WINDOW_SCRAPES scrapes, as the loop asks
+    Prometheus for it (the decision itself is compared above)."""
+    from disagg.workload import Workload
+
+    seen = observations_seen(monkeypatch)
     # 60 requests in the first 30 s, then one at 200 s: at the decision at t = 60 (metrics of
     # t = 45), the last scrape interval saw nothing and the short window saw all 60.
     arrivals = [i * 0.5 for i in range(60)] + [200.0]
@@ -320,14 +319,7 @@ def test_the_evaluator_fills_sizes_and_counts_from_the_window(monkeypatch) -> No
     COUNT_SCRAPES scrapes (the operator's subquery resolution), only when the spec uses them."""
     from disagg.workload import Workload
 
-    seen: list[Obs] = []
-    real = evaluate.DisaggPolicy.decide
-
-    def spy(self, o: Obs):
-        seen.append(o)
-        return real(self, o)
-
-    monkeypatch.setattr(evaluate.DisaggPolicy, "decide", spy)
+    seen = observations_seen(monkeypatch)
     # 1 request/s for 300 s, prompts alternating 100 and 5,000 tokens
     n = 300
     w = Workload([float(i) for i in range(n)], [100, 5000] * (n // 2), [10] * n, name="two sizes")

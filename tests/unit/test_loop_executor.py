@@ -13,19 +13,12 @@ from fakes import FakeKube, FakePrometheus, deployment, disagg_deployment, pod
 
 from disagg import api, autoscaler, drain, loop, names, reconcile
 
+pytestmark = pytest.mark.usefixtures("fresh_loop_memory")
+
 SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "vllm-disaggregated-70b.yaml"
 NS, NAME = "ns", "llm"
 T0 = 1_800_000_000.0
 SCRAPE = 15.0
-
-
-@pytest.fixture(autouse=True)
-def _fresh_memory():
-    loop.TRACKERS.clear()
-    reconcile.DESIRED.clear()
-    yield
-    loop.TRACKERS.clear()
-    reconcile.DESIRED.clear()
 
 
 def sample_spec(**autoscaling) -> dict:
