@@ -18,13 +18,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: Drain deadline of the closed-loop deployments (then the pod is re-admitted).
+DRAIN_TIMEOUT_S = 120
+
+
 def deployment_spec(prom_url: str, **autoscaling: Any) -> dict:
     """A vLLM disaggregated deployment sized for the 4 x 8-GPU simulated cluster, with short loop times."""
     container = {"name": "vllm", "image": "example.invalid/vllm:emulated", "ports": [{"containerPort": 8000}]}
     pool = {
         "template": {"spec": {"containers": [container]}},
         "gpusPerReplica": 1,
-        "drain": {"timeoutSeconds": 120, "onTimeout": "readmit"},
+        "drain": {"timeoutSeconds": DRAIN_TIMEOUT_S, "onTimeout": "readmit"},
     }
     a = {
         "enabled": True,
