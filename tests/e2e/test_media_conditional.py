@@ -104,8 +104,12 @@ def test_media_load_step_grows_the_encoder_pool_and_prefill_with_it(stack):
     )
     grown_after = time.monotonic() - t_step
     assert grown_after <= WINDOW + 4 * INTERVAL + 15
-    decision = stack.dd()["status"]["lastDecision"]
-    assert decision["outputs"]["planned"]["encoder"] >= high["encoder"], decision
+    # The decision's record lands in status just after the replicas it applied.
+    stack.cluster.wait_for(
+        lambda: stack.dd()["status"]["lastDecision"]["outputs"]["planned"]["encoder"] >= high["encoder"],
+        timeout=10,
+        what=f"the decision that grew the encoder pool recorded in status\n{stack.debug()}",
+    )
     summary = stack.wait_emulator(timeout=90)
     assert summary["requests"]["lost"] == 0, summary
     assert summary["pods_seen"].get("encoder", 0) >= high["encoder"], summary
