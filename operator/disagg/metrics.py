@@ -20,6 +20,28 @@ from disagg.names import POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 
 
 @dataclass(frozen=True)
+class PendingWork:
+    """Work a pod of `pool` still holds besides its running and waiting requests, per pod.
+
+    `reading` says how the series counts it: "count" is a gauge of requests (summed per pod);
+    "held" is a fraction of KV blocks in use, read as 1 while the pod holds any KV and 0 once it
+    holds none (`ceil`), for an engine that exports no count.
+    """
+
+    pool: str
+    series: str
+    reading: str = "count"  # count | held
+
+    def promql(self, selector: str) -> str:
+        expr = f"{self.series}{{{selector}}}"
+        if self.reading == "held":
+            expr = f"ceil({expr})"
+        elif self.reading != "count":
+            raise ValueError(f"unknown pending-work reading {self.reading!r}; known: count, held")
+        return f"sum by (pod) ({expr})"
+
+
+@dataclass(frozen=True)
 class Preset:
     """Metric names of one engine."""
 
@@ -30,7 +52,9 @@ class Preset:
     itl: str  # histogram, seconds
     running: str  # gauge per pod
     waiting: str  # gauge per pod
-    pending_kv: str | None  # gauge per prefill pod: KV sends not yet acknowledged
+    # Per pool: KV a pod still has to send (prefill) or still receives (decode), beyond its
+    # running and waiting requests. A pool without an entry has none outside those two.
+    pending_kv: tuple[PendingWork, ...]
     kv_transfer: str | None  # histogram, seconds
     kv_usage: str | None  # gauge, fraction 0..1
     prefill_time: str | None = None  # histogram, seconds of prefill per request (for calibration)
@@ -48,9 +72,16 @@ VLLM = Preset(
     itl="vllm:inter_token_latency_seconds",
     running="vllm:num_requests_running",
     waiting="vllm:num_requests_waiting",
-    # vLLM has no per-pod gauge of pending NIXL sends; the emulator exports this name and a
-    # sidecar can too. Override with spec.autoscaling.queries.pendingKvSends.
-    pending_kv="disagg_emulator_pending_kv_sends",
+    # vLLM exports no count of the KV sends a prefill instance still owes (the NIXL connector
+    # counts only sends that expired, vllm:nixl_num_kv_expired_reqs). A finished prefill request
+    # whose KV the decode instance has not pulled yet keeps its KV blocks (the connector delays
+    # their release until the transfer is notified done, or the abort timeout), so the prefill
+    # pod's KV usage stays above 0 until every send is done: with nothing running or waiting,
+    # vllm:kv_cache_usage_perc > 0 is exactly "sends pending" (the null block is left out of
+    # the fraction, and prefix-cached free blocks count as free). On a decode instance a
+    # request whose KV is still landing waits (WAITING_FOR_REMOTE_KVS), so it is in
+    # vllm:num_requests_waiting already.
+    pending_kv=(PendingWork(POOL_PREFILL, "vllm:kv_cache_usage_perc", "held"),),
     kv_transfer="vllm:nixl_xfer_time_seconds",
     kv_usage="vllm:kv_cache_usage_perc",
     prefill_time="vllm:request_prefill_time_seconds",
@@ -70,7 +101,12 @@ SGLANG = Preset(
     itl="sglang:inter_token_latency_seconds",
     running="sglang:num_running_reqs",
     waiting="sglang:num_queue_reqs",
-    pending_kv="sglang:num_prefill_inflight_queue_reqs",
+    # SGLang counts both ends of a transfer in their own queues, outside running and waiting:
+    # the prefill's inflight queue (KV being sent) and the decode's transfer queue (KV landing).
+    pending_kv=(
+        PendingWork(POOL_PREFILL, "sglang:num_prefill_inflight_queue_reqs"),
+        PendingWork(POOL_DECODE, "sglang:num_decode_transfer_queue_reqs"),
+    ),
     kv_transfer=None,
     kv_usage="sglang:token_usage",
     # SGLang's encoder server (--encoder-only) observes the items of every request it takes
@@ -274,15 +310,17 @@ def build_queries(
                 pool=pool,
             ),
         ]
-    if p.pending_kv and POOL_PREFILL in pools:
-        sel = pool_selector(namespace, deployment, POOL_PREFILL)
+    for pending in p.pending_kv:
+        if pending.pool not in pools:
+            continue
+        sel = pool_selector(namespace, deployment, pending.pool)
         q.append(
             Query(
-                "pending_kv_by_pod.prefill",
-                f"sum by (pod) ({p.pending_kv}{{{sel}}})",
+                f"pending_kv_by_pod.{pending.pool}",
+                pending.promql(sel),
                 "by_pod",
                 required=False,
-                pool=POOL_PREFILL,
+                pool=pending.pool,
             )
         )
     if p.prefill_time:
@@ -520,9 +558,10 @@ def media_items_per_request(values: Mapping[str, float]) -> float | None:
 
 def pod_in_flight_fresh(snap: Snapshot, pool: str, pod: str, scrape_interval_s: float) -> float | None:
     """In-flight work of one pod (running + waiting + pending KV sends), or None when it is not
-    known: a stale or missing sample, the pod absent from the running or waiting series, or from
-    a pending-KV series that reports other pods, or a pending-KV query that failed. Never read as
-    zero. (A pending-KV series empty for every pod is an engine that does not export it.)"""
+    known: a stale or missing sample, the pod absent from the running or waiting series, or,
+    where the pool has a pending-KV query, absent from its answer (even an empty one: the engine
+    exports that series, so a pod without it has unknown KV still to move), or that query failed.
+    Never read as zero."""
     t = snap.by_pod.get(f"sample_time_by_pod.{pool}", {}).get(pod)
     if t is None or snap.time - t > 2 * scrape_interval_s:
         return None
@@ -530,9 +569,8 @@ def pod_in_flight_fresh(snap: Snapshot, pool: str, pod: str, scrape_interval_s: 
     if pending_name in snap.failed:
         return None
     parts = [snap.by_pod.get(f"running_by_pod.{pool}", {}), snap.by_pod.get(f"waiting_by_pod.{pool}", {})]
-    pending = snap.by_pod.get(pending_name)
-    if pending:
-        parts.append(pending)
+    if pending_name in snap.by_pod:  # asked (the preset or an override names a series) and answered
+        parts.append(snap.by_pod[pending_name])
     if any(pod not in part for part in parts):
         return None
     return sum(part[pod] for part in parts)

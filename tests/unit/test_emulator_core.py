@@ -243,10 +243,36 @@ def test_draining_prefill_pod_keeps_pending_kv_sends_until_delivered():
     dep.set_pod_draining(pf, True, driver.now())
     s = scrape(fleet, driver.now())
     assert value(s, "disagg_emulator_pending_kv_sends", pod=pf.name) == 1
-    assert value(s, "vllm:num_requests_running", pod=pf.name) == 1
+    # As on vLLM: the prefill request is finished (not running) but its KV blocks stay held
+    # until the decode pod has them, so the KV usage the vLLM preset reads is above 0.
+    assert value(s, "vllm:num_requests_running", pod=pf.name) == 0
+    assert value(s, "vllm:kv_cache_usage_perc", pod=pf.name) > 0
     run_fake(driver, clock, 0.5)
     assert pf.pending_kv_sends() == 0 and pf.in_flight() == 0
+    assert value(scrape(fleet, driver.now()), "vllm:kv_cache_usage_perc", pod=pf.name) == 0
     assert fleet.lost == 0
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_kv_in_transit_shows_in_the_engines_own_gauges(engine):
+    """While a KV transfer is on the link, both ends report it in the series the engine's preset
+    reads for drains (metrics.Preset.pending_kv), never only in the emulator's own gauge."""
+    fleet, _, pods = fleet_with(prefill=1, decode=1, engine=engine)
+    clock = FakeClock()
+    driver = WallClockDriver(fleet, ListLoad([Request(0.0, 6000, 50)]), clock=clock)
+    run_fake(driver, clock, 0.25)  # prefill (230 ms) done, KV on the link (95 ms)
+    pf, dec = pods["prefill-0"], pods["decode-0"]
+    assert pf.pending_kv_sends() == 1 and dec.pending_kv_sends() == 1
+    s = scrape(fleet, driver.now())
+    if engine == "vllm":
+        assert value(s, "vllm:num_requests_running", pod=pf.name) == 0
+        assert value(s, "vllm:kv_cache_usage_perc", pod=pf.name) > 0  # blocks held until pulled
+        assert value(s, "vllm:num_requests_waiting", pod=dec.name) == 1  # WAITING_FOR_REMOTE_KVS
+    else:
+        assert value(s, "sglang:num_running_reqs", pod=pf.name) == 0
+        assert value(s, "sglang:num_prefill_inflight_queue_reqs", pod=pf.name) == 1
+        assert value(s, "sglang:num_queue_reqs", pod=dec.name) == 0
+        assert value(s, "sglang:num_decode_transfer_queue_reqs", pod=dec.name) == 1
 
 
 def test_removing_a_pod_with_in_flight_requests_counts_them_lost():

@@ -31,6 +31,42 @@ def test_queries_select_pools_by_pod_name_and_use_the_window():
     assert "running_by_pod.decode" in qs and "pending_kv_by_pod.prefill" in qs
 
 
+def test_pending_kv_reads_real_engine_series():
+    vllm = {q.name: q.promql for q in m.build_queries("vllm", "n", "d", ["prefill", "decode"], 60, 0.9)}
+    # vLLM exports no count of pending NIXL sends: a prefill pod holds KV blocks until its sends
+    # are done, so its KV usage, rounded up to 1 while any is held, is the signal.
+    assert vllm["pending_kv_by_pod.prefill"].startswith("sum by (pod) (ceil(vllm:kv_cache_usage_perc{")
+    assert 'pod=~"d-prefill-' in vllm["pending_kv_by_pod.prefill"]
+    assert "pending_kv_by_pod.decode" not in vllm  # a vLLM decode request whose KV lands is waiting
+    assert not any("disagg_emulator" in q for q in vllm.values())
+    sgl = {q.name: q.promql for q in m.build_queries("sglang", "n", "d", ["prefill", "decode"], 60, 0.9)}
+    assert sgl["pending_kv_by_pod.prefill"].startswith(
+        "sum by (pod) (sglang:num_prefill_inflight_queue_reqs{"
+    )
+    assert sgl["pending_kv_by_pod.decode"].startswith("sum by (pod) (sglang:num_decode_transfer_queue_reqs{")
+    colocated = {q.name for q in m.build_queries("vllm", "n", "d", ["colocated"], 60, 0.9)}
+    assert not any(n.startswith("pending_kv_by_pod") for n in colocated)
+
+
+def test_held_kv_reads_as_one_per_pod_while_any_is_held():
+    qs = m.build_queries("vllm", "n", "d", ["prefill", "decode"], 60, 0.9)
+    results = {q.name: [] for q in qs}
+    results["arrival_rps"] = [sample(1.0)]
+    for series in ("running_by_pod", "waiting_by_pod"):
+        results[f"{series}.prefill"] = [sample(0, pod="p1"), sample(0, pod="p2")]
+    results["sample_time_by_pod.prefill"] = [sample(NOW, pod="p1"), sample(NOW, pod="p2")]
+    # What Prometheus answers to sum by (pod) (ceil(usage)): p1 holds KV (usage 0.02), p2 none.
+    results["pending_kv_by_pod.prefill"] = [sample(1, pod="p1"), sample(0, pod="p2")]
+    snap = m.build_snapshot(qs, results, NOW, 1.0, {"prefill": ["p1", "p2"]})
+    assert m.pod_in_flight_fresh(snap, "prefill", "p1", 1.0) == 1.0  # the drain waits
+    assert m.pod_in_flight_fresh(snap, "prefill", "p2", 1.0) == 0.0  # the drain may remove it
+
+
+def test_unknown_pending_work_reading_is_refused():
+    with pytest.raises(ValueError, match="unknown pending-work reading 'ratio'"):
+        m.PendingWork("prefill", "x", "ratio").promql('pod="a"')
+
+
 def test_custom_queries_override_presets():
     qs = {
         q.name: q
@@ -78,6 +114,7 @@ def routable_snapshot(pods_running, sample_times, required_pods):
     results["running_by_pod.prefill"] = [sample(v, pod=p) for p, v in pods_running.items()]
     results["waiting_by_pod.prefill"] = [sample(0, pod=p) for p in pods_running]
     results["sample_time_by_pod.prefill"] = [sample(t, pod=p) for p, t in sample_times.items()]
+    results["pending_kv_by_pod.prefill"] = [sample(0, pod=p) for p in pods_running]
     return m.build_snapshot(qs, results, NOW, 1.0, {"prefill": required_pods})
 
 
@@ -101,9 +138,13 @@ def test_a_pod_missing_from_a_work_series_has_unknown_work():
             results["pending_kv_by_pod.prefill"] = pending
         return m.build_snapshot(qs, results, NOW, 1.0, {"prefill": ["p1", "p2"]})
 
-    s = snap_with()
+    s = snap_with(pending=[sample(0, pod="p1"), sample(0, pod="p2")])
     assert m.pod_in_flight_fresh(s, "prefill", "p1", 1.0) == 0.0  # every series reports it
     assert m.pod_in_flight_fresh(s, "prefill", "p2", 1.0) is None  # no waiting figure: unknown
+    s = snap_with(waiting=[sample(0, pod="p1"), sample(0, pod="p2")], pending=[])
+    # The preset's pending-KV series (vLLM: the prefill's KV usage) answers for no pod: the KV
+    # still to send is unknown, never zero.
+    assert m.pod_in_flight_fresh(s, "prefill", "p1", 1.0) is None
     s = snap_with(
         waiting=[sample(0, pod="p1"), sample(0, pod="p2")], pending=[sample(2, pod="p1")]
     )  # the pending-KV series reports p1 but not p2

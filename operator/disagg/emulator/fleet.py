@@ -195,19 +195,32 @@ class EmulatedPod:
 
     # -- gauges (read at scrape time)
     def running(self) -> int:
+        """Requests in service. A prefill request whose KV is still to be sent is finished for
+        the engine (vLLM frees its slot and keeps only its KV blocks; SGLang moves it to the
+        inflight queue), so it is not counted: it shows in `kv_usage` (vLLM) and in the
+        inflight-queue gauge (SGLang) instead, as on a real engine."""
         w = self.worker
         if isinstance(w, FcfsWorker):
-            n = len(w.sends)
-            if w.cur is not None and w.cur not in w.sends:
-                n += 1
-            return n
+            return int(w.cur is not None)
         return len(w.batch) + (w.pf_job is not None)
 
     def waiting(self) -> int:
+        """Requests queued. On a vLLM decode pod a request whose KV is still landing waits
+        (vLLM keeps it in its waiting queue, state WAITING_FOR_REMOTE_KVS); SGLang counts it in
+        its transfer-queue gauge instead."""
         w = self.worker
         if isinstance(w, FcfsWorker):
             return len(w.queue)
-        return len(w.waiting) + len(w.pq)
+        landing = w.incoming if self.owner.engine == "vllm" else 0
+        return len(w.waiting) + len(w.pq) + landing
+
+    def kv_held(self) -> int:
+        """Requests whose KV a prefill (or encoder) pod holds: in service, or still to be sent."""
+        w = self.worker
+        n = len(w.sends)
+        if w.cur is not None and w.cur not in w.sends:
+            n += 1
+        return n
 
     def in_flight(self) -> int:
         return self.owner.in_flight(self.worker)
@@ -220,7 +233,7 @@ class EmulatedPod:
         w = self.worker
         slots = self.owner.slots
         if isinstance(w, FcfsWorker):
-            held = self.running()
+            held = self.kv_held()
         else:
             held = len(w.batch) + len(w.waiting) + w.incoming + (w.pf_job is not None)
         return min(1.0, held / slots) if slots else 0.0
