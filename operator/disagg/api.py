@@ -662,6 +662,22 @@ class Router(_Model):
     )
 
 
+#: spec.monitoring.podMonitor: create a Prometheus Operator PodMonitor for the deployment's pods.
+POD_MONITOR_MODES = ("auto", "enabled", "disabled")
+
+
+class Monitoring(_Model):
+    """How the deployment's engines and router are scraped (docs/metrics.md "Scraping")."""
+
+    pod_monitor: Literal["auto", "enabled", "disabled"] = Field(
+        "auto",
+        description="Create a monitoring.coreos.com/v1 PodMonitor (named like the deployment) that scrapes the engine "
+        "pods and the router with the labels the autoscaler's queries use. auto: when the Prometheus "
+        "Operator's PodMonitor CRD is served; enabled: always (a Warning event while the CRD is missing); "
+        "disabled: never (an existing one is deleted).",
+    )
+
+
 class SecretKeyRef(_Model):
     """A key of a Secret in the DisaggDeployment's namespace."""
 
@@ -808,6 +824,7 @@ class DisaggDeploymentSpec(_Model):
     slo: SLO = _sub(SLO, "Latency targets the pools are sized for.")
     autoscaling: Autoscaling = _sub(Autoscaling, "Autoscaler settings.")
     router: Router = _sub(Router, "The P/D router in front of the pools (the deployment's endpoint).")
+    monitoring: Monitoring = _sub(Monitoring, "How the pools and the router are scraped.")
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": SPEC_RULES})
 

@@ -391,3 +391,128 @@ def router_objects(owner: Owner, spec: api.DisaggDeploymentSpec) -> list[dict[st
         router_deployment(owner, spec),
         router_service(owner, spec),
     ]
+
+
+# --------------------------------------------------------------------------- the PodMonitor
+# A Prometheus Operator PodMonitor that scrapes the engine pods and the router with the labels
+# the autoscaler's queries select on (disagg.metrics.pool_selector: `namespace` and `pod`),
+# plus `pool` and `deployment` for people reading the series. Pods are scraped whether Ready or
+# not: a drained pod (routable gate False) must still report the work it holds.
+
+POD_MONITOR_API_VERSION = "monitoring.coreos.com/v1"
+POD_MONITOR_KIND = "PodMonitor"
+#: Where the engines serve their metrics (vLLM and SGLang: the API port) and the router its own.
+METRICS_PATH = "/metrics"
+
+
+def meta_label(label: str) -> str:
+    """The Kubernetes service discovery's meta label of a pod label (every character that is
+    not a letter, digit or underscore becomes an underscore)."""
+    return "__meta_kubernetes_pod_label_" + "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in label)
+
+
+def pod_monitor_name(owner_name: str) -> str:
+    return owner_name
+
+
+def pod_monitor_selector_labels(owner_name: str) -> dict[str, str]:
+    """Labels every pod of the deployment carries, engine and router alike (labels(), router_labels())."""
+    return {"app.kubernetes.io/instance": owner_name, "app.kubernetes.io/part-of": PART_OF}
+
+
+def engine_metrics_port(spec: api.DisaggDeploymentSpec) -> dict[str, Any]:
+    """How a PodMonitor endpoint names the engines' metrics port: `port` (a container port's name)
+    when the engine container names it, else `targetPort` (its number). A port named "metrics"
+    wins; otherwise the serving port (vLLM and SGLang serve /metrics on their API port). Every pool
+    must use the same one: a PodMonitor endpoint names a single port."""
+    found: set[tuple[str, Any]] = set()
+    for pool in api.pool_names(spec):
+        p = api.pools(spec)[pool]
+        container = engine_container(p.template["spec"]["containers"], spec.engine)
+        ports = [x for x in container.get("ports") or [] if isinstance(x, Mapping) and "containerPort" in x]
+        chosen = next((x for x in ports if x.get("name") == "metrics"), ports[0] if ports else None)
+        if chosen is None:
+            found.add(("targetPort", DEFAULT_HTTP_PORT))
+        elif chosen.get("name"):
+            found.add(("port", chosen["name"]))
+        else:
+            found.add(("targetPort", int(chosen["containerPort"])))
+    if len(found) != 1:
+        raise ValueError(
+            "the pools' engine containers expose their metrics on different ports "
+            f"({', '.join(f'{k} {v}' for k, v in sorted(found, key=str))}); a PodMonitor needs one: "
+            'name the metrics port "metrics" in every pool, or use the same serving port'
+        )
+    key, value = found.pop()
+    return {key: value}
+
+
+def _relabel(source: str, target: str) -> dict[str, Any]:
+    return {"sourceLabels": [source], "targetLabel": target, "action": "replace"}
+
+
+def _keep_with_label(label: str) -> dict[str, Any]:
+    return {"sourceLabels": [meta_label(label)], "regex": ".+", "action": "keep"}
+
+
+def pod_monitor(owner: Owner, spec: api.DisaggDeploymentSpec) -> dict[str, Any]:
+    """The deployment's PodMonitor: one endpoint for the engine pods, one for the router pods.
+
+    Both endpoints select every pod of the deployment (pod_monitor_selector_labels) and keep the
+    engine pods (which carry disagg.dev/pool) or the router pods (disagg.dev/router) respectively,
+    so a port that both happen to name alike is never scraped on the wrong pod. The relabelings
+    set `namespace` and `pod` (what the queries select on; the Prometheus Operator adds these
+    too) and `pool` / `deployment` from the pod labels. The interval is the autoscaler's
+    `scrapeIntervalSeconds`, which its freshness check (two intervals) assumes.
+    """
+    interval = f"{int(spec.autoscaling.scrape_interval_seconds)}s"
+    common = [
+        _relabel("__meta_kubernetes_namespace", "namespace"),
+        _relabel("__meta_kubernetes_pod_name", "pod"),
+    ]
+    engine = {
+        **engine_metrics_port(spec),
+        "path": METRICS_PATH,
+        "interval": interval,
+        "relabelings": [
+            _keep_with_label(LABEL_POOL),
+            *common,
+            _relabel(meta_label(LABEL_POOL), "pool"),
+            _relabel(meta_label(LABEL_DEPLOYMENT), "deployment"),
+        ],
+    }
+    endpoints = [engine]
+    if spec.router.enabled:
+        endpoints.append(
+            {
+                "port": "metrics",  # router_deployment's container port
+                "path": METRICS_PATH,
+                "interval": interval,
+                "relabelings": [
+                    _keep_with_label(LABEL_ROUTER),
+                    *common,
+                    {"targetLabel": "pool", "replacement": "router", "action": "replace"},
+                    _relabel(meta_label(LABEL_ROUTER), "deployment"),
+                ],
+            }
+        )
+    return {
+        "apiVersion": POD_MONITOR_API_VERSION,
+        "kind": POD_MONITOR_KIND,
+        "metadata": {
+            "name": pod_monitor_name(owner.name),
+            "namespace": owner.namespace,
+            "labels": {
+                LABEL_DEPLOYMENT: owner.name,
+                "app.kubernetes.io/instance": owner.name,
+                "app.kubernetes.io/component": "monitoring",
+                "app.kubernetes.io/part-of": PART_OF,
+                "app.kubernetes.io/managed-by": MANAGER,
+            },
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "selector": {"matchLabels": pod_monitor_selector_labels(owner.name)},
+            "podMetricsEndpoints": endpoints,
+        },
+    }

@@ -74,6 +74,8 @@ RESOURCES = {
     "Role": Resource("rbac.authorization.k8s.io/v1", "Role", "roles"),
     "RoleBinding": Resource("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
     KIND: Resource(f"{GROUP}/{VERSION}", KIND, PLURAL),
+    # The Prometheus Operator's, when its CRDs are installed (Kube.served tells).
+    "PodMonitor": Resource("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
 }
 
 
@@ -246,6 +248,17 @@ class Kube:
             item.setdefault("apiVersion", res.api_version)
             item.setdefault("kind", res.kind)
         return items
+
+    async def served(self, kind: str) -> bool:
+        """Does the API server serve `kind` (e.g. a CRD's kind)? From API discovery, which every
+        authenticated client may read: GET /apis/<group>/<version> lists its resources."""
+        res = resource_for(kind)
+        base = "/api/v1" if res.api_version == "v1" else f"/apis/{res.api_version}"
+        try:
+            found = await self._call("GET", base)
+        except NotFound:
+            return False
+        return any(r.get("name") == res.plural for r in found.get("resources") or [])
 
     # -- writes --------------------------------------------------------------
     async def apply(self, obj: dict, subresource: str | None = None, force: bool = True) -> dict:

@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -240,6 +241,7 @@ async def _reconcile_valid(
                 )
 
     await reconcile_router(kube, body, spec, owner, summary)
+    await reconcile_pod_monitor(kube, body, spec, owner, summary)
 
     # New pods become routable once running (the operator owns the readiness gate).
     for pod in children["Pod"]:
@@ -340,6 +342,84 @@ async def reconcile_router(
     except ApiError as exc:
         log.warning("router of %s/%s not reconciled: %s", owner.namespace, owner.name, exc)
         await kube.event(body, "RouterFailed", f"router not reconciled: {exc}"[:1000], type_="Warning")
+
+
+#: The operator may manage PodMonitors at all (`disagg run --no-pod-monitors` clears it: the chart
+#: then grants no rights on them).
+POD_MONITORS_ALLOWED = True
+#: How long an answer of "is the PodMonitor CRD served?" is reused (a CRD installed later is
+#: picked up within this time).
+SERVED_TTL_S = 60.0
+_served_cache: dict[str, tuple[float, bool]] = {}
+# DisaggDeployment generations already warned that their PodMonitor cannot be created.
+_warned_unserved: set[str] = set()
+
+
+async def kind_served(kube: Kube, kind: str, now: float | None = None) -> bool:
+    """Kube.served, remembered for SERVED_TTL_S. An API error is "not known": False, not cached."""
+    now = time.monotonic() if now is None else now
+    hit = _served_cache.get(kind)
+    if hit is not None and now - hit[0] < SERVED_TTL_S:
+        return hit[1]
+    try:
+        served = await kube.served(kind)
+    except (ApiError, ApiException) as exc:
+        log.warning("could not tell whether %s is served: %s", kind, exc)
+        return False
+    _served_cache[kind] = (now, served)
+    return served
+
+
+async def reconcile_pod_monitor(
+    kube: Kube, body: Mapping[str, Any], spec: api.DisaggDeploymentSpec, owner: builders.Owner, summary: dict
+) -> None:
+    """Apply the deployment's PodMonitor (spec.monitoring.podMonitor), delete it when turned off.
+
+    auto: only where the Prometheus Operator's PodMonitor CRD is served. A refused write or a
+    missing CRD with `enabled` is reported as a Warning event; the pools are reconciled regardless.
+    """
+    if not POD_MONITORS_ALLOWED:
+        return
+    mode = spec.monitoring.pod_monitor
+    served = await kind_served(kube, builders.POD_MONITOR_KIND)
+    if not served:
+        if mode == "enabled":
+            key = f"{owner.namespace}/{owner.name}/{body['metadata'].get('generation')}"
+            if key not in _warned_unserved:
+                _warned_unserved.add(key)
+                await kube.event(
+                    body,
+                    "PodMonitorUnavailable",
+                    "spec.monitoring.podMonitor is enabled but the API server does not serve "
+                    "monitoring.coreos.com/v1 PodMonitor (install the Prometheus Operator's CRDs, "
+                    "or scrape with the configuration in docs/metrics.md)",
+                    type_="Warning",
+                )
+        return
+    sel = f"{names.LABEL_DEPLOYMENT}={owner.name}"
+    try:
+        existing = {
+            o["metadata"]["name"]: o for o in await kube.list(builders.POD_MONITOR_KIND, owner.namespace, sel)
+        }
+        if mode != "disabled":
+            obj = with_hash(builders.pod_monitor(owner, spec))
+            cur = existing.pop(obj["metadata"]["name"], None)
+            cur_hash = ((cur or {}).get("metadata", {}).get("annotations") or {}).get(ANNOTATION_APPLIED)
+            if cur is None or cur_hash != obj["metadata"]["annotations"][ANNOTATION_APPLIED]:
+                await kube.apply(obj)
+                verb = "Created" if cur is None else "Updated"
+                summary["applied"].append(f"PodMonitor/{obj['metadata']['name']}")
+                await kube.event(body, f"PodMonitor{verb}", f"{verb} PodMonitor {obj['metadata']['name']}")
+        for pm_name in existing:  # turned off (or renamed)
+            if await kube.delete(builders.POD_MONITOR_KIND, owner.namespace, pm_name):
+                summary["deleted"].append(f"PodMonitor/{pm_name}")
+                await kube.event(body, "PodMonitorDeleted", f"Deleted PodMonitor {pm_name}")
+    except (ApiError, ApiException, NotFound, ValueError) as exc:
+        detail = api_error_message(exc)
+        log.warning("PodMonitor of %s/%s not reconciled: %s", owner.namespace, owner.name, detail)
+        await kube.event(
+            body, "PodMonitorFailed", f"PodMonitor not reconciled: {detail}"[:1000], type_="Warning"
+        )
 
 
 async def set_routable(kube: Kube, pod: Mapping[str, Any], routable: bool, reason: str, message: str) -> None:

@@ -44,6 +44,8 @@ EXPECTED_RULES = {
     ("", "serviceaccounts"): {"list", "create", "patch", "delete"},
     ("rbac.authorization.k8s.io", "roles"): {"list", "create", "patch", "delete"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"list", "create", "patch", "delete"},
+    # each DisaggDeployment's PodMonitor (podMonitors.enabled, the default)
+    ("monitoring.coreos.com", "podmonitors"): {"list", "create", "patch", "delete"},
 }
 #: Only with prometheus.allowedUrls (per-object Prometheus credentials).
 SECRETS_RULE = {("", "secrets"): {"get"}}
@@ -87,6 +89,10 @@ VERB_USES = {
     ("rolebindings", "create"): ("reconcile.py", "await kube.apply(obj)"),
     ("rolebindings", "patch"): ("reconcile.py", "await kube.apply(obj)"),
     ("rolebindings", "delete"): ("reconcile.py", "await kube.delete(kind, owner.namespace, name)"),
+    ("podmonitors", "list"): ("reconcile.py", "kube.list(builders.POD_MONITOR_KIND"),
+    ("podmonitors", "create"): ("reconcile.py", "await kube.apply(obj)"),
+    ("podmonitors", "patch"): ("reconcile.py", "await kube.apply(obj)"),
+    ("podmonitors", "delete"): ("reconcile.py", "await kube.delete(builders.POD_MONITOR_KIND"),
 }
 
 
@@ -217,6 +223,16 @@ def test_rbac_is_least_privilege(helm_bin: str) -> None:
     (dep,) = by_kind(allowed, "Deployment")
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--allow-prometheus-url") + 1] == "http://prom.team-a:9090"
+
+
+def test_pod_monitors_off_grants_nothing_on_them_and_tells_the_operator(helm_bin: str) -> None:
+    docs = render(helm_bin, "--set", "podMonitors.enabled=false")
+    (cr,) = by_kind(docs, "ClusterRole")
+    assert ("monitoring.coreos.com", "podmonitors") not in rules_of(cr)
+    (dep,) = by_kind(docs, "Deployment")
+    assert "--no-pod-monitors" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    (dep,) = by_kind(render(helm_bin), "Deployment")
+    assert "--no-pod-monitors" not in dep["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_every_granted_verb_is_used_by_the_operator(helm_bin: str) -> None:

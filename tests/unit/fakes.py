@@ -158,6 +158,10 @@ class FakeKube:
         self.writes += 1
         return self.objects.pop((kind, namespace, name), None) is not None
 
+    async def served(self, kind: str) -> bool:
+        """Kinds the fake API server serves beyond the built-in ones (CRDs): `served_kinds`."""
+        return kind in getattr(self, "served_kinds", set())
+
     async def event(
         self, owner: dict, reason: str, message: str, type_: str = "Normal", action: str = "Reconcile"
     ) -> None:

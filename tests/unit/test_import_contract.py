@@ -38,6 +38,7 @@ PURE = [
     "disagg.dashboard.history",
     "disagg.autoscaler",
     "disagg.names",
+    "disagg.scrapeconfig",
     "disagg.sizes",
     "disagg.burstiness",
     "disagg.routers",
@@ -58,6 +59,7 @@ REQUIRED = {
     "disagg.status",
     "disagg.autoscaler",
     "disagg.names",
+    "disagg.scrapeconfig",
 }
 FORBIDDEN = (
     "kopf",

@@ -47,6 +47,10 @@ class FakeKube:
     async def delete(self, kind, namespace, name, uid=None) -> bool:
         return self.objects.pop((kind, name), None) is not None
 
+    async def served(self, kind: str) -> bool:
+        """Kinds the fake API server serves beyond the built-in ones (CRDs): `served_kinds`."""
+        return kind in getattr(self, "served_kinds", set())
+
     async def event(self, owner, reason, message, type_="Normal", action="Reconcile") -> None:
         self.events.append((type_, reason, message))
 

@@ -107,4 +107,10 @@ Prometheus and credentials (the operator then uses a Secret only if allowed or l
   resources: [secrets]
   verbs: [get]
 {{- end }}
+{{- if .Values.podMonitors.enabled }}
+# The PodMonitor of each DisaggDeployment (reconcile.reconcile_pod_monitor).
+- apiGroups: [monitoring.coreos.com]
+  resources: [podmonitors]
+  verbs: [list, create, patch, delete]
+{{- end }}
 {{- end }}

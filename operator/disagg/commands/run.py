@@ -79,6 +79,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--leader-election-id", default="disagg-operator-leader", help="name of the Lease")
     p.add_argument("--no-autoscaler", action="store_true", help="reconcile only; never change pool sizes")
+    p.add_argument(
+        "--no-pod-monitors",
+        action="store_true",
+        help="never create, update or delete PodMonitors, whatever spec.monitoring.podMonitor says "
+        "(for an operator without rights on monitoring.coreos.com podmonitors)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=run)
 
@@ -88,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from disagg import handlers, promclient
+    from disagg import handlers, promclient, reconcile
     from disagg.commands.checks import check_cluster_config
 
     check_cluster_config(args.kubeconfig)  # exit 1 now rather than Kopf retrying start-up forever
@@ -97,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         allowed_secrets=frozenset(args.allow_prometheus_secret),
     )
 
+    reconcile.POD_MONITORS_ALLOWED = not args.no_pod_monitors
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

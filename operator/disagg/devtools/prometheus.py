@@ -50,8 +50,12 @@ class PrometheusServer:
         port: int | None = None,
         workdir: str | Path | None = None,
         log_path: str | Path | None = None,
+        scrape_configs: list[dict] | None = None,
     ) -> None:
+        """`scrape_configs` (Prometheus `scrape_configs` entries, e.g. from disagg.scrapeconfig)
+        replace the file_sd job of `targets`."""
         self.port = port or free_port()
+        self.scrape_configs = scrape_configs
         self.scrape_interval = scrape_interval
         self._own_dir = workdir is None
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="disagg-prom-"))
@@ -73,6 +77,12 @@ class PrometheusServer:
         tmp.replace(self.sd_file)
 
     def _config(self) -> str:
+        if self.scrape_configs is not None:
+            interval = self.scrape_interval
+            glob = {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval}
+            return json.dumps(
+                {"global": glob, "scrape_configs": self.scrape_configs}, indent=1
+            )  # JSON is YAML
         return (
             "global:\n"
             f"  scrape_interval: {self.scrape_interval}\n"
