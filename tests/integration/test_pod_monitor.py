@@ -50,10 +50,16 @@ def pod_monitor_crd(cluster):
     return "podmonitors.monitoring.coreos.com"
 
 
+SAMPLE = {"vllm": "vllm-disaggregated-70b.yaml", "sglang": "sglang-disaggregated.yaml"}
+ENGINE_PORT = {"vllm": 8000, "sglang": 30000}  # the samples' engine container ports
+RUNNING = {"vllm": "vllm:num_requests_running", "sglang": "sglang:num_running_reqs"}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_operator_creates_a_pod_monitor_that_prometheus_scrapes_with_the_autoscalers_labels(
-    cluster, namespace, pod_monitor_crd, operator_factory, tmp_path
+    engine, cluster, namespace, pod_monitor_crd, operator_factory, tmp_path
 ):
-    obj = samples.fixed("vllm-disaggregated-70b.yaml", prefill=1, decode=2)
+    obj = samples.fixed(SAMPLE[engine], prefill=1, decode=2)
     obj["spec"]["autoscaling"]["scrapeIntervalSeconds"] = SCRAPE_S
     name = obj["metadata"]["name"]
     operator_factory([namespace])
@@ -119,12 +125,12 @@ def test_operator_creates_a_pod_monitor_that_prometheus_scrapes_with_the_autosca
     )
     try:
         for p in routable(cluster, namespace, name):
-            url = f"http://{p['status']['podIP']}:8000/health"
+            url = f"http://{p['status']['podIP']}:{ENGINE_PORT[engine]}/health"
             wait_until(lambda u=url: http_json(u, timeout=2)[0] == 200, 60, f"emulated engine {url}")
         prom.start()
         queries = {
             q.name: q.promql
-            for q in metrics.build_queries("vllm", namespace, name, ["prefill", "decode"], 60, 0.9)
+            for q in metrics.build_queries(engine, namespace, name, ["prefill", "decode"], 60, 0.9)
         }
         by_pool = {
             pool: {
@@ -155,17 +161,17 @@ def test_operator_creates_a_pod_monitor_that_prometheus_scrapes_with_the_autosca
                 assert s["metric"]["deployment"] == name and s["metric"]["endpoint"] == "http"
         # One series per pod of what the autoscaler reads.
         for pool, pods in by_pool.items():
-            series = prom.query(
-                f"vllm:num_requests_running{{{metrics.pool_selector(namespace, name, pool)}}}"
-            )
+            series = prom.query(f"{RUNNING[engine]}{{{metrics.pool_selector(namespace, name, pool)}}}")
             assert {s["metric"]["pod"] for s in series} == pods
             for s in series:
                 m = s["metric"]
                 assert m["namespace"] == namespace and m["pool"] == pool and m["deployment"] == name
                 assert m["job"] == f"{namespace}/{name}"
-        # The vLLM preset's drain signals answer for every prefill pod (the pending-KV one included).
-        pending = {s["metric"]["pod"] for s in prom.query(queries["pending_kv_by_pod.prefill"])}
-        assert pending == by_pool["prefill"]
+        # The preset's pending-KV queries (docs/metrics.md "Drain signals") answer for every pod.
+        for pool, pods in by_pool.items():
+            if f"pending_kv_by_pod.{pool}" in queries:
+                pending = {s["metric"]["pod"] for s in prom.query(queries[f"pending_kv_by_pod.{pool}"])}
+                assert pending == pods, pool
         # The router pods are discovered on their metrics port with pool="router" (KWOK runs no
         # router here, so the scrape itself fails: up == 0).
         router_up = prom.query(f'up{{namespace="{namespace}",pool="router"}}')
