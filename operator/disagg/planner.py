@@ -256,6 +256,9 @@ class Plan:
     remote_fraction: float | None
     demand: Demand = field(default_factory=Demand)
     slo: SLO = field(default_factory=SLO)
+    # what caps a decode worker's batch: "slots", "itl" (the step at a full batch would break
+    # the ITL target) or "kv" (the KV cache fills first: the decode pool is sized by KV memory)
+    decode_bound: str = "slots"
 
     @property
     def replicas(self) -> dict[str, int]:
@@ -288,6 +291,7 @@ class Plan:
                 if self.capacity_ratio is None
                 else _j(self.capacity_ratio),
             },
+            "decode_bound": self.decode_bound,
             "gpus": {"total": self.total_gpus, "budget": self.gpu_budget},
             "budget": {
                 "limited": self.budget_limited,
@@ -479,12 +483,26 @@ class _Setup(NamedTuple):
     media: float
     ca2: float = 1.0  # arrival squared CV (Demand.arrival_ca2)
     covers: Covers | None = None  # per size class TTFT candidates (Demand.sizes)
+    kv_footprint: float = 0.0  # KV tokens a resident decode sequence holds, time-weighted mean (`_with_kv`)
+    kv_slots: int = 0  # sequences whose KV fits one decode worker (0: not computed)
+    decode_bound: str = ""  # what caps the decode batch: "slots", "itl" or "kv" (`_with_kv`)
 
 
 class _Ctx:
     """Per (models, slo, chunked): model constants and the setups of the shapes seen so far."""
 
-    __slots__ = ("b_eff", "chunked", "fast", "itl_ok", "m", "shapes", "slo", "step1_ms", "step_cap_ms")
+    __slots__ = (
+        "b_eff",
+        "chunked",
+        "fast",
+        "itl_ok",
+        "kv_z",
+        "m",
+        "shapes",
+        "slo",
+        "step1_ms",
+        "step_cap_ms",
+    )
 
     def __init__(self, m: StageModels, slo: SLO, chunked: bool) -> None:
         self.m, self.slo, self.chunked = m, slo, chunked
@@ -500,6 +518,8 @@ class _Ctx:
         self.b_eff = max(1, b_eff)
         self.step_cap_ms = float(m.decode.step_ms(self.b_eff))
         self.step1_ms = float(m.decode.step_ms(1))
+        # the resident KV of a full batch stays within the cache at the SLO percentile (`_with_kv`)
+        self.kv_z = _z(slo.percentile)
         self.shapes: dict[tuple[float, ...], _Setup] = {}
 
     def step_ms(self, batch: float) -> float:
@@ -557,8 +577,62 @@ def _shape(ctx: _Ctx, d: Demand) -> _Setup:
         st = _setup_fast(key, ctx) if ctx.fast else _setup_reference(key, ctx.m, ctx.slo, ctx.chunked)
         if extra:
             st = _with_sizes(st, d, ctx)
+        st = _with_kv(st, d, ctx)
         ctx.shapes[skey] = st
     return st
+
+
+def kv_footprint(d: Demand) -> tuple[float, float]:
+    """(mean, std) of the KV tokens one resident decode sequence holds: prompt + output tokens.
+
+    A sequence holds its footprint for as long as it decodes, i.e. in proportion
+    to its output tokens, so the footprint a decode worker sees at a random
+    instant is output-weighted: E[p] + E[o^2] / E[o] (prompt and output
+    independent). The spread is that of one sequence's footprint, sqrt(Var p + Var o).
+    From the size classes when the demand has them, from the means and standard
+    deviations otherwise. Cached prefix tokens count: the decode worker holds the
+    whole prompt's KV.
+    """
+    if d.sizes is not None:
+        sz = d.sizes
+        wp, tp, vp = np.asarray(sz.prompt_weight), np.asarray(sz.prompt_tokens), np.asarray(sz.prompt_var)
+        wo, to, vo = np.asarray(sz.output_weight), np.asarray(sz.output_tokens), np.asarray(sz.output_var)
+        p_mean = float(wp @ tp)
+        p_var = max(0.0, float(wp @ (tp * tp + vp)) - p_mean * p_mean)
+        o_mean = float(wo @ to)
+        o_second = float(wo @ (to * to + vo))
+    else:
+        p_mean, p_var = d.prompt_tokens_mean, d.prompt_tokens_std**2
+        o_mean = d.output_tokens_mean
+        o_second = o_mean * o_mean + d.output_tokens_std**2
+    o_var = max(0.0, o_second - o_mean * o_mean)
+    return p_mean + o_second / o_mean, math.sqrt(p_var + o_var)
+
+
+def _with_kv(st: _Setup, d: Demand, ctx: _Ctx) -> _Setup:
+    """The setup with the decode worker's KV capacity applied (docs/planner.md, "Decode KV capacity").
+
+    A decode worker holds at most `DecodeModel.kv_slots` sequences of this mix
+    (their footprints within its `kv_cache_tokens` at the SLO percentile). When
+    that is below the batch the slots and the ITL target allow, it becomes the
+    servers per decode replica, and the step (and slot hold) are those of the
+    smaller batch: the pool is then sized by KV memory.
+    """
+    dec = ctx.m.decode
+    mean, std = kv_footprint(d)
+    kv = dec.kv_slots(mean, std, ctx.kv_z)
+    slot_bound = "itl" if ctx.b_eff < dec.slots else "slots"
+    if kv >= st.b_eff:
+        return st._replace(kv_footprint=mean, kv_slots=kv, decode_bound=slot_bound)
+    step = ctx.step_ms(kv)
+    return st._replace(
+        b_eff=kv,
+        step_cap_ms=step,
+        hold_s=st.hold_s * step / st.step_cap_ms,
+        kv_footprint=mean,
+        kv_slots=kv,
+        decode_bound="kv",
+    )
 
 
 def _with_sizes(st: _Setup, d: Demand, ctx: _Ctx) -> _Setup:
@@ -1062,6 +1136,7 @@ def _plan_disagg(
         "decode.batch_cap": float(st.b_eff),
         "decode.expected_batch": n_occ,
         "decode.slot_hold_s": st.hold_s,
+        **_kv_stages(m, st),
     }
     if pick is not None and st.covers is not None:
         stages_out["sizes.wait_percentile"] = p
@@ -1096,7 +1171,17 @@ def _plan_disagg(
         remote_fraction=None,
         demand=d,
         slo=slo,
+        decode_bound=st.decode_bound,
     )
+
+
+def _kv_stages(m: StageModels, st: _Setup) -> dict[str, float]:
+    """The decode worker's KV figures for `Plan.stages` (docs/planner.md, "Decode KV capacity")."""
+    return {
+        "decode.kv_cache_tokens": float(m.decode.kv_cache_tokens),
+        "decode.kv_footprint_tokens": st.kv_footprint,
+        "decode.kv_slots": float(st.kv_slots),
+    }
 
 
 # --------------------------------------------------------------------------- colocated
@@ -1374,6 +1459,7 @@ def _plan_colocated(
             "decode.batch_cap": float(k),
             "decode.expected_batch": float("nan"),
             "decode.slot_hold_s": hold,
+            **_kv_stages(m, st),
         },
         ttft_s=ttft,
         itl_s=itl,
@@ -1397,6 +1483,7 @@ def _plan_colocated(
         remote_fraction=None,
         demand=d,
         slo=slo,
+        decode_bound=st.decode_bound,
     )
 
 
@@ -1766,6 +1853,7 @@ def _plan_conditional(
             "decode.batch_cap": float(st_r.b_eff),
             "decode.expected_batch": n_occ,
             "decode.slot_hold_s": hold,
+            **_kv_stages(m, st_r),
         },
         ttft_s=max(ttft_r, ttft_l),
         itl_s=itl,
@@ -1789,6 +1877,7 @@ def _plan_conditional(
         remote_fraction=remote,
         demand=d,
         slo=slo,
+        decode_bound=st_r.decode_bound,
     )
 
 
