@@ -48,6 +48,7 @@ __all__ = [
     "fit_linear",
     "fit_prefill",
     "gap_p99_rank",
+    "kv_batch",
 ]
 
 
@@ -276,16 +277,7 @@ class DecodeModel:
         """
         _check("footprint_mean", footprint_mean)
         _check("footprint_std", footprint_std)
-        cap = float(self.kv_cache_tokens)
-        if footprint_mean <= 0:
-            return self.slots
-        # n mean + z sqrt(n) std <= cap: a quadratic in sqrt(n)
-        spread = max(0.0, z) * footprint_std
-        root = (-spread + math.sqrt(spread * spread + 4.0 * footprint_mean * cap)) / (2.0 * footprint_mean)
-        n = math.floor(root * root + 1e-9)
-        while n > 0 and n * footprint_mean + spread * math.sqrt(n) > cap + 1e-9:
-            n -= 1
-        return int(max(1, min(self.slots, n)))
+        return kv_batch(self.kv_cache_tokens, self.slots, float(footprint_mean), float(footprint_std), z)
 
     def step_ms(self, batch: Any = None) -> Any:
         b = self.slots if batch is None else batch
@@ -308,6 +300,19 @@ class DecodeModel:
         o = _arr("output_tokens", output_tokens)
         hold = np.asarray(self.slot_hold_s(np.maximum(o, 1e-12), b))
         return _out(np.asarray(b, dtype=float) / hold)
+
+
+def kv_batch(capacity: float, slots: int, mean: float, std: float, z: float) -> int:
+    """`DecodeModel.kv_slots` on checked floats (the planner's hot path calls it directly)."""
+    if mean <= 0:
+        return slots
+    # n mean + z sqrt(n) std <= capacity: a quadratic in sqrt(n)
+    spread = z * std if z > 0 else 0.0
+    root = (-spread + math.sqrt(spread * spread + 4.0 * mean * capacity)) / (2.0 * mean)
+    n = math.floor(root * root + 1e-9)
+    while n > 0 and n * mean + spread * math.sqrt(n) > capacity + 1e-9:
+        n -= 1
+    return max(1, min(slots, n))
 
 
 # --------------------------------------------------------------------------- bundle

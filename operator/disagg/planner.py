@@ -46,6 +46,7 @@ from disagg.model import (
     TransferModel,
     check_itl_statistic,
     gap_p99_rank,
+    kv_batch,
 )
 from disagg.names import PLACEMENTS, POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 from disagg.queueing import erlang_b_stride, poisson_cdf, poisson_quantile, summed_wait_tail
@@ -488,6 +489,11 @@ class _Setup(NamedTuple):
     decode_bound: str = ""  # what caps the decode batch: "slots", "itl" or "kv" (`_with_kv`)
 
 
+# `_with_kv` rebuilds a setup from its leading fields: the KV fields must stay the last three
+_KV_FIELDS_AT = len(_Setup._fields) - 3
+assert _Setup._fields[_KV_FIELDS_AT:] == ("kv_footprint", "kv_slots", "decode_bound")
+
+
 class _Ctx:
     """Per (models, slo, chunked): model constants and the setups of the shapes seen so far."""
 
@@ -620,10 +626,13 @@ def _with_kv(st: _Setup, d: Demand, ctx: _Ctx) -> _Setup:
     """
     dec = ctx.m.decode
     mean, std = kv_footprint(d)
-    kv = dec.kv_slots(mean, std, ctx.kv_z)
+    if ctx.fast:
+        kv = kv_batch(dec.kv_cache_tokens, dec.slots, mean, std, ctx.kv_z)
+    else:
+        kv = dec.kv_slots(mean, std, ctx.kv_z)
     slot_bound = "itl" if ctx.b_eff < dec.slots else "slots"
-    if kv >= st.b_eff:
-        return st._replace(kv_footprint=mean, kv_slots=kv, decode_bound=slot_bound)
+    if kv >= st.b_eff:  # the common case: the setup with its last three (KV) fields set, no _replace
+        return tuple.__new__(_Setup, (*st[:_KV_FIELDS_AT], mean, kv, slot_bound))
     step = ctx.step_ms(kv)
     return st._replace(
         b_eff=kv,
