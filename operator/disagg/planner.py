@@ -65,6 +65,8 @@ __all__ = [
     "Plan",
     "PoolBounds",
     "PoolPlan",
+    "kv_footprint",
+    "measured_kv_footprint",
     "plan",
     "plan_replicas",
     "predict",
@@ -119,6 +121,10 @@ class Demand:
     # of dispersion of arrival counts (disagg.burstiness).
     sizes: SizeDistribution | None = None
     arrival_ca2: float = 1.0
+    # Optional (docs/planner.md, "Decode KV capacity"): the measured output-weighted mean of
+    # the KV tokens a decode sequence holds, E[(p + o) o] / E[o] over the window's requests;
+    # 0: derived from the prompt and output marginals as if independent (`kv_footprint`)
+    kv_footprint_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         _num("arrival_rps", self.arrival_rps)
@@ -130,6 +136,7 @@ class Demand:
         _num("items_per_request", self.items_per_request)
         _num("prefix_hit_rate", self.prefix_hit_rate, unit=True)
         _num("arrival_ca2", self.arrival_ca2)
+        _num("kv_footprint_tokens", self.kv_footprint_tokens)
         if self.sizes is not None and not isinstance(self.sizes, SizeDistribution):
             raise ValueError(f"sizes must be a SizeDistribution or None, got {type(self.sizes).__name__}")
 
@@ -316,6 +323,11 @@ class Plan:
                 "media_fraction": _j(self.demand.media_fraction),
                 "items_per_request": _j(self.demand.items_per_request),
                 "prefix_hit_rate": _j(self.demand.prefix_hit_rate),
+                **(
+                    {"kv_footprint_tokens": _j(self.demand.kv_footprint_tokens)}
+                    if self.demand.kv_footprint_tokens
+                    else {}
+                ),
             },
             "slo": {
                 "ttft_s": self.slo.ttft_s,
@@ -574,8 +586,8 @@ def _shape(ctx: _Ctx, d: Demand) -> _Setup:
         d.items_per_request,
         d.prefix_hit_rate,
     )
-    extra = d.sizes is not None or d.arrival_ca2 != 1.0
-    skey = (*key, d.sizes, d.arrival_ca2) if extra else key
+    extra = d.sizes is not None or d.arrival_ca2 != 1.0 or d.kv_footprint_tokens > 0
+    skey = (*key, d.sizes, d.arrival_ca2, d.kv_footprint_tokens) if extra else key
     st = ctx.shapes.get(skey)
     if st is None:
         if len(ctx.shapes) >= _SHAPES_MAX:
@@ -597,7 +609,9 @@ def kv_footprint(d: Demand) -> tuple[float, float]:
     independent). The spread is that of one sequence's footprint, sqrt(Var p + Var o).
     From the size classes when the demand has them, from the means and standard
     deviations otherwise. Cached prefix tokens count: the decode worker holds the
-    whole prompt's KV.
+    whole prompt's KV. A measured `Demand.kv_footprint_tokens` replaces the mean (it
+    sees how prompt and output lengths go together: long prompts with short outputs
+    hold less than independent marginals say); the spread stays the marginals'.
     """
     if d.sizes is not None:
         sz = d.sizes
@@ -612,7 +626,20 @@ def kv_footprint(d: Demand) -> tuple[float, float]:
         o_mean = d.output_tokens_mean
         o_second = o_mean * o_mean + d.output_tokens_std**2
     o_var = max(0.0, o_second - o_mean * o_mean)
-    return p_mean + o_second / o_mean, math.sqrt(p_var + o_var)
+    mean = d.kv_footprint_tokens if d.kv_footprint_tokens > 0 else p_mean + o_second / o_mean
+    return mean, math.sqrt(p_var + o_var)
+
+
+def measured_kv_footprint(prompt_tokens: Any, output_tokens: Any) -> float:
+    """`Demand.kv_footprint_tokens` from requests: sum((p + o) o) / sum(o), their joint output-weighted footprint."""
+    p = np.asarray(prompt_tokens, dtype=float)
+    o = np.asarray(output_tokens, dtype=float)
+    if p.shape != o.shape or p.size == 0:
+        raise ValueError("measured_kv_footprint needs prompt and output tokens of the same requests")
+    weight = float(o.sum())
+    if not math.isfinite(weight) or weight <= 0 or np.any(p < 0) or np.any(o < 0):
+        raise ValueError("measured_kv_footprint needs finite token counts >= 0 and some output tokens")
+    return float(((p + o) * o).sum()) / weight
 
 
 def _with_kv(st: _Setup, d: Demand, ctx: _Ctx) -> _Setup:

@@ -240,3 +240,37 @@ def test_plan_cli_says_what_sizes_the_decode_pool(capsys):
     assert doc2["pools"]["decode"]["replicas"] < doc["pools"]["decode"]["replicas"]
     assert main(["plan", "--decode-kv-cache-tokens", "0"]) == 2
     assert "decode-kv-cache-tokens" in capsys.readouterr().err
+
+
+def test_measured_footprint_sees_long_prompts_with_short_outputs():
+    """Half 30,000-token prompts with 50 output tokens, half 1,000 with 700: the marginals, taken as
+    independent, say ~16,000 resident tokens per sequence; the requests themselves ~3,600 (the long
+    prompts leave quickly). With the measured footprint the planner keeps the slot-bound pool, and
+    the simulator confirms it meets the target."""
+    from disagg.planner import measured_kv_footprint
+
+    rng = np.random.default_rng(3)
+    base = poisson(3.0, 600.0, prompt_tokens=1000, output_tokens=10, seed=11)
+    long_prompt = rng.random(len(base)) < 0.5
+    p = np.where(long_prompt, 30_000, 1_000)
+    o = np.where(long_prompt, 50, 700)
+    w = Workload(base.arrival_s, p, o)
+    fp = measured_kv_footprint(p, o)
+    assert fp == pytest.approx(float(((p + o) * o).sum() / o.sum()))
+    assert 3_000 < fp < 4_500
+    slo = SLO(3.0, 0.15, P)
+    marginal = plan(Demand(3.0, p.mean(), p.std(), o.mean(), o.std()), M, slo)
+    measured = plan(Demand(3.0, p.mean(), p.std(), o.mean(), o.std(), kv_footprint_tokens=fp), M, slo)
+    assert marginal.decode_bound == "kv" and measured.decode_bound == "slots"
+    assert measured.stages["decode.kv_footprint_tokens"] == pytest.approx(fp)
+    assert measured.to_dict()["demand"]["kv_footprint_tokens"] == pytest.approx(fp, rel=1e-5)
+    assert measured.replicas["decode"] < marginal.replicas["decode"]
+    # each measured footprint is its own shape (the planner caches setups per shape)
+    heavier = plan(replace(measured.demand, kv_footprint_tokens=40_000.0), M, slo)
+    assert heavier.decode_bound == "kv" and heavier.stages["decode.kv_footprint_tokens"] == 40_000.0
+    cfg = SimConfig(prefill=measured.replicas["prefill"], decode=measured.replicas["decode"], ttft_ms=3000.0)
+    assert simulate(w, M, cfg).slo_attainment >= P - 0.02
+    with pytest.raises(ValueError, match="same requests"):
+        measured_kv_footprint([1, 2], [3])
+    with pytest.raises(ValueError, match="kv_footprint_tokens"):
+        Demand(kv_footprint_tokens=-1.0)
