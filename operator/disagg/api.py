@@ -45,6 +45,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # Upper bounds keep CEL cost estimates low and integer arithmetic far from overflow.
 MAX_REPLICAS = 10_000
 MAX_GPUS_PER_REPLICA = 64
+MAX_KV_CACHE_TOKENS = 1_000_000_000  # per decode worker: far above any GPU memory today
 MAX_GPU_BUDGET = MAX_REPLICAS * MAX_GPUS_PER_REPLICA
 #: Issue-14 sizing inputs on by default (docs/planner.md, "Request sizes, burstiness and automatic headroom").
 SIZING_REQUEST_SIZES_DEFAULT = False
@@ -413,6 +414,15 @@ class DecodeServiceModel(_Model):
     )
     slots: int = Field(
         we.DECODE_SLOTS, ge=1, le=100_000, description="Concurrent sequences (batch slots) per decode worker."
+    )
+    kv_cache_tokens: int = Field(
+        we.DECODE_KV_CACHE_TOKENS,
+        ge=1,
+        le=MAX_KV_CACHE_TOKENS,
+        description="KV-cache capacity of one decode worker, in tokens (vLLM: num_gpu_blocks x block_size, "
+        "logged as 'GPU KV cache size'; SGLang: max_total_num_tokens). A sequence reserves prompt + output "
+        "tokens of it while it decodes, so long contexts can fill it before the slots; the planner then "
+        "sizes the pool by KV memory. Default: a 70B model (320 KiB/token) with FP8 weights on 2 x H100 80 GB.",
     )
 
 
@@ -1081,6 +1091,7 @@ def stage_models(spec: DisaggDeploymentSpec) -> dict[str, Any]:
             step_fixed_ms=decode.step_fixed_ms,
             step_ms_per_seq=decode.step_ms_per_sequence,
             slots=decode.slots,
+            kv_cache_tokens=decode.kv_cache_tokens,
         )
     return out
 

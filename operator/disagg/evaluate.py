@@ -197,6 +197,7 @@ class EvalSettings:
                 "decode_step_ms": m.decode.step_fixed_ms,
                 "decode_ms_per_seq": m.decode.step_ms_per_seq,
                 "decode_slots": m.decode.slots,
+                "decode_kv_cache_tokens": m.decode.kv_cache_tokens,
             },
         }
 
@@ -432,6 +433,7 @@ def spec_for(
         "stepFixedMs": m.decode.step_fixed_ms,
         "stepMsPerSequence": m.decode.step_ms_per_seq,
         "slots": m.decode.slots,
+        "kvCacheTokens": m.decode.kv_cache_tokens,
     }
     models = {
         names.POOL_PREFILL: prefill,

@@ -7,6 +7,7 @@ worked example of the stage-disaggregation chapter (`disagg.worked_example`):
 * KV state = 320 KiB per token                  (6,000 tokens -> 1.83 GiB)
 * transfer_ms = 12 + bytes / 22 GiB/s           (6,000 tokens -> ~95.23 ms)
 * decode step = 45 ms, 32 slots                 (400 tokens -> ~1.778 req/s)
+* decode KV cache = 237,984 tokens per worker   (a second bound on the batch)
 
 Units: times in milliseconds unless a name says ``_s``; bandwidth in GiB/s
 (GiB = 2**30 bytes); rates in requests per second.
@@ -47,6 +48,7 @@ __all__ = [
     "fit_linear",
     "fit_prefill",
     "gap_p99_rank",
+    "kv_batch",
 ]
 
 
@@ -246,16 +248,36 @@ class DecodeModel:
 
     ``step_ms(batch) = step_fixed_ms + step_ms_per_seq x batch``; a sequence
     holds its slot for ``output_tokens`` steps.
+
+    ``kv_cache_tokens`` is the worker's KV-cache capacity in tokens. A sequence
+    reserves its whole footprint (prompt + output tokens) when it joins the
+    batch and frees it when it leaves (a conservative scheduler: no preemption),
+    so a long-context mix can fill the cache before the slots (`kv_slots`).
     """
 
     step_fixed_ms: float = we.DECODE_STEP_MS
     step_ms_per_seq: float = 0.0
     slots: int = we.DECODE_SLOTS
+    kv_cache_tokens: int = we.DECODE_KV_CACHE_TOKENS
 
     def __post_init__(self) -> None:
         _check("decode.step_fixed_ms", self.step_fixed_ms, positive=True)
         _check("decode.step_ms_per_seq", self.step_ms_per_seq)
         _check("decode.slots", self.slots, positive=True, integer=True)
+        _check("decode.kv_cache_tokens", self.kv_cache_tokens, positive=True, integer=True)
+
+    def kv_slots(self, footprint_mean: float, footprint_std: float = 0.0, z: float = 0.0) -> int:
+        """Sequences whose KV fits one worker: the largest n with n x mean + z x sqrt(n) x std <= capacity.
+
+        `footprint_mean`/`footprint_std`: tokens one resident sequence holds
+        (prompt + output); `z` > 0 keeps n sequences drawn from that spread
+        inside the cache with the matching normal probability. At least 1 (a
+        sequence larger than the cache still runs alone on an empty worker),
+        at most `slots`.
+        """
+        _check("footprint_mean", footprint_mean)
+        _check("footprint_std", footprint_std)
+        return kv_batch(self.kv_cache_tokens, self.slots, float(footprint_mean), float(footprint_std), z)
 
     def step_ms(self, batch: Any = None) -> Any:
         b = self.slots if batch is None else batch
@@ -278,6 +300,19 @@ class DecodeModel:
         o = _arr("output_tokens", output_tokens)
         hold = np.asarray(self.slot_hold_s(np.maximum(o, 1e-12), b))
         return _out(np.asarray(b, dtype=float) / hold)
+
+
+def kv_batch(capacity: float, slots: int, mean: float, std: float, z: float) -> int:
+    """`DecodeModel.kv_slots` on checked floats (the planner's hot path calls it directly)."""
+    if mean <= 0:
+        return slots
+    # n mean + z sqrt(n) std <= capacity: a quadratic in sqrt(n)
+    spread = z * std if z > 0 else 0.0
+    root = (-spread + math.sqrt(spread * spread + 4.0 * mean * capacity)) / (2.0 * mean)
+    n = math.floor(root * root + 1e-9)
+    while n > 0 and n * mean + spread * math.sqrt(n) > capacity + 1e-9:
+        n -= 1
+    return max(1, min(slots, n))
 
 
 # --------------------------------------------------------------------------- bundle
@@ -440,5 +475,10 @@ def fit_decode(
     """Fit ``step_ms = fixed + per_seq x batch`` from measured (batch, step ms) samples."""
     base = prior or DecodeModel()
     a, b, s = fit_linear(batch, step_ms, (base.step_fixed_ms, base.step_ms_per_seq), prior_weight)
-    model = DecodeModel(step_fixed_ms=max(1e-6, a), step_ms_per_seq=max(0.0, b), slots=base.slots)
+    model = DecodeModel(
+        step_fixed_ms=max(1e-6, a),
+        step_ms_per_seq=max(0.0, b),
+        slots=base.slots,
+        kv_cache_tokens=base.kv_cache_tokens,
+    )
     return FitResult(model, int(np.asarray(batch).size), model.step_fixed_ms, model.step_ms_per_seq, s)

@@ -46,6 +46,7 @@ from disagg.model import (
     TransferModel,
     check_itl_statistic,
     gap_p99_rank,
+    kv_batch,
 )
 from disagg.names import PLACEMENTS, POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 from disagg.queueing import erlang_b_stride, poisson_cdf, poisson_quantile, summed_wait_tail
@@ -64,6 +65,8 @@ __all__ = [
     "Plan",
     "PoolBounds",
     "PoolPlan",
+    "kv_footprint",
+    "measured_kv_footprint",
     "plan",
     "plan_replicas",
     "predict",
@@ -118,6 +121,10 @@ class Demand:
     # of dispersion of arrival counts (disagg.burstiness).
     sizes: SizeDistribution | None = None
     arrival_ca2: float = 1.0
+    # Optional (docs/planner.md, "Decode KV capacity"): the measured output-weighted mean of
+    # the KV tokens a decode sequence holds, E[(p + o) o] / E[o] over the window's requests;
+    # 0: derived from the prompt and output marginals as if independent (`kv_footprint`)
+    kv_footprint_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         _num("arrival_rps", self.arrival_rps)
@@ -129,6 +136,7 @@ class Demand:
         _num("items_per_request", self.items_per_request)
         _num("prefix_hit_rate", self.prefix_hit_rate, unit=True)
         _num("arrival_ca2", self.arrival_ca2)
+        _num("kv_footprint_tokens", self.kv_footprint_tokens)
         if self.sizes is not None and not isinstance(self.sizes, SizeDistribution):
             raise ValueError(f"sizes must be a SizeDistribution or None, got {type(self.sizes).__name__}")
 
@@ -256,6 +264,9 @@ class Plan:
     remote_fraction: float | None
     demand: Demand = field(default_factory=Demand)
     slo: SLO = field(default_factory=SLO)
+    # what caps a decode worker's batch: "slots", "itl" (the step at a full batch would break
+    # the ITL target) or "kv" (the KV cache fills first: the decode pool is sized by KV memory)
+    decode_bound: str = "slots"
 
     @property
     def replicas(self) -> dict[str, int]:
@@ -288,6 +299,7 @@ class Plan:
                 if self.capacity_ratio is None
                 else _j(self.capacity_ratio),
             },
+            "decode_bound": self.decode_bound,
             "gpus": {"total": self.total_gpus, "budget": self.gpu_budget},
             "budget": {
                 "limited": self.budget_limited,
@@ -311,6 +323,11 @@ class Plan:
                 "media_fraction": _j(self.demand.media_fraction),
                 "items_per_request": _j(self.demand.items_per_request),
                 "prefix_hit_rate": _j(self.demand.prefix_hit_rate),
+                **(
+                    {"kv_footprint_tokens": _j(self.demand.kv_footprint_tokens)}
+                    if self.demand.kv_footprint_tokens
+                    else {}
+                ),
             },
             "slo": {
                 "ttft_s": self.slo.ttft_s,
@@ -479,12 +496,31 @@ class _Setup(NamedTuple):
     media: float
     ca2: float = 1.0  # arrival squared CV (Demand.arrival_ca2)
     covers: Covers | None = None  # per size class TTFT candidates (Demand.sizes)
+    kv_footprint: float = 0.0  # KV tokens a resident decode sequence holds, time-weighted mean (`_with_kv`)
+    kv_slots: int = 0  # sequences whose KV fits one decode worker (0: not computed)
+    decode_bound: str = ""  # what caps the decode batch: "slots", "itl" or "kv" (`_with_kv`)
+
+
+# `_with_kv` rebuilds a setup from its leading fields: the KV fields must stay the last three
+_KV_FIELDS_AT = len(_Setup._fields) - 3
+assert _Setup._fields[_KV_FIELDS_AT:] == ("kv_footprint", "kv_slots", "decode_bound")
 
 
 class _Ctx:
     """Per (models, slo, chunked): model constants and the setups of the shapes seen so far."""
 
-    __slots__ = ("b_eff", "chunked", "fast", "itl_ok", "m", "shapes", "slo", "step1_ms", "step_cap_ms")
+    __slots__ = (
+        "b_eff",
+        "chunked",
+        "fast",
+        "itl_ok",
+        "kv_z",
+        "m",
+        "shapes",
+        "slo",
+        "step1_ms",
+        "step_cap_ms",
+    )
 
     def __init__(self, m: StageModels, slo: SLO, chunked: bool) -> None:
         self.m, self.slo, self.chunked = m, slo, chunked
@@ -500,6 +536,8 @@ class _Ctx:
         self.b_eff = max(1, b_eff)
         self.step_cap_ms = float(m.decode.step_ms(self.b_eff))
         self.step1_ms = float(m.decode.step_ms(1))
+        # the resident KV of a full batch stays within the cache at the SLO percentile (`_with_kv`)
+        self.kv_z = _z(slo.percentile)
         self.shapes: dict[tuple[float, ...], _Setup] = {}
 
     def step_ms(self, batch: float) -> float:
@@ -548,8 +586,8 @@ def _shape(ctx: _Ctx, d: Demand) -> _Setup:
         d.items_per_request,
         d.prefix_hit_rate,
     )
-    extra = d.sizes is not None or d.arrival_ca2 != 1.0
-    skey = (*key, d.sizes, d.arrival_ca2) if extra else key
+    extra = d.sizes is not None or d.arrival_ca2 != 1.0 or d.kv_footprint_tokens > 0
+    skey = (*key, d.sizes, d.arrival_ca2, d.kv_footprint_tokens) if extra else key
     st = ctx.shapes.get(skey)
     if st is None:
         if len(ctx.shapes) >= _SHAPES_MAX:
@@ -557,8 +595,80 @@ def _shape(ctx: _Ctx, d: Demand) -> _Setup:
         st = _setup_fast(key, ctx) if ctx.fast else _setup_reference(key, ctx.m, ctx.slo, ctx.chunked)
         if extra:
             st = _with_sizes(st, d, ctx)
+        st = _with_kv(st, d, ctx)
         ctx.shapes[skey] = st
     return st
+
+
+def kv_footprint(d: Demand) -> tuple[float, float]:
+    """(mean, std) of the KV tokens one resident decode sequence holds: prompt + output tokens.
+
+    A sequence holds its footprint for as long as it decodes, i.e. in proportion
+    to its output tokens, so the footprint a decode worker sees at a random
+    instant is output-weighted: E[p] + E[o^2] / E[o] (prompt and output
+    independent). The spread is that of one sequence's footprint, sqrt(Var p + Var o).
+    From the size classes when the demand has them, from the means and standard
+    deviations otherwise. Cached prefix tokens count: the decode worker holds the
+    whole prompt's KV. A measured `Demand.kv_footprint_tokens` replaces the mean (it
+    sees how prompt and output lengths go together: long prompts with short outputs
+    hold less than independent marginals say); the spread stays the marginals'.
+    """
+    if d.sizes is not None:
+        sz = d.sizes
+        wp, tp, vp = np.asarray(sz.prompt_weight), np.asarray(sz.prompt_tokens), np.asarray(sz.prompt_var)
+        wo, to, vo = np.asarray(sz.output_weight), np.asarray(sz.output_tokens), np.asarray(sz.output_var)
+        p_mean = float(wp @ tp)
+        p_var = max(0.0, float(wp @ (tp * tp + vp)) - p_mean * p_mean)
+        o_mean = float(wo @ to)
+        o_second = float(wo @ (to * to + vo))
+    else:
+        p_mean, p_var = d.prompt_tokens_mean, d.prompt_tokens_std**2
+        o_mean = d.output_tokens_mean
+        o_second = o_mean * o_mean + d.output_tokens_std**2
+    o_var = max(0.0, o_second - o_mean * o_mean)
+    mean = d.kv_footprint_tokens if d.kv_footprint_tokens > 0 else p_mean + o_second / o_mean
+    return mean, math.sqrt(p_var + o_var)
+
+
+def measured_kv_footprint(prompt_tokens: Any, output_tokens: Any) -> float:
+    """`Demand.kv_footprint_tokens` from requests: sum((p + o) o) / sum(o), their joint output-weighted footprint."""
+    p = np.asarray(prompt_tokens, dtype=float)
+    o = np.asarray(output_tokens, dtype=float)
+    if p.shape != o.shape or p.size == 0:
+        raise ValueError("measured_kv_footprint needs prompt and output tokens of the same requests")
+    weight = float(o.sum())
+    if not math.isfinite(weight) or weight <= 0 or np.any(p < 0) or np.any(o < 0):
+        raise ValueError("measured_kv_footprint needs finite token counts >= 0 and some output tokens")
+    return float(((p + o) * o).sum()) / weight
+
+
+def _with_kv(st: _Setup, d: Demand, ctx: _Ctx) -> _Setup:
+    """The setup with the decode worker's KV capacity applied (docs/planner.md, "Decode KV capacity").
+
+    A decode worker holds at most `DecodeModel.kv_slots` sequences of this mix
+    (their footprints within its `kv_cache_tokens` at the SLO percentile). When
+    that is below the batch the slots and the ITL target allow, it becomes the
+    servers per decode replica, and the step (and slot hold) are those of the
+    smaller batch: the pool is then sized by KV memory.
+    """
+    dec = ctx.m.decode
+    mean, std = kv_footprint(d)
+    if ctx.fast:
+        kv = kv_batch(dec.kv_cache_tokens, dec.slots, mean, std, ctx.kv_z)
+    else:
+        kv = dec.kv_slots(mean, std, ctx.kv_z)
+    slot_bound = "itl" if ctx.b_eff < dec.slots else "slots"
+    if kv >= st.b_eff:  # the common case: the setup with its last three (KV) fields set, no _replace
+        return tuple.__new__(_Setup, (*st[:_KV_FIELDS_AT], mean, kv, slot_bound))
+    step = ctx.step_ms(kv)
+    return st._replace(
+        b_eff=kv,
+        step_cap_ms=step,
+        hold_s=st.hold_s * step / st.step_cap_ms,
+        kv_footprint=mean,
+        kv_slots=kv,
+        decode_bound="kv",
+    )
 
 
 def _with_sizes(st: _Setup, d: Demand, ctx: _Ctx) -> _Setup:
@@ -1062,6 +1172,7 @@ def _plan_disagg(
         "decode.batch_cap": float(st.b_eff),
         "decode.expected_batch": n_occ,
         "decode.slot_hold_s": st.hold_s,
+        **_kv_stages(m, st),
     }
     if pick is not None and st.covers is not None:
         stages_out["sizes.wait_percentile"] = p
@@ -1096,7 +1207,17 @@ def _plan_disagg(
         remote_fraction=None,
         demand=d,
         slo=slo,
+        decode_bound=st.decode_bound,
     )
+
+
+def _kv_stages(m: StageModels, st: _Setup) -> dict[str, float]:
+    """The decode worker's KV figures for `Plan.stages` (docs/planner.md, "Decode KV capacity")."""
+    return {
+        "decode.kv_cache_tokens": float(m.decode.kv_cache_tokens),
+        "decode.kv_footprint_tokens": st.kv_footprint,
+        "decode.kv_slots": float(st.kv_slots),
+    }
 
 
 # --------------------------------------------------------------------------- colocated
@@ -1374,6 +1495,7 @@ def _plan_colocated(
             "decode.batch_cap": float(k),
             "decode.expected_batch": float("nan"),
             "decode.slot_hold_s": hold,
+            **_kv_stages(m, st),
         },
         ttft_s=ttft,
         itl_s=itl,
@@ -1397,6 +1519,7 @@ def _plan_colocated(
         remote_fraction=None,
         demand=d,
         slo=slo,
+        decode_bound=st.decode_bound,
     )
 
 
@@ -1766,6 +1889,7 @@ def _plan_conditional(
             "decode.batch_cap": float(st_r.b_eff),
             "decode.expected_batch": n_occ,
             "decode.slot_hold_s": hold,
+            **_kv_stages(m, st_r),
         },
         ttft_s=max(ttft_r, ttft_l),
         itl_s=itl,
@@ -1789,6 +1913,7 @@ def _plan_conditional(
         remote_fraction=remote,
         demand=d,
         slo=slo,
+        decode_bound=st_r.decode_bound,
     )
 
 

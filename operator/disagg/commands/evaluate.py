@@ -38,6 +38,7 @@ MODEL_NAMES = (
     "decode_step_ms",
     "decode_ms_per_seq",
     "decode_slots",
+    "decode_kv_cache_tokens",
     "kv_bytes_per_token",
     "link_setup_ms",
     "link_gibps",
@@ -136,7 +137,9 @@ def _settings(args: argparse.Namespace) -> Any:
         encoder=EncoderModel(v["encoder_fixed_ms"], v["encoder_ms_per_item"]),
         prefill=PrefillModel(v["prefill_fixed_ms"], v["prefill_ms_per_token"]),
         transfer=TransferModel(v["kv_bytes_per_token"], v["link_setup_ms"], v["link_gibps"]),
-        decode=DecodeModel(v["decode_step_ms"], v["decode_ms_per_seq"], v["decode_slots"]),
+        decode=DecodeModel(
+            v["decode_step_ms"], v["decode_ms_per_seq"], v["decode_slots"], v["decode_kv_cache_tokens"]
+        ),
     )
     slo = SLO(v["ttft"], v["itl"], v["percentile"], args.itl_statistic)
     return EvalSettings(

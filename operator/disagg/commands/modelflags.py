@@ -24,6 +24,11 @@ MODEL_FLAGS: dict[str, tuple[type, Any, str]] = {
     "decode_step_ms": (float, we.DECODE_STEP_MS, "fixed decode step time, ms"),
     "decode_ms_per_seq": (float, 0.0, "added decode step ms per running sequence"),
     "decode_slots": (int, we.DECODE_SLOTS, "batch slots per decode replica"),
+    "decode_kv_cache_tokens": (
+        int,
+        we.DECODE_KV_CACHE_TOKENS,
+        "KV-cache capacity per decode replica, tokens",
+    ),
     "kv_bytes_per_token": (float, float(we.KV_BYTES_PER_TOKEN), "KV-cache bytes per token (320 KiB)"),
     "link_setup_ms": (float, we.LINK_SETUP_MS, "KV transfer setup, ms"),
     "link_gibps": (float, we.LINK_GIBPS, "KV link bandwidth, GiB/s"),

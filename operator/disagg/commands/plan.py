@@ -51,6 +51,7 @@ FIELD_FLAGS = {
     "decode.step_fixed_ms": "decode-step-ms",
     "decode.step_ms_per_seq": "decode-ms-per-seq",
     "decode.slots": "decode-slots",
+    "decode.kv_cache_tokens": "decode-kv-cache-tokens",
     "output_tokens_mean": "output-tokens",
     "media_fraction": "media-fraction",
     "prefix_hit_rate": "prefix-hit-rate",
@@ -162,6 +163,7 @@ def _from_file(path: str) -> dict[str, Any]:
         "decode_step_ms": m.decode.step_fixed_ms,
         "decode_ms_per_seq": m.decode.step_ms_per_seq,
         "decode_slots": m.decode.slots,
+        "decode_kv_cache_tokens": m.decode.kv_cache_tokens,
         "ttft": pi.slo.ttft_s,
         "itl": pi.slo.itl_s,
         "percentile": pi.slo.percentile,
@@ -259,6 +261,7 @@ def _build(vals: dict[str, Any], arrival: float | None = None) -> tuple[Any, ...
                 num("decode_step_ms", "decode-step-ms"),
                 num("decode_ms_per_seq", "decode-ms-per-seq"),
                 whole("decode_slots", "decode-slots"),
+                whole("decode_kv_cache_tokens", "decode-kv-cache-tokens"),
             ),
         ),
     )
@@ -331,6 +334,14 @@ def _fmt(x: Any, nd: int = 3) -> str:
     return str(x)
 
 
+# Plan.decode_bound -> what the table says sizes the decode pool
+_BOUND_TEXT = {
+    "slots": "batch slots",
+    "itl": "the ITL target (batch capped below the slots)",
+    "kv": "KV memory (the KV cache fills before the slots)",
+}
+
+
 def _print_table(pl: Any) -> None:
     d = pl.to_dict()
     out = sys.stdout.write
@@ -357,6 +368,13 @@ def _print_table(pl: Any) -> None:
         f"{_fmt(st['transfer']['chunked_ms'], 2)} ms   decode step {_fmt(st['decode']['step_ms'], 1)} ms "
         f"(batch cap {int(st['decode']['batch_cap'])})\n"
     )
+    dec = st["decode"]
+    if "kv_slots" in dec:
+        out(
+            f"decode sized by {_BOUND_TEXT.get(d['decode_bound'], d['decode_bound'])}   KV cache "
+            f"{int(dec['kv_cache_tokens']):,} tokens / {_fmt(dec['kv_footprint_tokens'], 0)} per sequence "
+            f"-> {int(dec['kv_slots'])} sequences (up to the slots)\n"
+        )
     pr = d["predicted"]
     out(
         f"predicted TTFT p{pl.slo.percentile * 100:g} {_fmt(pr['ttft_s'])} s   ITL {_fmt(pr['itl_s'])} s   "

@@ -118,7 +118,9 @@ def build_models(args: argparse.Namespace):
         transfer=TransferModel(
             args.kv_bytes_per_token, args.link_setup_ms, args.link_gibps, args.chunk_tokens
         ),
-        decode=DecodeModel(args.decode_step_ms, args.decode_ms_per_seq, args.decode_slots),
+        decode=DecodeModel(
+            args.decode_step_ms, args.decode_ms_per_seq, args.decode_slots, args.decode_kv_cache_tokens
+        ),
     )
 
 

@@ -229,14 +229,18 @@ class EmulatedPod:
         return self.owner.pending_kv_sends(self.worker)
 
     def kv_usage(self) -> float:
-        """Share of the KV capacity held, in sequences per slot (0..1)."""
+        """Share of the KV cache held (0..1), as vllm:kv_cache_usage_perc / sglang:token_usage report it.
+
+        Decode (and colocated) pods: the KV tokens their running sequences reserve
+        (prompt + output each, `ServeWorker`) over the model's `kv_cache_tokens`.
+        Prefill and encoder pods: the requests in service per decode slot (their
+        KV is held only until it is sent).
+        """
         w = self.worker
-        slots = self.owner.slots
         if isinstance(w, FcfsWorker):
-            held = self.kv_held()
-        else:
-            held = len(w.batch) + len(w.waiting) + w.incoming + (w.pf_job is not None)
-        return min(1.0, held / slots) if slots else 0.0
+            slots = self.owner.slots
+            return min(1.0, self.kv_held() / slots) if slots else 0.0
+        return min(1.0, w.kv_used / w.kv_tokens)
 
     # -- token accounting of a decode/colocated worker
     def flush_tokens(self, now: float, final: bool = False) -> None:

@@ -73,7 +73,8 @@ HELP = {
     "running": "Requests being served by the emulated engine (prefill: prefilling or with pending KV sends; "
     "decode: holding a batch slot).",
     "waiting": "Requests queued on the emulated engine.",
-    "kv_usage": "Emulated KV-cache usage: sequences held per batch slot (0..1).",
+    "kv_usage": "Emulated KV-cache usage (0..1): decode pods, the KV tokens their running sequences reserve "
+    "(prompt + output each) per the model's KV-cache tokens; prefill pods, requests in service per slot.",
     "ttft": "Emulated time to first token, recorded on the decode pod at the first token.",
     "itl": "Emulated inter-token latency, one observation per token gap, on the decode pod.",
     "e2e": "Emulated end-to-end request latency, on the decode pod.",

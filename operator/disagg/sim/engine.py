@@ -166,6 +166,7 @@ class Cluster:
         self._enc: dict = {}
         dm = models.decode
         self.slots = int(dm.slots)
+        self.kv_tokens = int(dm.kv_cache_tokens)  # KV-cache capacity of a decode/colocated worker
         self.step_s = [float(dm.step_ms(max(b, 1))) / 1000.0 for b in range(self.slots + 1)]
         self.setup_s = float(models.transfer.setup_ms) / 1000.0
         self.tx_chunk = int(models.transfer.chunk_tokens)
@@ -310,6 +311,7 @@ class Cluster:
                 self.stage("local_prefill"),
                 cache=cache,
                 chunked=self.cfg.chunked,
+                kv_tokens=self.kv_tokens,
             )
         elif role == COLOCATED:
             w = ServeWorker(
@@ -322,6 +324,7 @@ class Cluster:
                 self.stage("colocated_prefill"),
                 cache=cache,
                 chunked=self.cfg.chunked,
+                kv_tokens=self.kv_tokens,
             )
         else:
             raise ValueError(f"unknown worker role {role!r}")

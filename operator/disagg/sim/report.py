@@ -118,18 +118,27 @@ class Report:
         for w in cl.workers:
             added, removed = cl.life[w]
             life = (removed if removed is not None else end) - added
-            p = pools.setdefault(w.role, {"workers": 0, "worker_s": 0.0, "busy_s": 0.0, "slot_s": 0.0})
+            p = pools.setdefault(
+                w.role,
+                {"workers": 0, "worker_s": 0.0, "busy_s": 0.0, "slot_s": 0.0, "kv_s": 0.0, "kv_peak": 0},
+            )
             p["workers"] += 0 if removed is not None else 1
             p["worker_s"] += life
             p["busy_s"] += w.busy_s
             if isinstance(w, ServeWorker):
                 p["slot_s"] += w.slot_area
+                p["kv_s"] += w.kv_area
+                p["kv_peak"] = max(p["kv_peak"], w.kv_peak)
         pool_out = {}
         for role, p in pools.items():
             ws = p["worker_s"]
             d = {"workers": p["workers"], "idle_fraction": 1.0 - p["busy_s"] / ws if ws > 0 else 1.0}
             if role in (DECODE, COLOCATED):
                 d["slot_occupancy"] = p["slot_s"] / (ws * cl.slots) if ws > 0 else 0.0
+                # KV-cache tokens reserved, time-averaged over the pool's workers and at the
+                # fullest worker's peak, as shares of one worker's capacity
+                d["kv_occupancy"] = p["kv_s"] / (ws * cl.kv_tokens) if ws > 0 else 0.0
+                d["kv_peak"] = p["kv_peak"] / cl.kv_tokens
             pool_out[role] = d
         if cl.links:
             busy = sum(link.busy_s for link in cl.links)
@@ -304,6 +313,10 @@ def format_table(reports: list[Report]) -> str:
         add(f"{p} idle fraction", lambda r, p=p: r.pools[p]["idle_fraction"])
         if p in (DECODE, COLOCATED):
             add(f"{p} slot occupancy", lambda r, p=p: r.pools[p]["slot_occupancy"])
+            add(
+                f"{p} KV occupancy mean/peak",
+                lambda r, p=p: f"{r.pools[p]['kv_occupancy']:.3f}/{r.pools[p]['kv_peak']:.3f}",
+            )
     add("KV bytes transferred", lambda r: r.bytes_transferred)
     add("KV reservations max", lambda r: r.kv_reserved_max)
     add(

@@ -381,6 +381,15 @@ class ServeWorker(Component):
     chunking each step carries one prefill chunk on top of the decode step.
     A sequence's first token comes at the end of its first decode step.
 
+    KV capacity (``kv_tokens``): a sequence reserves its whole footprint, prompt
+    + output tokens, when it joins the batch (or starts its local prefill) and
+    frees it when it finishes, as a conservative scheduler that never preempts
+    does. Admission is FCFS: while the head of ``waiting`` does not fit, it and
+    everything behind it wait, even with free slots. A sequence larger than the
+    whole cache joins an empty worker alone (so nothing waits forever). KV of a
+    sequence whose transfer landed but that waits for admission is not counted
+    (the planner models the same; docs/simulator.md).
+
     Token gaps: every completed step is logged as (first step index, gap)
     runs in ``log_k``/``log_g`` (a run per change of gap length: a batch
     change, or the first step after a stall, whose gap spans the stall). A
@@ -402,7 +411,11 @@ class ServeWorker(Component):
         "fresh",
         "host",
         "incoming",
+        "kv_area",
+        "kv_peak",
         "kv_stage",
+        "kv_tokens",
+        "kv_used",
         "last",
         "last_pf",
         "last_tok",
@@ -441,6 +454,7 @@ class ServeWorker(Component):
         pf_stage: StageStats | None = None,
         cache: PrefixCache | None = None,
         chunked: bool = False,
+        kv_tokens: int = 0,
     ) -> None:
         super().__init__()
         self.host = host
@@ -449,6 +463,10 @@ class ServeWorker(Component):
         self.name = name
         self.step_s = step_s  # step_s[b]: step length (s) with batch b
         self.slots = slots
+        self.kv_tokens = kv_tokens if kv_tokens > 0 else INF  # KV-cache capacity (0: unlimited)
+        self.kv_used = 0  # KV tokens reserved by the batch and the local prefill
+        self.kv_area = 0.0  # integral of kv_used over time (token-seconds)
+        self.kv_peak = 0
         self.kv_stage = kv_stage
         self.pf_stage = pf_stage
         self.cache = cache
@@ -497,7 +515,19 @@ class ServeWorker(Component):
             if self.mode != IDLE:
                 self.busy_s += dt
             self.slot_area += len(self.batch) * dt
+            self.kv_area += self.kv_used * dt
             self.last = now
+
+    def kv_fits(self, job: Job) -> bool:
+        """Whether `job`'s footprint (prompt + output tokens) fits the free KV, or the worker is empty."""
+        if self.kv_used + job.prompt + job.output <= self.kv_tokens:
+            return True
+        return not self.batch and self.pf_job is None
+
+    def _kv_take(self, job: Job) -> None:
+        self.kv_used += job.prompt + job.output
+        if self.kv_used > self.kv_peak:
+            self.kv_peak = self.kv_used
 
     def _wake(self, now: float) -> None:
         """Something can join: make sure an event comes at the next step boundary."""
@@ -599,6 +629,7 @@ class ServeWorker(Component):
         while batch and batch[0][0] <= steps:
             end, _, j = heappop(batch)
             j.gaps = self.gap_runs(end - j.output + 2, end)
+            self.kv_used -= j.prompt + j.output
             finished.append(j)
         # Prefill progress.
         pf_done = None
@@ -623,11 +654,12 @@ class ServeWorker(Component):
             self.seq += 1
             heappush(batch, (steps + pf_done.output, self.seq, pf_done))
             joined.append(pf_done)
-        # Admit landed KV into free slots.
+        # Admit landed KV into free slots, FCFS, while the head's footprint fits the KV cache.
         waiting = self.waiting
         free = self.slots - len(batch) - (self.pf_job is not None)
-        while waiting and free > 0:
+        while waiting and free > 0 and self.kv_fits(waiting[0]):
             j = waiting.popleft()
+            self._kv_take(j)
             self.kv_stage.start(now, now - j.t_stage)
             self.seq += 1
             heappush(batch, (steps + j.output, self.seq, j))
@@ -639,8 +671,10 @@ class ServeWorker(Component):
             and self.pq
             and free > 0
             and (self.chunked or not self.last_pf or not batch or mode != STALLED)
+            and self.kv_fits(self.pq[0])
         ):
             j = self.pq.popleft()
+            self._kv_take(j)
             self.pf_stage.start(now, now - j.t_stage)
             svc, marks = host.prefill_plan(self, j)
             self.pf_job = j
@@ -667,7 +701,10 @@ class ServeWorker(Component):
             d = self.step_s[len(batch)]
             self.d = d
             self._first_tokens(now + d)
-            if (self.pq or waiting) and free > 0:
+            # someone could join at the next boundary (KV frees only when a sequence finishes)
+            if free > 0 and (
+                (waiting and self.kv_fits(waiting[0])) or (self.pq and self.kv_fits(self.pq[0]))
+            ):
                 self.next_time = now + d
             else:
                 self.next_time = now + (batch[0][0] - steps) * d
@@ -696,6 +733,7 @@ class ServeWorker(Component):
             self.kv_stage.leave(now, now - j.t_stage)
             lost.append(j)
         self.batch.clear()
+        self.kv_used = 0
         self.fresh.clear()
         while self.waiting:
             j = self.waiting.popleft()
