@@ -531,7 +531,14 @@ def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInpu
             disp = None if measured is None else max(1.0, measured)
         if counts is not None and sz.auto_headroom:
             auto = burstiness.burst_headroom(
-                counts, step, startup_s=lead_s, window_s=config.window_s, dispersion=disp or 1.0
+                counts,
+                step,
+                startup_s=lead_s,
+                window_s=config.window_s,
+                # rises are judged against Poisson counting noise: a dispersion measured on
+                # the same counts includes the bursts themselves and would explain them away
+                quantile=config.planning.slo.percentile,
+                z=burstiness.noise_z(config.planning.slo.percentile),
             )
     except ValueError:
         disp = auto = None  # invalid counts: missing

@@ -12,23 +12,27 @@ equal sub-window (per scrape from Prometheus, or per bin from a window's request
   counts, which a slow trend (a diurnal ramp, which the forecast follows) does not
   inflate.
 * `burst_headroom`: how far the planned-for rate (the trailing-window rate) rose
-  within one start-up time, beyond counting noise, at a high quantile over the
-  trailing horizon, relative to the rate it rose from. Capacity added when a burst
-  is seen serves one start-up later; this is the standing spare capacity that
-  covers the bursts seen so far. ``spec.autoscaling.headroom`` is a floor under it.
+  within one start-up time, beyond counting noise, relative to the rate it rose
+  from, at a quantile over the trailing horizon weighted by the requests each rise
+  brings. Capacity added when a burst is seen serves one start-up later, so the
+  requests that arrive during a rise larger than the standing headroom are the ones
+  that miss: covering the rises of the SLO's share of requests (the autoscaler
+  passes ``slo.percentile``) keeps them within what the SLO allows to miss.
+  ``spec.autoscaling.headroom`` is a floor under it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 
 import numpy as np
 
-__all__ = ["arrival_counts", "burst_headroom", "index_of_dispersion"]
+__all__ = ["arrival_counts", "burst_headroom", "index_of_dispersion", "noise_z"]
 
 MIN_COUNTS = 4  # sub-windows needed before a dispersion means anything
-BURST_QUANTILE = 0.95  # the rises the standing headroom covers (over the trailing horizon)
+BURST_QUANTILE = 0.95  # default share of requests whose rises the standing headroom covers
 NOISE_Z = 1.645  # rises within this many standard deviations of counting noise are noise
 MAX_AUTO_HEADROOM = 2.0  # the automatic headroom never asks for more than 3x the demand
 
@@ -78,6 +82,15 @@ def index_of_dispersion(counts: Sequence[float] | np.ndarray, *, detrend: bool =
     return float(c.var(ddof=1)) / mean
 
 
+def noise_z(quantile: float) -> float:
+    """Standard deviations of counting noise a rise must exceed to count at this quantile.
+
+    Rises are read at the same quantile as the noise is discounted: at q = 0.99 a pure
+    Poisson process's largest 1 % of rises are noise, not bursts.
+    """
+    return max(NOISE_Z, NormalDist().inv_cdf(quantile))
+
+
 def burst_headroom(
     counts: Sequence[float] | np.ndarray,
     sub_window_s: float,
@@ -96,9 +109,12 @@ def burst_headroom(
     At every sub-window end t, the planned-for rate is the mean over the trailing
     ``window_s``, m(t); the rise is ``max m(s) for s in (t, t + startup_s]`` minus
     m(t), less ``z`` standard deviations of the counting noise of that difference
-    (Poisson noise times ``dispersion``, the index of dispersion); relative to m(t). The result is the ``quantile`` of those relative rises,
-    between ``floor`` and ``cap``. None when the horizon is shorter than one
-    window plus one start-up (the caller keeps the floor).
+    (Poisson noise times ``dispersion``, the index of dispersion); relative to m(t).
+    The result is the ``quantile`` of those relative rises, each weighted by the
+    rate it rises to (the requests it would leave unserved), between ``floor`` and
+    ``cap``: with ``quantile`` the SLO's percentile, the rises larger than the
+    headroom bring at most the share of requests the SLO lets miss. None when the
+    horizon is shorter than one window plus one start-up (the caller keeps the floor).
 
     On smooth traffic the rises stay within counting noise and this is ~0 (see
     docs/planner.md for what it costs where they do not).
@@ -130,4 +146,14 @@ def burst_headroom(
     if not ok.any():
         return None
     rel = np.maximum(rise[ok], 0.0) / now[ok]
-    return float(min(cap, max(floor, float(np.quantile(rel, quantile)))))
+    return float(min(cap, max(floor, _weighted_quantile(rel, ahead[ok], quantile))))
+
+
+def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The smallest value whose cumulative weight (values sorted ascending) reaches q of the total."""
+    order = np.argsort(values, kind="stable")
+    cum = np.cumsum(weights[order])
+    if cum[-1] <= 0:
+        return float(np.quantile(values, q))
+    i = int(np.searchsorted(cum, q * cum[-1], side="left"))
+    return float(values[order[min(i, values.size - 1)]])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from disagg.burstiness import arrival_counts, burst_headroom, index_of_dispersion
+from disagg.burstiness import arrival_counts, burst_headroom, index_of_dispersion, noise_z
 from disagg.model import StageModels
 from disagg.planner import Demand, plan
 from disagg.policy import PolicyConfig, PolicyState, sizing_rate
@@ -158,3 +158,35 @@ def test_burst_headroom_floor_cap_and_short_history() -> None:
     assert burst_headroom(flat[:5], 15, startup_s=60, window_s=60) is None  # shorter than window + start-up
     with pytest.raises(ValueError, match="floor"):
         burst_headroom(flat, 15, startup_s=60, window_s=60, floor=0.5, cap=0.1)
+
+
+def test_rare_bursts_are_covered_at_the_slo_share_of_requests() -> None:
+    """One doubling of 3 minutes an hour: too rare for the 95th percentile of the hour's points,
+    but the requests it brings are more than 1 % of the hour's: covered at the SLO's p99."""
+    rng = np.random.default_rng(11)
+    a = piecewise_poisson([(1500.0, 20.0), (180.0, 40.0), (1920.0, 20.0)], rng)
+    c = arrival_counts(a, 15, 0.0, 3600.0)
+    kw = {"startup_s": 60.0, "window_s": 60.0}
+    assert burst_headroom(c, 15, quantile=0.95, **kw) < 0.1
+    covered = burst_headroom(c, 15, quantile=0.99, z=noise_z(0.99), **kw)
+    assert 0.5 < covered <= 1.0
+    # the same counts on smooth traffic at p99 (noise discounted at the same quantile): ~0
+    smooth = arrival_counts(poisson(20, 3600.0, seed=5).arrival_s, 15, 0.0, 3600.0)
+    assert burst_headroom(smooth, 15, quantile=0.99, z=noise_z(0.99), **kw) < 0.05
+
+
+def test_rises_are_weighted_by_the_requests_they_bring() -> None:
+    """Rises to a high rate weigh more than the same number of points rising to a low one."""
+    # 1,000 flat points, then 15 doublings: as a share of the points the rises are 1.4 %
+    # (a points quantile at 0.975 is 0), as a share of the requests they bring 2.8 %
+    c = np.array([10.0] * 1000 + [20.0 if (i // 2) % 2 else 10.0 for i in range(60)])
+    kw = {"startup_s": 15.0, "window_s": 15.0, "z": 0.0}
+    rising = np.count_nonzero(np.diff(c) > 0) / (c.size - 1)
+    assert rising < 1 - 0.975
+    assert burst_headroom(c, 15, quantile=0.975, **kw) == pytest.approx(1.0)
+    assert burst_headroom(c, 15, quantile=0.97, **kw) == 0.0  # 3 % may go uncovered: 2.8 % does
+
+
+def test_noise_z_follows_the_quantile_and_never_drops_below_the_default() -> None:
+    assert noise_z(0.99) == pytest.approx(2.326, abs=1e-3)
+    assert noise_z(0.9) == pytest.approx(1.645)

@@ -405,13 +405,13 @@ def test_standalone_cli_serves_metrics_and_writes_a_summary(tmp_path):
             "--decode",
             "1",
             "--rate",
-            "10",
+            "3",
             "--arrivals",
             "uniform",
             "--output-tokens",
             "5",
             "--duration",
-            "3",
+            "10",
             "--metrics-port",
             "0",
             "--summary-json",
@@ -429,9 +429,14 @@ def test_standalone_cli_serves_metrics_and_writes_a_summary(tmp_path):
         if m:
             port = int(m.group(1))
     assert port, "no metrics line"
-    time.sleep(1.5)
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    assert 'vllm:request_prompt_tokens_count{deployment="standalone"' in body
+    # the first requests finish within about a second; poll while the 10 s run lasts (a busy
+    # machine may be slow to get there)
+    series = 'vllm:request_prompt_tokens_count{deployment="standalone"'
+    body = ""
+    while series not in body and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert series in body
     stdout, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0
     assert "emulator summary: generated=30 completed=" in stdout
