@@ -78,7 +78,16 @@ MAX_STARTUP_SAMPLES = 50
 #: Calibration samples kept per stage.
 MAX_CALIBRATION_SAMPLES = 240
 #: Token-shape keys remembered between windows that show no finished request.
-SHAPE_KEYS = ("prompt_tokens_mean", "output_tokens_mean", "media_fraction", "media_items_per_request")
+SHAPE_KEYS = (
+    "prompt_tokens_mean",
+    "output_tokens_mean",
+    "media_fraction",
+    "media_items_per_request",
+    "kv_footprint_tokens",
+)
+#: Running sequences on the back pool below which its KV usage says too little about the
+#: footprint of one sequence to replace the estimate from the token means.
+MIN_FOOTPRINT_SEQUENCES = 8
 
 
 # --------------------------------------------------------------------------- config
@@ -202,6 +211,9 @@ class Observation:
     media_items_per_request: float | None = None
     queued: dict[str, float] = field(default_factory=dict)  # waiting requests per pool
     running: dict[str, float] = field(default_factory=dict)  # running requests per pool
+    # The back (decode or colocated) pool's KV usage summed over its pods (each 0..1, as
+    # vllm:kv_cache_usage_perc / sglang:token_usage): x kvCacheTokens, the tokens it holds.
+    kv_usage_sum: float | None = None
     in_flight: dict[str, dict[str, float]] = field(default_factory=dict)  # pool -> pod -> work
     ttft_observed_s: float | None = None  # at the SLO percentile
     itl_observed_s: float | None = None  # mean
@@ -545,8 +557,27 @@ def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInpu
     return SizingInputs(sizes=sizes, dispersion=disp, auto_headroom=auto)
 
 
+def observed_kv_footprint(obs: Observation, back: str, kv_cache_tokens: float) -> float | None:
+    """KV tokens one running sequence of the back pool holds, from the engines' own gauges:
+    summed KV usage x capacity / running sequences. None with too few sequences to tell.
+
+    It sees what the token means cannot: how prompt and output lengths go together (long
+    prompts with short outputs hold less than independent lengths say).
+    """
+    used, running = obs.kv_usage_sum, obs.running.get(back)
+    if used is None or running is None or not (math.isfinite(used) and math.isfinite(running)):
+        return None
+    if running < MIN_FOOTPRINT_SEQUENCES or used <= 0 or not math.isfinite(kv_cache_tokens):
+        return None
+    return used * kv_cache_tokens / running
+
+
 def demand_for(
-    obs: Observation, rate: float, shape: dict[str, float], inputs: SizingInputs | None = None
+    obs: Observation,
+    rate: float,
+    shape: dict[str, float],
+    inputs: SizingInputs | None = None,
+    kv_footprint: float | None = None,
 ) -> planner.Demand:
     """The planner's demand at `rate` with the observed request shape.
 
@@ -556,6 +587,9 @@ def demand_for(
     A token mean the window does not show (no request finished in it) keeps its last
     measured value in `shape`, which is updated in place; with none ever measured it is
     1 token, the smallest valid value, never a guess. Media: absent means no media.
+    `kv_footprint` (`observed_kv_footprint`) replaces the planner's estimate of one decode
+    sequence's KV tokens; without a reading the last one is kept, and with none ever the
+    planner derives it from the token means.
     """
 
     def pos(key: str, v: float | None) -> float:
@@ -574,6 +608,7 @@ def demand_for(
 
     media = remembered("media_fraction", obs.media_fraction, 0.0)
     items = remembered("media_items_per_request", obs.media_items_per_request, 1.0)
+    footprint = remembered("kv_footprint_tokens", kv_footprint, 0.0)
     inputs = inputs or SizingInputs()
     pm, ps = obs.prompt_tokens_mean, obs.prompt_tokens_std
     om, os_ = obs.output_tokens_mean, obs.output_tokens_std
@@ -589,6 +624,7 @@ def demand_for(
         items_per_request=max(items, 1.0),
         sizes=inputs.sizes,
         arrival_ca2=inputs.dispersion if inputs.dispersion is not None else 1.0,
+        kv_footprint_tokens=footprint,
     )
 
 
@@ -705,14 +741,15 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         )
         plan_rate = rate
         try:
-            plan = config.planning.plan(demand_for(obs, rate, shape, inputs), models)
+            footprint = observed_kv_footprint(obs, back_pool(pools), models.decode.kv_cache_tokens)
+            plan = config.planning.plan(demand_for(obs, rate, shape, inputs, footprint), models)
             planned = _pooled(plan, pools)
             # What the current load needs: a budget rebalance never shrinks a donor below it.
             # The share of the load to admit is that plan's too: under a short budget the front
             # door sheds what the pools cannot serve now, not what a forecast might bring.
             admitted = plan.admitted_fraction
             if pcfg.gpu_budget is not None and rate > observed:
-                now_plan = config.planning.plan(demand_for(obs, observed, shape, inputs), models)
+                now_plan = config.planning.plan(demand_for(obs, observed, shape, inputs, footprint), models)
                 floor = _pooled(now_plan, pools)
                 admitted = now_plan.admitted_fraction
             else:

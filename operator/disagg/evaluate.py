@@ -55,6 +55,7 @@ from pydantic import ValidationError
 
 from disagg import api, autoscaler, names
 from disagg.burstiness import arrival_counts
+from disagg.metrics import back_pool
 from disagg.model import StageModels
 from disagg.planner import SLO, Demand, PoolBounds, plan, split_threshold_tokens
 from disagg.sim.core import DONE, INF, REJECTED, Job
@@ -288,6 +289,10 @@ class Obs:
     sizes: SizeDistribution | None = None  # the window's requests' sizes
     arrival_counts: tuple[float, ...] | None = None  # per scrape-resolution sub-window, oldest first
     count_interval_s: float | None = None
+    # The back pool's running sequences and KV usage summed over its workers (the engines'
+    # gauges: num_requests_running, kv_cache_usage_perc); None where not read
+    back_running: float | None = None
+    kv_usage_sum: float | None = None
 
     def demand(self, rate: float | None = None) -> Demand:
         return Demand(
@@ -548,6 +553,8 @@ def observation_from(o: Obs, startup_s: float, pools: tuple[str, ...] = POOLS) -
         media_fraction=o.media_fraction,
         media_items_per_request=o.items_per_request,
         queued={pools[0]: float(o.queued)},
+        running={} if o.back_running is None else {back_pool(pools): o.back_running},
+        kv_usage_sum=o.kv_usage_sum,
         ttft_observed_s=o.ttft_p,
         startups={"simulated": startup_s},
         sizes=o.sizes,
@@ -891,6 +898,15 @@ class _Loop:
         self._admit_waiting(now)
 
     # ---- utilisation since the last decision (HPA signal)
+    def kv_gauges(self) -> dict[str, float]:
+        """The back pool's running sequences and summed KV usage now (what its pods' gauges say)."""
+        ws = self.serving(back_pool(self.pools))
+        if not ws:
+            return {}
+        running = float(sum(len(w.batch) for w in ws))
+        usage = sum(w.kv_used / w.kv_tokens for w in ws if math.isfinite(w.kv_tokens))
+        return {"back_running": running, "kv_usage_sum": usage}
+
     def utilisation(self, now: float) -> dict[str, float]:
         out = {}
         dt = max(1e-9, now - self.t_prev_util)
@@ -1026,6 +1042,7 @@ def run_policy(
                 queued=next((q for tq, q in reversed(lp.queue_samples) if tq <= ts + 1e-9), 0),
                 media_fraction=media_fraction,
                 items_per_request=items_per_request,
+                **lp.kv_gauges(),
             )
             count_s = getattr(pol, "sizing_interval_s", None)
             if count_s is not None:

@@ -136,6 +136,7 @@ def observation(
         output_tokens_std=snap.spreads.get("output_tokens_std"),
         queued={p: v[f"queue.{p}"] for p in config.pools if f"queue.{p}" in v},
         running={p: v[f"running.{p}"] for p in config.pools if f"running.{p}" in v},
+        kv_usage_sum=val("kv_usage_sum"),
         in_flight={p: dict(snap.in_flight(p)) for p in config.pools},
         ttft_observed_s=val("ttft_p"),
         itl_observed_s=val("itl_mean"),

@@ -336,6 +336,8 @@ def build_queries(
     if p.kv_usage:
         sel = pool_selector(namespace, deployment, back)
         q.append(Query("kv_usage_max", f"max({p.kv_usage}{{{sel}}})", "scalar", required=False, pool=back))
+        # summed over the pods: x kvCacheTokens, the KV tokens the pool holds (observed footprint)
+        q.append(Query("kv_usage_sum", f"sum({p.kv_usage}{{{sel}}})", "scalar", required=False, pool=back))
     if custom:
         names = {x.name for x in q}
         for name, promql in custom.items():

@@ -45,6 +45,10 @@ class Row:
     prompt_buckets: list[tuple[float, float]] | None = None
     output_buckets: list[tuple[float, float]] | None = None
     counts: list[float] | None = None
+    # the back pool's engines: running sequences per pod and KV usage summed over its pods
+    # (None: the KV gauge answers nothing)
+    running: float = 1.0
+    kv_used: float | None = None
 
 
 def _row_cluster(kube: FakeKube, prom: FakePrometheus, row: Row, now: float, pools: tuple[str, ...]) -> None:
@@ -78,7 +82,7 @@ def _row_cluster(kube: FakeKube, prom: FakePrometheus, row: Row, now: float, poo
                     drain=rec if is_leaving else None,
                 )
             )
-            prom.per_pod[p][f"{NAME}-{p}-5f7c9-{i:05d}"] = (1.0, 0.0)
+            prom.per_pod[p][f"{NAME}-{p}-5f7c9-{i:05d}"] = (row.running if p == pools[-1] else 1.0, 0.0)
     front = pools[0]
     first = next(iter(prom.per_pod[front]), None)
     if first is not None:
@@ -89,6 +93,7 @@ def _row_cluster(kube: FakeKube, prom: FakePrometheus, row: Row, now: float, poo
         ("prompt_tokens_mean", row.prompt),
         ("output_tokens_mean", row.output),
         ("ttft_p", row.ttft),
+        ("kv_usage_sum", row.kv_used),
     ):
         if v is not None:
             prom.scalars[key] = v
@@ -128,6 +133,8 @@ def _obs(row: Row, now: float, pools: tuple[str, ...]) -> Obs:
         sizes=_sizes(row),
         arrival_counts=None if row.counts is None else tuple(row.counts),
         count_interval_s=None if row.counts is None else autoscaler.COUNT_SCRAPES * SETTINGS.scrape_s,
+        back_running=row.running * (row.replicas[pools[-1]] - row.pending.get(pools[-1], 0)),
+        kv_usage_sum=row.kv_used,
     )
 
 
@@ -214,6 +221,24 @@ SIZED = [
     Row(2.0, {"prefill": 3, "decode": 3}, counts=ON_OFF[:3]),  # too few counts: Poisson, spec headroom
     Row(2.0, {"prefill": 3, "decode": 3}, stale=True, counts=ON_OFF),
 ]
+# Long prompts with short outputs: from the token means a decode sequence holds 30,200 KV
+# tokens (7 per worker); the engines' KV gauges show 8,000 (the long prompts have the shortest
+# outputs): 12 sequences on 3 workers holding 0.403 x 237,984 tokens. The footprint is kept
+# through a window whose gauge answers nothing.
+KV_FOOTPRINT = 8000.0
+KV = [
+    Row(2.0, PD, prompt=30000.0, output=200.0),
+    Row(
+        2.0,
+        {"prefill": 2, "decode": 3},
+        prompt=30000.0,
+        output=200.0,
+        running=4.0,
+        kv_used=12 * KV_FOOTPRINT / 237_984,
+    ),
+    Row(3.0, {"prefill": 2, "decode": 3}, short=3.0, prompt=30000.0, output=200.0, running=4.0),
+    Row(3.0, {"prefill": 2, "decode": 3}, prompt=30000.0, output=200.0, running=1.0, kv_used=0.1),
+]
 ALL_SIZING = {"requestSizes": True, "burstiness": True, "autoHeadroom": True}
 NO_SIZING = {"requestSizes": False, "burstiness": False, "autoHeadroom": False}
 
@@ -224,6 +249,7 @@ CASES = {
     "drains in flight": (DRAINS, SETTINGS),
     "budget pressure": (BUDGET, replace(SETTINGS, gpu_budget=6)),
     "sizes and bursty counts": (SIZED, replace(SETTINGS, sizing=ALL_SIZING)),
+    "observed KV footprint": (KV, SETTINGS),
 }
 
 
@@ -333,3 +359,10 @@ def test_the_evaluator_fills_sizes_and_counts_from_the_window(monkeypatch) -> No
     seen.clear()
     evaluate.run_policy("disagg", w, replace(SETTINGS, interval_s=30.0, sizing=NO_SIZING))
     assert all(o.sizes is None and o.arrival_counts is None for o in seen)
+
+
+def test_the_observed_kv_footprint_sizes_decode_on_both_paths() -> None:
+    """The KV rows decide differently with the gauges than without: the footprint is used."""
+    ops, _ = run_both(KV)
+    blind, _ = run_both([replace(r, kv_used=None) for r in KV])
+    assert [t["decode"] for t, _, _ in ops[1:]] < [t["decode"] for t, _, _ in blind[1:]]
