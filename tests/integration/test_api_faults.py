@@ -4,8 +4,9 @@ Gone and cut or dropped streams, writes with 409 and 500 or loses their answers,
 and drops reads, for a minute while the user edits the pool sizes.
 
 The operator must never ask for a wrong size (every Deployment write the proxy saw carries a
-size the spec asked for at some time, or, for an autoscaled object without metrics, the one
-size it started with), stay up, and converge once the faults stop.
+size the spec had asked for by then, only the last one once converged, and, for an
+autoscaled object without metrics, the one size it started with), stay up, and converge once
+the faults stop.
 """
 
 from __future__ import annotations
@@ -40,17 +41,18 @@ def closed_loopback_port() -> int:
         return s.getsockname()[1]
 
 
-def deployment_writes(proxy: FaultProxy, namespace: str) -> dict[str, list[int]]:
-    """Deployment name -> every `spec.replicas` the operator sent for it, in order (applied or not)."""
+def deployment_writes(proxy: FaultProxy, namespace: str) -> dict[str, list[tuple[float, int]]]:
+    """Deployment name -> (time, `spec.replicas`) of every write the operator sent for it, in
+    order, whether the proxy let it through or not."""
     prefix = f"/apis/apps/v1/namespaces/{namespace}/deployments/"
-    out: dict[str, list[int]] = defaultdict(list)
+    out: dict[str, list[tuple[float, int]]] = defaultdict(list)
     for r in list(proxy.requests):
         if r.method not in ("PATCH", "PUT", "POST") or not r.path.startswith(prefix):
             continue
         name = r.path[len(prefix) :].split("/")[0]
         replicas = (r.body or {}).get("spec", {}).get("replicas") if isinstance(r.body, dict) else None
         if replicas is not None:
-            out[name].append(int(replicas))
+            out[name].append((r.at, int(replicas)))
     return out
 
 
@@ -75,9 +77,13 @@ def test_api_faults_never_make_a_wrong_size_and_the_operator_converges(cluster, 
         user["metadata"]["name"] = "sized"
         auto = load("sglang-disaggregated.yaml")
         auto["metadata"]["name"] = "auto"
-        allowed: dict[str, set[int]] = {"sized-prefill": {1}, "sized-decode": {2}}
+        # What the user said, and from when: (time of the apply, size) per pool Deployment.
+        said: dict[str, list[tuple[float, int]]] = {"sized-prefill": [], "sized-decode": []}
 
         def apply(obj: dict) -> None:  # the user's writes go straight to the API server
+            if obj is user:
+                for pool in ("prefill", "decode"):
+                    said[f"sized-{pool}"].append((time.time(), obj["spec"]["pools"][pool]["replicas"]))
             cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", "-", input=json.dumps(obj))
 
         apply(user)
@@ -95,8 +101,6 @@ def test_api_faults_never_make_a_wrong_size_and_the_operator_converges(cluster, 
         for prefill, decode in EDITS:
             user["spec"]["pools"]["prefill"]["replicas"] = prefill
             user["spec"]["pools"]["decode"]["replicas"] = decode
-            allowed["sized-prefill"].add(prefill)
-            allowed["sized-decode"].add(decode)
             apply(user)
             time.sleep(max(0.0, min(EDIT_EVERY_S, started + FAULT_PHASE_S - time.monotonic())))
         time.sleep(max(0.0, started + FAULT_PHASE_S - time.monotonic()))
@@ -110,9 +114,11 @@ def test_api_faults_never_make_a_wrong_size_and_the_operator_converges(cluster, 
             timeout=CONVERGE_S,
             what=f"the pools converge after the faults ({final})\n{op.log()[-3000:]}",
         )
+        converged_at = time.time()
+        time.sleep(5)  # a late write of an old size would show here
         # The watches are alive: a change after the faults is applied promptly.
         user["spec"]["pools"]["decode"]["replicas"] = 4
-        allowed["sized-decode"].add(4)
+        edited_at = time.time()
         apply(user)
         cluster.wait_for(
             lambda: replicas(cluster, namespace, "sized-decode") == 4,
@@ -121,16 +127,18 @@ def test_api_faults_never_make_a_wrong_size_and_the_operator_converges(cluster, 
         )
 
         writes = deployment_writes(proxy, namespace)
-        for name, sizes in writes.items():
-            if name in allowed:
-                wrong = sorted(set(sizes) - allowed[name])
-                assert not wrong, (
-                    f"{name}: the operator asked for {wrong}; the spec only ever said {sorted(allowed[name])}"
-                )
+        for name, sent in writes.items():
+            sizes = [n for _, n in sent]
+            if name in said:
+                for at, n in sent:  # only a size the user had asked for by then
+                    allowed = {v for t, v in said[name] if t <= at}
+                    assert n in allowed, f"{name}: the operator asked for {n}; the spec had said {said[name]}"
+                    if converged_at <= at < edited_at:  # converged: only the last size
+                        assert n == final[name], f"{name}: {n} written after converging to {final[name]}"
             else:  # the autoscaled pools (no metrics: hold) and the routers keep one size
                 assert len(set(sizes)) == 1, f"{name} was written with several sizes {sizes}"
         for name, n in auto_start.items():
-            assert set(writes[name]) <= {n}, f"{name} changed size without metrics: {writes[name]}"
+            assert {m for _, m in writes[name]} <= {n}, f"{name} changed size without metrics: {writes[name]}"
         assert op.proc is not None and op.proc.poll() is None
     finally:
         if op is not None:
