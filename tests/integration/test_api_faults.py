@@ -20,8 +20,6 @@ import pytest
 from fault_proxy import FaultPlan, FaultProxy
 from samples import fixed, load
 
-from conftest import Cluster, OperatorProcess
-
 pytestmark = pytest.mark.cluster
 
 #: How long the faults last; the user changes the sizes every EDIT_EVERY_S meanwhile.
@@ -56,22 +54,20 @@ def deployment_writes(proxy: FaultProxy, namespace: str) -> dict[str, list[tuple
     return out
 
 
-def replicas(cluster: Cluster, namespace: str, name: str) -> int | None:
+def replicas(cluster, namespace: str, name: str) -> int | None:
     proc = cluster.kubectl("get", "deployment", name, "-n", namespace, "-o", "json", check=False)
     return json.loads(proc.stdout)["spec"]["replicas"] if proc.returncode == 0 else None
 
 
-def test_api_faults_never_make_a_wrong_size_and_the_operator_converges(cluster, crd, namespace, tmp_path):
+def test_api_faults_never_make_a_wrong_size_and_the_operator_converges(
+    cluster, namespace, operator_factory, tmp_path
+):
     proxy = FaultProxy(cluster.kubeconfig, tmp_path / "pki").start()
-    op: OperatorProcess | None = None
+    op = None
     try:
-        via_proxy = Cluster(
-            kubeconfig=proxy.write_kubeconfig(tmp_path / "via-proxy.kubeconfig"), bin=cluster.bin
-        )
+        via_proxy = proxy.write_kubeconfig(tmp_path / "via-proxy.kubeconfig")
         prometheus = f"http://127.0.0.1:{closed_loopback_port()}"
-        op = OperatorProcess(
-            via_proxy, [namespace], tmp_path / "operator.log", ["--prometheus-url", prometheus]
-        ).start()
+        op = operator_factory([namespace], ["--prometheus-url", prometheus], kubeconfig=via_proxy)
 
         user = fixed(prefill=1, decode=2)
         user["metadata"]["name"] = "sized"

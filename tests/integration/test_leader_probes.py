@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import random
-import socket
 import subprocess
 import threading
 import time
@@ -30,17 +28,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import OperatorProcess, tools_bin
 from disagg.leader import LeaderElector
+from e2e.e2e_stack import free_port  # below the ephemeral port range
 from prereqs import missing_prerequisite
 
 pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "disagg-operator"
-#: Ports handed to the probe servers, below Linux's ephemeral range (see tests/e2e/e2e_stack.py).
-SERVER_PORTS = range(20000, 32000)
-
 _ELECTOR = inspect.signature(LeaderElector.__init__).parameters
 LEASE_S = float(_ELECTOR["lease_s"].default)
 RENEW_S = float(_ELECTOR["renew_s"].default)
@@ -48,19 +43,8 @@ RENEW_S = float(_ELECTOR["renew_s"].default)
 TAKEOVER_BOUND_S = LEASE_S + RENEW_S
 
 
-def free_port() -> int:
-    for port in random.sample(SERVER_PORTS, 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free loopback port in {SERVER_PORTS}")
-
-
-def chart_operator_container() -> dict:
-    helm = tools_bin() / "helm"
+def chart_operator_container(tools: Path) -> dict:
+    helm = tools / "helm"
     if not helm.exists():
         missing_prerequisite("helm (built by hack/tools.sh with the other cluster tools)")
     out = subprocess.run(
@@ -115,7 +99,7 @@ class Probe:
 class Kubelet:
     """Probes one operator process on the chart's schedule; kills it when liveness fails."""
 
-    def __init__(self, op: OperatorProcess, port: int, container: dict) -> None:
+    def __init__(self, op, port: int, container: dict) -> None:  # op: conftest.OperatorProcess
         self.op = op
         self.port = port
         self.liveness = Probe.from_chart(container["livenessProbe"])
@@ -155,7 +139,7 @@ class Kubelet:
 def test_two_replicas_with_the_charts_probes_standby_lives_only_leader_ready_failover(
     cluster, namespace, operator_factory
 ):
-    container = chart_operator_container()
+    container = chart_operator_container(cluster.bin)
     args = container["args"]
     assert "--leader-election" in args  # the chart's default: replicas 2-3 need the Lease
     lease_name = args[args.index("--leader-election-id") + 1]
