@@ -17,7 +17,7 @@ TOOLS_BIN := $(shell $(HACK)/tools.sh --print)
 # hack/*.sh and the tests' subprocesses find the venv's `python3` and `disagg` first.
 export PATH := $(CURDIR)/$(VENV)/bin:$(TOOLS_BIN):$(PATH)
 
-.PHONY: help venv venv-clean install lock prereqs routers tools cluster-up cluster-down demo demo-down \
+.PHONY: help venv venv-clean install lock prereqs routers checkov tools cluster-up cluster-down demo demo-down \
 	test test-unit lint crds bench
 
 help: ## list targets
@@ -57,11 +57,14 @@ lock: ## refresh constraints.txt (pinned runtime + test dependencies) from a fre
 	} > $(CONSTRAINTS).new && mv $(CONSTRAINTS).new $(CONSTRAINTS)
 	@echo "wrote $(CONSTRAINTS); run 'make test' before committing it"
 
-prereqs: ## check Go, prometheus, chromium and Python venv support; install what is missing (apt)
+prereqs: ## check Go, prometheus, chromium, Python venv support and checkov; install what is missing
 	@PYTHON="$(BASE_PYTHON)" $(HACK)/prereqs.sh test
 
 routers: ## install the pinned P/D routers (vllm-router, sglang-router) from PyPI (cached)
 	$(HACK)/routers.sh >/dev/null
+
+checkov: ## install the pinned checkov policy scanner into its own cached venv (hack/checkov.sh)
+	$(HACK)/checkov.sh >/dev/null
 
 tools: ## build kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok, kwokctl, helm (cached)
 	$(HACK)/tools.sh
@@ -88,7 +91,7 @@ lint: venv ## ruff
 crds: venv ## regenerate the CRD from the API models
 	$(VENV)/bin/disagg crds
 
-test: ## all tests: lint, unit, cluster, Prometheus, browser (missing prerequisites fail)
+test: ## all tests: lint, unit, cluster, Prometheus, browser, chart policy scan (missing prerequisites fail)
 	@PYTHON="$(BASE_PYTHON)" $(HACK)/prereqs.sh test
 	@$(MAKE) --no-print-directory venv tools routers
 	$(VENV_PY) -m ruff check operator tests hack

@@ -3,7 +3,8 @@
 #
 #   hack/prereqs.sh venv     a Python >= 3.11 that can create a virtual environment
 #   hack/prereqs.sh demo     venv + Go >= 1.24 + the `prometheus` server binary
-#   hack/prereqs.sh test     demo + `chromium` (headless, for the dashboard browser test)
+#   hack/prereqs.sh test     demo + `chromium` (headless, for the dashboard browser test) + the
+#                            pinned `checkov` policy scanner (hack/checkov.sh: PyPI, its own venv)
 #   hack/prereqs.sh          same as `test`
 #   hack/prereqs.sh --find-python   print the Python the Makefile builds .venv from
 #
@@ -13,8 +14,10 @@
 # command to run. Go is installed with apt only when the distribution's package is new enough.
 # After installing `prometheus` (and always under CI=true), the system service that Debian's
 # package starts on :9090 is stopped: the tests and the demo start their own servers.
-# DISAGG_PREREQS_INSTALL=0 only checks: it never runs apt-get.
+# DISAGG_PREREQS_INSTALL=0 only checks: it installs nothing (no apt-get, no checkov).
 set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 MIN_PY="3.11"
 MIN_GO="1.24"
@@ -216,6 +219,15 @@ check_binaries() { # check_binaries <with_chromium 0|1>
   [[ "$1" == 0 || -n "$(find_chromium)" ]] || stop "apt installed chromium but no chromium binary is on PATH."
 }
 
+check_checkov() { # the chart's policy scanner, in a cached venv of its own (no root needed)
+  local bin
+  bin="$("${HERE}/checkov.sh" --print)"
+  [[ -x "${bin}" && -f "$(dirname "$(dirname "${bin}")")/.installed" ]] && return 0
+  [[ "${DISAGG_PREREQS_INSTALL:-1}" != 0 ]] || stop "missing: checkov (the chart's policy scanner). Install with:" \
+    "    hack/checkov.sh"
+  PYTHON="$PY" "${HERE}/checkov.sh" >/dev/null
+}
+
 main() {
   local target="${1:-test}"
   case "$target" in
@@ -225,13 +237,13 @@ main() {
       ;;
     venv) check_python ;;
     demo) check_python; check_go; check_binaries 0 ;;
-    test | all) check_python; check_go; check_binaries 1 ;;
+    test | all) check_python; check_go; check_binaries 1; check_checkov ;;
     -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; return 0 ;;
     *) stop "unknown target '$target' (venv, demo, test)" ;;
   esac
   local summary="python $PY ($(py_version "$PY"))"
   [[ "$target" == venv ]] || summary+=", go$(go_version), prometheus"
-  [[ "$target" == demo || "$target" == venv ]] || summary+=", chromium"
+  [[ "$target" == demo || "$target" == venv ]] || summary+=", chromium, checkov"
   log "ok: ${summary}"
 }
 

@@ -12,6 +12,7 @@ the command that installs it (tests/prereqs.py); `make test-unit` skips them ins
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -240,8 +241,12 @@ def crd(cluster: Cluster) -> str:
 def operator_factory(cluster: Cluster, crd: str, tmp_path: Path) -> Iterator[Callable[..., OperatorProcess]]:
     procs: list[OperatorProcess] = []
 
-    def make(namespaces: list[str], extra: list[str] | None = None) -> OperatorProcess:
-        p = OperatorProcess(cluster, namespaces, tmp_path / f"operator{len(procs)}.log", extra).start()
+    def make(
+        namespaces: list[str], extra: list[str] | None = None, kubeconfig: str | None = None
+    ) -> OperatorProcess:
+        """`kubeconfig`: another way to the same cluster (e.g. through a fault-injecting proxy)."""
+        where = dataclasses.replace(cluster, kubeconfig=kubeconfig) if kubeconfig else cluster
+        p = OperatorProcess(where, namespaces, tmp_path / f"operator{len(procs)}.log", extra).start()
         procs.append(p)
         return p
 

@@ -1,8 +1,10 @@
 """A Kubernetes policy scanner (checkov) on the rendered chart: every finding is justified.
 
-checkov is not a project dependency (it pins many packages of its own and takes minutes to
-install): the test runs it from $DISAGG_CHECKOV or PATH and is skipped without it, e.g.
-`python3 -m venv /tmp/ck && /tmp/ck/bin/pip install checkov && DISAGG_CHECKOV=/tmp/ck/bin/checkov`.
+checkov is not a dependency of the package (it pins many packages of its own): hack/checkov.sh
+installs the version pinned in hack/checkov-constraints.txt into a cached virtual environment
+(`hack/prereqs.sh test`, so `make test` and CI, do so first), and the test runs that one, or $DISAGG_CHECKOV when set.
+Without it the test FAILS, naming the command that installs it; only `make test-unit`
+(DISAGG_ALLOW_MISSING_PREREQS=1) skips it (tests/prereqs.py).
 It runs with --skip-download and, where possible, in a network namespace of its own
 (`unshare -n`), so the scanner sends nothing anywhere.
 """
@@ -17,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from prereqs import missing_prerequisite
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "disagg-operator"
 README = CHART / "README.md"
@@ -30,9 +34,17 @@ JUSTIFIED = {
 
 
 def checkov() -> str:
-    path = os.environ.get("DISAGG_CHECKOV") or shutil.which("checkov")
-    if not path:
-        pytest.skip("checkov not installed (set DISAGG_CHECKOV; see this module's docstring)")
+    """The pinned checkov (hack/checkov.sh), or $DISAGG_CHECKOV; missing: fail (or skip, see above)."""
+    path = (
+        os.environ.get("DISAGG_CHECKOV")
+        or subprocess.run(
+            [str(ROOT / "hack" / "checkov.sh"), "--print"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
+    if not (path and os.access(path, os.X_OK)):
+        missing_prerequisite(
+            f"checkov at {path} (the chart's policy scanner: run hack/checkov.sh or `make checkov`)"
+        )
     return path
 
 
@@ -76,7 +88,7 @@ def findings(rendered_dir: Path) -> list[tuple[str, str]]:
 def test_every_policy_finding_is_justified(tmp_path, values):
     helm = tools_bin() / "helm"
     if not helm.exists():
-        pytest.skip("helm not built (run hack/tools.sh)")
+        missing_prerequisite("helm (built by hack/tools.sh with the other cluster tools)")
     rendered = subprocess.run(
         [str(helm), "template", "rel", str(CHART), "--namespace", "ops", *values],
         capture_output=True,
