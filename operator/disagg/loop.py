@@ -83,6 +83,9 @@ class LoopOptions:
     cache: WatchCache | None = None
     # Objects stepped at once (each in its own task).
     concurrency: int = DEFAULT_CONCURRENCY
+    # One query per metric per tick for all due objects sharing the operator's Prometheus
+    # (metrics.fleet_queries), instead of each object's own.
+    fleet_queries: bool = True
 
 
 TRACKERS: dict[tuple[str, str], Tracker] = {}
@@ -277,30 +280,94 @@ async def snapshot(
     pods: list[dict],
     opts: LoopOptions,
     now: float,
+    fleet: asyncio.Future | None = None,
 ) -> metrics.Snapshot:
+    """Read the object's metrics. With `fleet` (the tick's one query per metric for every due
+    object, see `FleetBatch`), the built-in answers are split from it in memory and only the
+    object's own queries (spec.autoscaling.queries) are asked separately."""
     meta = body["metadata"]
     a = spec.autoscaling
     pools = api.pool_names(spec)
-    queries = metrics.build_queries(
+    queries = object_queries(spec, meta["namespace"], meta["name"])
+    need = {pool: [p["metadata"]["name"] for p in pool_pods(pods, pool) if routable(p)] for pool in pools}
+    results: dict[str, Any] = {}
+    if fleet is not None:
+        shared = await asyncio.shield(fleet)
+        own = list(a.queries or {})
+        results = metrics.fleet_split(
+            shared, queries, meta["namespace"], meta["name"], spec.slo.percentile, own=own
+        )
+    rest = [q for q in queries if q.name not in results]
+    if rest:
+        try:
+            source = opts.metrics_source or await client_for(
+                kube, meta["namespace"], a.prometheus, opts.prometheus_url
+            )
+            results.update(await source.run(rest))
+        except Exception as exc:
+            results.update({q.name: exc for q in rest})
+    return metrics.build_snapshot(queries, results, now, float(a.scrape_interval_seconds), need)
+
+
+def object_queries(spec: api.DisaggDeploymentSpec, namespace: str, name: str) -> list[metrics.Query]:
+    """Every query one decision of this object needs (disagg.metrics.build_queries)."""
+    a = spec.autoscaling
+    return metrics.build_queries(
         spec.engine,
-        meta["namespace"],
-        meta["name"],
-        pools,
+        namespace,
+        name,
+        api.pool_names(spec),
         a.metric_window_seconds,
         spec.slo.percentile,
         a.queries,
         short_window_s=autoscaler.SHORT_WINDOW_SCRAPES * a.scrape_interval_seconds,
         placement=spec.placement.mode,
     )
-    need = {pool: [p["metadata"]["name"] for p in pool_pods(pods, pool) if routable(p)] for pool in pools}
-    try:
-        source = opts.metrics_source or await client_for(
-            kube, meta["namespace"], a.prometheus, opts.prometheus_url
+
+
+def fleet_key(spec: api.DisaggDeploymentSpec) -> tuple | None:
+    """Objects with equal keys share the tick's fleet queries: the operator's own Prometheus,
+    the same engine and windows. None: the object asks its own (its own Prometheus URL)."""
+    a = spec.autoscaling
+    if a.prometheus is not None:
+        return None
+    return (
+        spec.engine,
+        a.metric_window_seconds,
+        autoscaler.SHORT_WINDOW_SCRAPES * a.scrape_interval_seconds,
+    )
+
+
+class FleetBatch:
+    """The objects of one tick that share a fleet key: their namespaces and series, then one
+    query per series for them all (`start`), awaited by each object's step."""
+
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+        self.namespaces: set[str] = set()
+        self.roles: set[str] = set()
+        self.future: asyncio.Future | None = None
+
+    def add(self, spec: api.DisaggDeploymentSpec, namespace: str, name: str) -> asyncio.Future:
+        self.namespaces.add(namespace)
+        self.roles |= metrics.fleet_roles(
+            object_queries(spec, namespace, name), own=list(spec.autoscaling.queries or {})
         )
-        results = await source.run(queries)
-    except Exception as exc:
-        results = {q.name: exc for q in queries}
-    return metrics.build_snapshot(queries, results, now, float(a.scrape_interval_seconds), need)
+        if self.future is None:
+            self.future = asyncio.get_running_loop().create_future()
+        return self.future
+
+    async def run(self, kube: Kube, opts: LoopOptions) -> None:
+        engine, window_s, short_s = self.key
+        assert self.future is not None
+        queries = metrics.fleet_queries(engine, sorted(self.namespaces), window_s, short_s, self.roles)
+        try:
+            source = opts.metrics_source or await client_for(kube, "", None, opts.prometheus_url)
+            results = await source.run(queries)
+        except Exception as exc:
+            results = {q.name: exc for q in queries}
+        if not self.future.done():
+            self.future.set_result(results)
 
 
 async def read_pods(kube: Kube, opts: LoopOptions, namespace: str, name: str) -> list[dict]:
@@ -665,7 +732,12 @@ def parsed_spec(body: Mapping[str, Any], tr: Tracker) -> api.DisaggDeploymentSpe
 
 
 async def step(
-    kube: Kube, body: Mapping[str, Any], opts: LoopOptions, now: float, due: bool | None = None
+    kube: Kube,
+    body: Mapping[str, Any],
+    opts: LoopOptions,
+    now: float,
+    due: bool | None = None,
+    fleet: asyncio.Future | None = None,
 ) -> None:
     """One tick for one DisaggDeployment. `due`: whether a decision is due (`tick` schedules
     it); None decides when `intervalSeconds` have passed since the last decision."""
@@ -689,7 +761,7 @@ async def step(
         due = now - tr.last_decision_at >= a.interval_seconds
     if not (due or draining_now):
         return
-    snap = await snapshot(kube, body, spec, pods, opts, now)
+    snap = await snapshot(kube, body, spec, pods, opts, now, fleet)
     tr.last_snapshot = snap
     if draining_now:
         removed = await drain_step(kube, body, spec, pods, snap, now, opts)
@@ -770,7 +842,13 @@ def _slots_for(opts: LoopOptions) -> asyncio.Semaphore:
 
 
 async def _step_in_task(
-    kube: Kube, body: Mapping[str, Any], opts: LoopOptions, now: float, due: bool, started: float
+    kube: Kube,
+    body: Mapping[str, Any],
+    opts: LoopOptions,
+    now: float,
+    due: bool,
+    started: float,
+    fleet: asyncio.Future | None = None,
 ) -> None:
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
@@ -779,7 +857,7 @@ async def _step_in_task(
             # A task that waited longer than a tick for a slot or the object's lock takes the
             # time it starts at; otherwise the tick's (one time for every object of a tick).
             waited = time.monotonic() - started
-            await step(kube, body, opts, now + waited if waited > opts.tick_s else now, due=due)
+            await step(kube, body, opts, now + waited if waited > opts.tick_s else now, due=due, fleet=fleet)
     except asyncio.CancelledError:
         raise
     except Exception:
@@ -801,20 +879,36 @@ async def tick(kube: Kube, opts: LoopOptions, now: float, wait: bool = False) ->
     prune({(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objs}, opts.namespaces)
     started = time.monotonic()
     tasks: list[asyncio.Task] = []
+    batches: dict[tuple, FleetBatch] = {}
     for body in objs:
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         if meta.get("deletionTimestamp") or key in INFLIGHT:
             continue
         pods = opts.cache.children("Pod", *key) if opts.cache is not None else None
-        due = wants_step(body, tracker(body), pods, now)
+        tr = tracker(body)
+        due = wants_step(body, tr, pods, now)
         if due is None:
             continue
+        fleet = None
+        spec = tr.spec
+        if (
+            opts.fleet_queries
+            and spec is not None
+            and spec.autoscaling.enabled
+            and not spec.autoscaling.paused
+        ):
+            fk = fleet_key(spec)
+            if fk is not None:
+                fleet = batches.setdefault(fk, FleetBatch(fk)).add(spec, *key)
         task = asyncio.create_task(
-            _step_in_task(kube, body, opts, now, due, started), name=f"disagg-step-{key[0]}/{key[1]}"
+            _step_in_task(kube, body, opts, now, due, started, fleet), name=f"disagg-step-{key[0]}/{key[1]}"
         )
         INFLIGHT[key] = task
         tasks.append(task)
+    for batch in batches.values():
+        # The tick's metrics, one query per series: held by the tasks (cancelled with them).
+        tasks.append(asyncio.create_task(batch.run(kube, opts), name=f"disagg-fleet-{batch.key}"))
     if wait:
         await asyncio.gather(*tasks, return_exceptions=True)
     return tasks

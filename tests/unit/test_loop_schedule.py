@@ -122,6 +122,7 @@ class SlowFor(FakePrometheus):
 def test_a_slow_object_delays_no_other_and_is_not_started_twice():
     kube, opts = fleet(6, prom=SlowFor("llm-0000"))
     opts.concurrency = 3
+    opts.fleet_queries = False  # each object asks its own: one of them never gets an answer
 
     async def main() -> tuple[set[str], int]:
         decided: set[str] = set()
@@ -139,3 +140,64 @@ def test_a_slow_object_delays_no_other_and_is_not_started_twice():
     decided, started = asyncio.run(main())
     assert decided == {f"llm-{i:04d}" for i in range(1, 6)}
     assert started == 1  # still in flight: never started again
+
+
+class FleetProm:
+    """Answers the fleet queries (one per series, grouped by namespace and pod) from per-pod
+    values; records every query asked."""
+
+    def __init__(self, kube: FakeKube, now: float) -> None:
+        self.kube, self.now = kube, now
+        self.calls: list[list[str]] = []
+
+    async def run(self, queries: list[metrics.Query]) -> dict:
+        self.calls.append([q.name for q in queries])
+        out: dict = {}
+        pods = [o for (k, _, _), o in self.kube.objects.items() if k == "Pod"]
+        for q in queries:
+            role = q.name.removeprefix(metrics.FLEET_PREFIX)
+            series = []
+            for p in pods:
+                labels = {"namespace": p["metadata"]["namespace"], "pod": p["metadata"]["name"]}
+                value = (
+                    self.now - 1 if role == "sample_time" else 2.0 if role.startswith("prompt_count") else 0.5
+                )
+                if role.endswith("_bucket"):
+                    series += [{"metric": {**labels, "le": "+Inf"}, "value": [self.now, str(value)]}]
+                else:
+                    series.append({"metric": labels, "value": [self.now, str(value)]})
+            out[q.name] = series
+        return out
+
+
+def test_one_query_per_metric_per_tick_for_every_due_object():
+    kube = FakeKube()
+    prom = FleetProm(kube, T0)
+    _, opts = fleet(0)
+    opts.metrics_source, opts.cache = prom, watch_cache(kube)
+    for i in range(8):
+        name = f"llm-{i:04d}"
+        kube.put(disagg_deployment(name, spec(), NS))
+        for pool in ("prefill", "decode"):
+            kube.put(deployment(name, pool, 1))
+            kube.put(pod(name, pool, 0, created=T0 - 600, admitted=T0 - 540))
+    for tr_name in [f"llm-{i:04d}" for i in range(8)]:  # all due in the same tick
+        loop.TRACKERS.pop((NS, tr_name), None)
+
+    async def main() -> None:
+        for body in opts.cache.disagg_deployments():
+            loop.tracker(body).next_due = T0
+        for task in await loop.tick(kube, opts, T0):
+            await task
+
+    asyncio.run(main())
+    # The decision's metrics: one batch for the eight objects, each series once. (The optional
+    # sizing inputs, a range query per object, are still asked per object.)
+    batches = [c for c in prom.calls if any(n.startswith(metrics.FLEET_PREFIX) for n in c)]
+    assert len(batches) == 1 and len(batches[0]) == len(set(batches[0]))
+    assert all(n.startswith(metrics.FLEET_PREFIX) for n in batches[0])
+    assert all(c == ["arrival_counts_horizon"] for c in prom.calls if c is not batches[0])
+    for i in range(8):
+        snap = loop.TRACKERS[(NS, f"llm-{i:04d}")].last_snapshot
+        assert snap is not None and snap.ok, snap and snap.reason()
+        assert snap.values["arrival_rps"] == 2.0  # its own prefill pod's rate, not the fleet's
