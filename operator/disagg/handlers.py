@@ -1,8 +1,11 @@
 """Kopf handlers: decorators only, everything else is delegated.
 
 Watches (no polling): DisaggDeployments, and the Deployments and Pods that
-carry the `disagg.dev/deployment` label. Any event reconciles the owning
-DisaggDeployment (level-triggered, idempotent: see disagg.reconcile).
+carry the `disagg.dev/deployment` label. Every event goes to disagg.controller:
+it feeds the watch cache (which the autoscaler loop reads instead of listing)
+and queues a reconcile of the owning DisaggDeployment when one can change
+something (level-triggered, idempotent: see disagg.reconcile); the operator's
+own status writes reconcile nothing.
 
 Only watch-event handlers are used. They store no progress annotations and add
 no finalizer, so deleting a DisaggDeployment never waits for the operator, and
@@ -20,9 +23,10 @@ from typing import Any
 
 import kopf
 
-from disagg import api, health, loop, names, reconcile
+from disagg import api, health, loop, names
+from disagg.controller import Controller
 from disagg.health import Health
-from disagg.kube import Kube, NotFound, login_settings
+from disagg.kube import Kube, login_settings
 from disagg.leader import LeaderElector
 
 log = logging.getLogger("disagg.handlers")
@@ -34,6 +38,7 @@ class State:
     options: dict[str, Any] = {}
     health = Health()
     health_runner: Any = None
+    controller: Controller | None = None
 
 
 def kube() -> Kube:
@@ -68,6 +73,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         # Before anything that can wait (the Lease): a standby must answer its liveness probe.
         State.health_runner = await health.serve(State.health, State.options.get("bind", "127.0.0.1"), port)
     State.kube = await Kube.connect(State.options.get("kubeconfig"))
+    State.controller = Controller(kube, on_deleted=loop.forget)
+    State.tasks.append(asyncio.create_task(State.controller.queue.run(), name="disagg-reconciles"))
     election = State.options.get("leader_election")
     if election:
         # Watches start only after this handler returns: a standby does nothing at all.
@@ -95,30 +102,21 @@ async def cleanup(**_: Any) -> None:
         State.health_runner = None
 
 
-async def reconcile_owner(namespace: str, name: str) -> None:
-    async with reconcile.lock_for(namespace, name):
-        try:
-            body = await kube().get(api.KIND, namespace, name)
-        except NotFound:
-            return
-        await reconcile.reconcile(kube(), body)
+def controller() -> Controller:
+    assert State.controller is not None, "operator not started"
+    return State.controller
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-async def on_disaggdeployment(event: dict, body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
-    if event.get("type") == "DELETED":
-        # Children are garbage-collected through their owner references; the autoscaler's
-        # memory of this object goes now (a recreated object starts fresh).
-        loop.forget(namespace, name)
-        return
-    await reconcile_owner(namespace, name)
+async def on_disaggdeployment(event: dict, **_: Any) -> None:
+    controller().on_event(api.KIND, event.get("type"), event["object"])
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={names.LABEL_DEPLOYMENT: kopf.PRESENT})
-async def on_pool_deployment(body: kopf.Body, namespace: str, **_: Any) -> None:
-    await reconcile_owner(namespace, body["metadata"]["labels"][names.LABEL_DEPLOYMENT])
+async def on_pool_deployment(event: dict, **_: Any) -> None:
+    controller().on_event("Deployment", event.get("type"), event["object"])
 
 
 @kopf.on.event("", "v1", "pods", labels={names.LABEL_DEPLOYMENT: kopf.PRESENT})
-async def on_pool_pod(body: kopf.Body, namespace: str, **_: Any) -> None:
-    await reconcile_owner(namespace, body["metadata"]["labels"][names.LABEL_DEPLOYMENT])
+async def on_pool_pod(event: dict, **_: Any) -> None:
+    controller().on_event("Pod", event.get("type"), event["object"])

@@ -1,9 +1,14 @@
 """The autoscaler's executor: read, decide (disagg.autoscaler), apply, report.
 
-One asyncio task of the operator walks every DisaggDeployment once a second.
-Each one decides at its own `spec.autoscaling.intervalSeconds`; drains in
-progress advance every tick. Kopf timers are not used because they put a
-finalizer on every object (deleting one would then wait for the operator).
+One asyncio task of the operator looks at every DisaggDeployment once a second, in memory:
+the objects, their pool Deployments and their pods come from the watch cache
+(disagg.cache, fed by the operator's watches), so a tick sends no request. Each object
+decides when it is next due (`spec.autoscaling.intervalSeconds`, first due at a phase drawn
+from its uid, so objects created together spread over the interval); drains in progress
+advance every tick, apart from the decisions. Due work runs as one task per object, at
+most `LoopOptions.concurrency` at once, so a slow object (or a reconcile holding its lock)
+delays no other. Kopf timers are not used because they put a finalizer on every object
+(deleting one would then wait for the operator).
 
 Per decision: read the pool Deployments, the pods and Prometheus into an
 `autoscaler.Observation`, call `autoscaler.decide`, then apply its outcome
@@ -20,6 +25,7 @@ loop sees the object.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import time
@@ -30,6 +36,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from disagg import api, autoscaler, drain, metrics, names, opmetrics, reconcile, routerclient, status
+from disagg.cache import WatchCache
 from disagg.kube import Kube, NotFound
 from disagg.promclient import client_for
 from disagg.sizes import SizeDistribution
@@ -38,6 +45,10 @@ log = logging.getLogger("disagg.loop")
 
 #: A drain handed to the ReplicaSet whose pod is still there after this long took the wrong pod.
 WRONG_VICTIM_AFTER_S = 30.0
+
+
+#: DisaggDeployments worked on at once by the loop (deciding, draining).
+DEFAULT_CONCURRENCY = 16
 
 
 class MetricsSource(Protocol):
@@ -54,6 +65,11 @@ class Tracker:
     last_snapshot: metrics.Snapshot | None = None
     last_outcome: autoscaler.Outcome | None = None
     metrics_ok: bool | None = None
+    # When the next decision is due (None: not scheduled yet), set by `tick`.
+    next_due: float | None = None
+    # The parsed spec of generation `spec_generation` (parsing every object every tick is costly).
+    spec_generation: int | None = None
+    spec: api.DisaggDeploymentSpec | None = None
 
 
 @dataclass
@@ -63,6 +79,13 @@ class LoopOptions:
     namespaces: tuple[str, ...] = ()
     # Where metrics come from; None: the Prometheus of the spec or of --prometheus-url.
     metrics_source: MetricsSource | None = None
+    # Pools and pods from the operator's watches; None: LIST them (tools and tests without one).
+    cache: WatchCache | None = None
+    # Objects stepped at once (each in its own task).
+    concurrency: int = DEFAULT_CONCURRENCY
+    # One query per metric per tick for all due objects sharing the operator's Prometheus
+    # (metrics.fleet_queries), instead of each object's own.
+    fleet_queries: bool = True
 
 
 TRACKERS: dict[tuple[str, str], Tracker] = {}
@@ -258,37 +281,112 @@ async def snapshot(
     pods: list[dict],
     opts: LoopOptions,
     now: float,
+    fleet: asyncio.Future | None = None,
 ) -> metrics.Snapshot:
+    """Read the object's metrics. With `fleet` (the tick's one query per metric for every due
+    object, see `FleetBatch`), the built-in answers are split from it in memory and only the
+    object's own queries (spec.autoscaling.queries) are asked separately."""
     meta = body["metadata"]
     a = spec.autoscaling
     pools = api.pool_names(spec)
-    queries = metrics.build_queries(
+    queries = object_queries(spec, meta["namespace"], meta["name"])
+    need = {pool: [p["metadata"]["name"] for p in pool_pods(pods, pool) if routable(p)] for pool in pools}
+    results: dict[str, Any] = {}
+    if fleet is not None:
+        shared = await asyncio.shield(fleet)
+        own = list(a.queries or {})
+        results = metrics.fleet_split(
+            shared, queries, meta["namespace"], meta["name"], spec.slo.percentile, own=own
+        )
+    rest = [q for q in queries if q.name not in results]
+    if rest:
+        try:
+            source = opts.metrics_source or await client_for(
+                kube, meta["namespace"], a.prometheus, opts.prometheus_url
+            )
+            results.update(await source.run(rest))
+        except Exception as exc:
+            results.update({q.name: exc for q in rest})
+    return metrics.build_snapshot(queries, results, now, float(a.scrape_interval_seconds), need)
+
+
+def object_queries(spec: api.DisaggDeploymentSpec, namespace: str, name: str) -> list[metrics.Query]:
+    """Every query one decision of this object needs (disagg.metrics.build_queries)."""
+    a = spec.autoscaling
+    return metrics.build_queries(
         spec.engine,
-        meta["namespace"],
-        meta["name"],
-        pools,
+        namespace,
+        name,
+        api.pool_names(spec),
         a.metric_window_seconds,
         spec.slo.percentile,
         a.queries,
         short_window_s=autoscaler.SHORT_WINDOW_SCRAPES * a.scrape_interval_seconds,
         placement=spec.placement.mode,
     )
-    need = {pool: [p["metadata"]["name"] for p in pool_pods(pods, pool) if routable(p)] for pool in pools}
-    try:
-        source = opts.metrics_source or await client_for(
-            kube, meta["namespace"], a.prometheus, opts.prometheus_url
+
+
+def fleet_key(spec: api.DisaggDeploymentSpec) -> tuple | None:
+    """Objects with equal keys share the tick's fleet queries: the operator's own Prometheus,
+    the same engine and windows. None: the object asks its own (its own Prometheus URL)."""
+    a = spec.autoscaling
+    if a.prometheus is not None:
+        return None
+    return (
+        spec.engine,
+        a.metric_window_seconds,
+        autoscaler.SHORT_WINDOW_SCRAPES * a.scrape_interval_seconds,
+    )
+
+
+class FleetBatch:
+    """The objects of one tick that share a fleet key: their namespaces and series, then one
+    query per series for them all (`start`), awaited by each object's step."""
+
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+        self.namespaces: set[str] = set()
+        self.roles: set[str] = set()
+        self.future: asyncio.Future | None = None
+
+    def add(self, spec: api.DisaggDeploymentSpec, namespace: str, name: str) -> asyncio.Future:
+        self.namespaces.add(namespace)
+        self.roles |= metrics.fleet_roles(
+            object_queries(spec, namespace, name), own=list(spec.autoscaling.queries or {})
         )
-        results = await source.run(queries)
-    except Exception as exc:
-        results = {q.name: exc for q in queries}
-    return metrics.build_snapshot(queries, results, now, float(a.scrape_interval_seconds), need)
+        if self.future is None:
+            self.future = asyncio.get_running_loop().create_future()
+        return self.future
+
+    async def run(self, kube: Kube, opts: LoopOptions) -> None:
+        engine, window_s, short_s = self.key
+        assert self.future is not None
+        queries = metrics.fleet_queries(engine, sorted(self.namespaces), window_s, short_s, self.roles)
+        try:
+            source = opts.metrics_source or await client_for(kube, "", None, opts.prometheus_url)
+            results = await source.run(queries)
+        except Exception as exc:
+            results = {q.name: exc for q in queries}
+        if not self.future.done():
+            self.future.set_result(results)
 
 
-async def list_deployments(kube: Kube, namespace: str, name: str) -> dict[str, dict]:
-    return {
-        (d["metadata"].get("labels") or {}).get(names.LABEL_POOL, ""): d
-        for d in await kube.list("Deployment", namespace, reconcile.owner_selector(name))
-    }
+async def read_pods(kube: Kube, opts: LoopOptions, namespace: str, name: str) -> list[dict]:
+    """The object's pool pods: from the watch cache, or a LIST without one."""
+    if opts.cache is not None:
+        return opts.cache.children("Pod", namespace, name)
+    return await kube.list("Pod", namespace, reconcile.owner_selector(name))
+
+
+async def list_deployments(
+    kube: Kube, namespace: str, name: str, opts: LoopOptions | None = None
+) -> dict[str, dict]:
+    """The object's pool Deployments by pool: from the watch cache, or a LIST without one."""
+    if opts is not None and opts.cache is not None:
+        found = opts.cache.children("Deployment", namespace, name)
+    else:
+        found = await kube.list("Deployment", namespace, reconcile.owner_selector(name))
+    return {(d["metadata"].get("labels") or {}).get(names.LABEL_POOL, ""): d for d in found}
 
 
 # ---------------------------------------------------------------------------- drains
@@ -348,13 +446,14 @@ async def drain_step(
     pods: list[dict],
     snap: metrics.Snapshot,
     now: float,
+    opts: LoopOptions | None = None,
 ) -> dict[str, int]:
     """Advance every drain of this DisaggDeployment; returns replicas removed per pool."""
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
     removed: dict[str, int] = {}
     scrape = float(spec.autoscaling.scrape_interval_seconds)
-    deployments = await list_deployments(kube, ns, name)
+    deployments = await list_deployments(kube, ns, name, opts)
     held: list[str] = []
     for pool in api.pool_names(spec):
         pp = pool_pods(pods, pool)
@@ -621,16 +720,35 @@ async def _paused(kube: Kube, body: Mapping[str, Any], tr: Tracker, now: float, 
         await kube.event(body, names.EVENT_PAUSED, note)
 
 
-async def step(kube: Kube, body: Mapping[str, Any], opts: LoopOptions, now: float) -> None:
-    """One tick for one DisaggDeployment."""
+def parsed_spec(body: Mapping[str, Any], tr: Tracker) -> api.DisaggDeploymentSpec | None:
+    """The object's spec, parsed once per generation; None when invalid (reconcile reports it)."""
+    gen = body["metadata"].get("generation")
+    if tr.spec is None or tr.spec_generation != gen or gen is None:
+        try:
+            tr.spec = api.parse_spec(body.get("spec") or {})
+        except ValidationError:
+            tr.spec = None
+        tr.spec_generation = gen
+    return tr.spec
+
+
+async def step(
+    kube: Kube,
+    body: Mapping[str, Any],
+    opts: LoopOptions,
+    now: float,
+    due: bool | None = None,
+    fleet: asyncio.Future | None = None,
+) -> None:
+    """One tick for one DisaggDeployment. `due`: whether a decision is due (`tick` schedules
+    it); None decides when `intervalSeconds` have passed since the last decision."""
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
-    try:
-        spec = api.parse_spec(body.get("spec") or {})
-    except ValidationError:
-        return  # reconcile reports InvalidSpec; never scale an invalid object
     tr = tracker(body)
-    pods = await kube.list("Pod", ns, reconcile.owner_selector(name))
+    spec = parsed_spec(body, tr)
+    if spec is None:
+        return  # reconcile reports InvalidSpec; never scale an invalid object
+    pods = await read_pods(kube, opts, ns, name)
     a = spec.autoscaling
     if not a.enabled or a.paused:
         await cancel_all_drains(
@@ -640,20 +758,22 @@ async def step(kube: Kube, body: Mapping[str, Any], opts: LoopOptions, now: floa
             await _paused(kube, body, tr, now, a.interval_seconds)
         return
     draining_now = any(status.is_draining(p) and drain.is_active(p) for p in pods)
-    due = now - tr.last_decision_at >= a.interval_seconds
+    if due is None:
+        due = now - tr.last_decision_at >= a.interval_seconds
     if not (due or draining_now):
         return
-    snap = await snapshot(kube, body, spec, pods, opts, now)
+    snap = await snapshot(kube, body, spec, pods, opts, now, fleet)
     tr.last_snapshot = snap
     if draining_now:
-        removed = await drain_step(kube, body, spec, pods, snap, now)
+        removed = await drain_step(kube, body, spec, pods, snap, now, opts)
         if removed:
+            # Read back at once: the drain records just written (the cache follows a moment later).
             pods = await kube.list("Pod", ns, reconcile.owner_selector(name))
     if not due:
         return
     tr.last_decision_at = now
     config = autoscaler.config_from_spec(spec)
-    deployments = await list_deployments(kube, ns, name)
+    deployments = await list_deployments(kube, ns, name, opts)
     sizing = await read_sizing(kube, body, spec, opts)
     outcome = autoscaler.decide(config, observation(config, snap, deployments, pods, now, sizing), tr.state)
     tr.state = outcome.state
@@ -669,33 +789,156 @@ async def step(kube: Kube, body: Mapping[str, Any], opts: LoopOptions, now: floa
     export_metrics(fresh, spec, outcome, snap, pods)
 
 
-async def tick(kube: Kube, opts: LoopOptions, now: float) -> None:
-    """One pass over every DisaggDeployment; forgets the ones that are gone."""
-    if opts.namespaces:
+# ---------------------------------------------------------------------------- scheduling
+
+
+def phase(uid: str | None, key: tuple[str, str]) -> float:
+    """A stable fraction in [0, 1) drawn from the object's uid (its name without one): where in
+    its interval an object first comes due, so objects created together spread out."""
+    digest = hashlib.sha256((uid or "/".join(key)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def next_due(previous: float, interval_s: float, now: float) -> float:
+    """The first time after `now` on the object's grid (`previous` + k intervals): a late
+    decision keeps the object's phase, and missed slots are skipped, not caught up."""
+    if previous > now:
+        return previous
+    return previous + (math.floor((now - previous) / interval_s) + 1) * interval_s
+
+
+def wants_step(body: Mapping[str, Any], tr: Tracker, pods: list[dict] | None, now: float) -> bool | None:
+    """Whether `tick` starts a step for this object now: None for no; otherwise whether a decision
+    is due. Advances the object's schedule when one is. `pods` None (no cache): assume a drain
+    may be running, so the step looks (it reads the pods itself)."""
+    spec = parsed_spec(body, tr)
+    if spec is None:
+        return None
+    a = spec.autoscaling
+    draining = pods is None or any(status.is_draining(p) and drain.is_active(p) for p in pods)
+    if not a.enabled:
+        return False if draining else None  # only drains to cancel
+    interval = float(a.interval_seconds)
+    if tr.next_due is None:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        tr.next_due = now + phase(body["metadata"].get("uid"), key) * interval
+    due = now >= tr.next_due
+    if due:
+        tr.next_due = next_due(tr.next_due, interval, now)
+    return due if (due or draining) else None  # paused: `step` cancels drains, notes the pause
+
+
+#: The step task of each object in flight: an object still busy is not started again.
+INFLIGHT: dict[tuple[str, str], asyncio.Task] = {}
+_slots: dict[tuple[int, int], asyncio.Semaphore] = {}
+
+
+def _slots_for(opts: LoopOptions) -> asyncio.Semaphore:
+    """One semaphore per running event loop and LoopOptions (a Semaphore binds to its loop)."""
+    key = (id(asyncio.get_running_loop()), id(opts))
+    if key not in _slots:
+        _slots.clear()  # from an earlier event loop (tests): never waited on again
+        _slots[key] = asyncio.Semaphore(max(1, opts.concurrency))
+    return _slots[key]
+
+
+async def _step_in_task(
+    kube: Kube,
+    body: Mapping[str, Any],
+    opts: LoopOptions,
+    now: float,
+    due: bool,
+    started: float,
+    fleet: asyncio.Future | None = None,
+) -> None:
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    try:
+        async with _slots_for(opts), reconcile.lock_for(*key):
+            # A task that waited longer than a tick for a slot or the object's lock takes the
+            # time it starts at; otherwise the tick's (one time for every object of a tick).
+            waited = time.monotonic() - started
+            await step(kube, body, opts, now + waited if waited > opts.tick_s else now, due=due, fleet=fleet)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("autoscaling %s/%s failed; retrying next tick", *key)
+    finally:
+        INFLIGHT.pop(key, None)
+
+
+async def tick(kube: Kube, opts: LoopOptions, now: float, wait: bool = False) -> list[asyncio.Task]:
+    """One pass over every DisaggDeployment: starts a task for each one with work to do (a due
+    decision, a drain) and not still busy from an earlier tick; forgets the ones that are gone.
+    Returns the tasks started (`wait`: after they finished)."""
+    if opts.cache is not None:
+        objs = opts.cache.disagg_deployments(opts.namespaces)
+    elif opts.namespaces:
         objs = [o for ns in opts.namespaces for o in await kube.list(api.KIND, ns)]
     else:
         objs = await kube.list(api.KIND)
     prune({(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objs}, opts.namespaces)
+    started = time.monotonic()
+    tasks: list[asyncio.Task] = []
+    batches: dict[tuple, FleetBatch] = {}
     for body in objs:
         meta = body["metadata"]
-        if meta.get("deletionTimestamp"):
+        key = (meta["namespace"], meta["name"])
+        if meta.get("deletionTimestamp") or key in INFLIGHT:
             continue
-        try:
-            async with reconcile.lock_for(meta["namespace"], meta["name"]):
-                await step(kube, body, opts, now)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("autoscaling %s/%s failed; retrying next tick", meta["namespace"], meta["name"])
+        pods = opts.cache.children("Pod", *key) if opts.cache is not None else None
+        tr = tracker(body)
+        due = wants_step(body, tr, pods, now)
+        if due is None:
+            continue
+        fleet = None
+        spec = tr.spec
+        if (
+            opts.fleet_queries
+            and spec is not None
+            and spec.autoscaling.enabled
+            and not spec.autoscaling.paused
+        ):
+            fk = fleet_key(spec)
+            if fk is not None:
+                fleet = batches.setdefault(fk, FleetBatch(fk)).add(spec, *key)
+        task = asyncio.create_task(
+            _step_in_task(kube, body, opts, now, due, started, fleet), name=f"disagg-step-{key[0]}/{key[1]}"
+        )
+        INFLIGHT[key] = task
+        tasks.append(task)
+    for batch in batches.values():
+        # The tick's metrics, one query per series: held by the tasks (cancelled with them).
+        tasks.append(asyncio.create_task(batch.run(kube, opts), name=f"disagg-fleet-{batch.key}"))
+    if wait:
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return tasks
+
+
+async def prime(kube: Kube, opts: LoopOptions) -> None:
+    """Fill the watch cache once (one LIST per kind and namespace) so the first ticks see every
+    object even before the watches delivered it."""
+    cache = opts.cache
+    if cache is None or cache.primed:
+        return
+    selector = names.LABEL_DEPLOYMENT  # the label is present (any owner)
+    for ns in opts.namespaces or (None,):
+        cache.prime(api.KIND, await kube.list(api.KIND, ns))
+        for kind in ("Deployment", "Pod"):
+            cache.prime(kind, await kube.list(kind, ns, selector))
+    cache.primed_done()
 
 
 async def run_forever(kube: Kube, opts: LoopOptions) -> None:
-    log.info("autoscaler loop started (tick %.1fs)", opts.tick_s)
+    log.info("autoscaler loop started (tick %.1fs, %d at once)", opts.tick_s, opts.concurrency)
     while True:
         started = time.monotonic()
         try:
+            await prime(kube, opts)
             await tick(kube, opts, time.time())
         except asyncio.CancelledError:
+            for task in list(INFLIGHT.values()):
+                task.cancel()
             raise
         except Exception:
             log.exception("autoscaler tick failed; retrying")

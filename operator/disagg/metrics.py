@@ -12,6 +12,7 @@ the autoscaler holds the current sizes.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -713,3 +714,246 @@ def size_distribution(
         return SizeDistribution.from_buckets(pb, ob, prompt_sum=prompt_sum, output_sum=output_sum)
     except ValueError as exc:
         raise MetricError("size_distribution", "invalid", str(exc)) from exc
+
+
+# ---------------------------------------------------------------------------- one query per metric
+#
+# Many DisaggDeployments that use the same Prometheus ask one query per metric per tick instead
+# of each its own: the series are grouped by the labels that identify a pod (namespace, pod, and
+# le for histogram buckets), and `fleet_split` rebuilds, in memory, exactly the answer each
+# object's own query (build_queries) would have had: sums and maxima over the pool's pods (the
+# same pod-name pattern, pool_selector), ratios of sums, buckets summed by le, and
+# histogram_quantile over them. The answers then go through build_snapshot unchanged, so the
+# freshness rules and "missing is never zero" hold as before.
+
+#: Per-object query name -> (how its value is made, the fleet series it is made of).
+_RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "arrival_rps": ("sum", ("prompt_count",)),
+    "arrival_rps_short": ("sum", ("prompt_count_short",)),
+    "prompt_tokens_mean": ("ratio", ("prompt_sum", "prompt_count")),
+    "prompt_tokens_buckets": ("buckets", ("prompt_bucket",)),
+    "output_tokens_mean": ("ratio", ("output_sum", "output_count")),
+    "output_tokens_buckets": ("buckets", ("output_bucket",)),
+    "ttft_p": ("quantile", ("ttft_bucket",)),
+    "itl_mean": ("ratio", ("itl_sum", "itl_count")),
+    "media_rps": ("sum", ("media_requests",)),
+    "media_items_rps": ("sum", ("media_items",)),
+    "prefill_time_mean": ("ratio", ("prefill_sum", "prefill_count")),
+    "kv_usage_max": ("max", ("kv_usage",)),
+}
+_BY_POD_RECIPES = {
+    "running_by_pod": "running",
+    "waiting_by_pod": "waiting",
+    "sample_time_by_pod": "sample_time",
+    "pending_kv_by_pod": "pending_kv",
+}
+FLEET_PREFIX = "fleet."
+
+
+def _recipe(name: str) -> tuple[str, tuple[str, ...]] | None:
+    if name in _RECIPES:
+        return _RECIPES[name]
+    base = name.partition(".")[0]
+    return ("by_pod", (_BY_POD_RECIPES[base],)) if base in _BY_POD_RECIPES else None
+
+
+def fleet_roles(queries: Sequence[Query], own: Sequence[str] = ()) -> set[str]:
+    """The fleet series that the built-in `queries` are made of (`own`: names the object defines
+    itself, spec.autoscaling.queries, which stay its own queries)."""
+    roles: set[str] = set()
+    for q in queries:
+        r = _recipe(q.name)
+        if r is not None and q.name not in own:
+            roles.update(r[1])
+    return roles
+
+
+def _fleet_promql(p: Preset, role: str, ns: str, window_s: int, short_window_s: int | None) -> str | None:
+    w = f"{int(window_s)}s"
+
+    def rate(metric: str | None, window: str = w) -> str | None:
+        return f"sum by (namespace, pod) (rate({metric}{{{ns}}}[{window}]))" if metric else None
+
+    def buckets(metric: str) -> str:
+        return f"sum by (namespace, pod, le) (rate({metric}_bucket{{{ns}}}[{w}]))"
+
+    table: dict[str, str | None] = {
+        "prompt_count": rate(f"{p.prompt_tokens}_count"),
+        "prompt_count_short": rate(f"{p.prompt_tokens}_count", f"{int(short_window_s or 0)}s"),
+        "prompt_sum": rate(f"{p.prompt_tokens}_sum"),
+        "prompt_bucket": buckets(p.prompt_tokens),
+        "output_sum": rate(f"{p.output_tokens}_sum"),
+        "output_count": rate(f"{p.output_tokens}_count"),
+        "output_bucket": buckets(p.output_tokens),
+        "ttft_bucket": buckets(p.ttft),
+        "itl_sum": rate(f"{p.itl}_sum"),
+        "itl_count": rate(f"{p.itl}_count"),
+        "media_requests": rate(p.media_requests),
+        "media_items": rate(p.media_items),
+        "prefill_sum": rate(f"{p.prefill_time}_sum" if p.prefill_time else None),
+        "prefill_count": rate(f"{p.prefill_time}_count" if p.prefill_time else None),
+        "kv_usage": f"max by (namespace, pod) ({p.kv_usage}{{{ns}}})" if p.kv_usage else None,
+        "running": f"sum by (namespace, pod) ({p.running}{{{ns}}})",
+        "waiting": f"sum by (namespace, pod) ({p.waiting}{{{ns}}})",
+        "sample_time": f"max by (namespace, pod) (timestamp({p.running}{{{ns}}}))",
+        "pending_kv": f"sum by (namespace, pod) ({p.pending_kv}{{{ns}}})" if p.pending_kv else None,
+    }
+    return table.get(role)
+
+
+def fleet_queries(
+    engine: str,
+    namespaces: Sequence[str],
+    window_s: int,
+    short_window_s: int | None,
+    roles: set[str],
+) -> list[Query]:
+    """One query per fleet series in `roles`, over every pod of `namespaces` (named
+    `fleet.<role>`), for the objects that share the engine and the windows."""
+    if not namespaces:
+        raise ValueError("fleet queries need at least one namespace")
+    p = preset(engine)
+    ns = 'namespace=~"' + "|".join(sorted(set(namespaces))) + '"'
+    out = []
+    for role in sorted(roles):
+        promql = _fleet_promql(p, role, ns, window_s, short_window_s)
+        if promql is not None:
+            out.append(Query(FLEET_PREFIX + role, promql, "fleet", required=False))
+    return out
+
+
+def _fmt(v: float) -> str:
+    """A value as Prometheus writes it in JSON."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(v)
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float:
+    """Prometheus' histogram_quantile over cumulative (upper bound, count) buckets."""
+    if math.isnan(q):
+        return math.nan
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    merged: dict[float, float] = {}
+    for le, c in buckets:
+        merged[le] = merged.get(le, 0.0) + c
+    pts = sorted(merged.items())
+    if len(pts) < 2 or not math.isinf(pts[-1][0]):
+        return math.nan
+    counts = [c for _, c in pts]
+    for i in range(1, len(counts)):  # counts must not decrease (precision loss in rate())
+        counts[i] = max(counts[i], counts[i - 1])
+    total = counts[-1]
+    if total == 0 or math.isnan(total):
+        return math.nan
+    rank = q * total
+    b = next(i for i, c in enumerate(counts) if c >= rank)
+    if b == len(pts) - 1:
+        return pts[-2][0]
+    if b == 0 and pts[0][0] <= 0:
+        return pts[0][0]
+    start, end, count = 0.0, pts[b][0], counts[b]
+    if b > 0:
+        start = pts[b - 1][0]
+        count -= counts[b - 1]
+        rank -= counts[b - 1]
+    return start + (end - start) * (rank / count)
+
+
+def _le(text: str) -> float:
+    return math.inf if text in ("+Inf", "Inf", "inf") else float(text)
+
+
+def fleet_split(
+    results: Mapping[str, Sequence[Mapping[str, Any]] | Exception],
+    queries: Sequence[Query],
+    namespace: str,
+    deployment: str,
+    percentile: float,
+    own: Sequence[str] = (),
+) -> dict[str, Sequence[Mapping[str, Any]] | Exception]:
+    """The answers of this object's built-in `queries` (except `own`), rebuilt from the fleet
+    series in `results` (see fleet_queries). A failed fleet query fails every answer made of it;
+    a malformed series is left out (its answer is then missing, never zero)."""
+    out: dict[str, Sequence[Mapping[str, Any]] | Exception] = {}
+    pattern_of: dict[str, re.Pattern[str]] = {}
+
+    def pool_series(role: str, pool: str | None) -> list[Mapping[str, Any]] | Exception:
+        res = results.get(FLEET_PREFIX + role)
+        if isinstance(res, Exception):
+            return res
+        key = pool or ""
+        if key not in pattern_of:  # the PromQL pattern, its string-literal escaping undone
+            pattern_of[key] = re.compile(pod_name_regex(f"{deployment}-{key}").replace("\\\\", "\\"))
+        pat = pattern_of[key]
+        return [
+            s
+            for s in res or []
+            if (s.get("metric") or {}).get("namespace") == namespace
+            and pat.fullmatch((s.get("metric") or {}).get("pod") or "")
+        ]
+
+    def num(s: Mapping[str, Any]) -> float | None:
+        try:
+            return float(s["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
+
+    def stamp(series: Sequence[Mapping[str, Any]]) -> Any:
+        return series[0]["value"][0]
+
+    def total(series: Sequence[Mapping[str, Any]]) -> float:
+        return math.fsum(v for s in series if (v := num(s)) is not None)
+
+    for q in queries:
+        recipe = _recipe(q.name)
+        if recipe is None or q.name in own:
+            continue
+        how, roles = recipe
+        parts = [pool_series(r, q.pool) for r in roles]
+        failed = next((x for x in parts if isinstance(x, Exception)), None)
+        if failed is not None:
+            out[q.name] = failed
+            continue
+        series = [x for x in parts if not isinstance(x, Exception)]
+        if any(not s for s in series):
+            out[q.name] = []  # an aggregation over nothing answers nothing
+            continue
+        first = series[0]
+        if how == "sum":
+            out[q.name] = [{"metric": {}, "value": [stamp(first), _fmt(total(first))]}]
+        elif how == "max":
+            vals = [v for s in first if (v := num(s)) is not None]
+            out[q.name] = [{"metric": {}, "value": [stamp(first), _fmt(max(vals))]}] if vals else []
+        elif how == "ratio":
+            a, b = total(series[0]), total(series[1])
+            v = a / b if b else (math.nan if a == 0 else math.copysign(math.inf, a))
+            out[q.name] = [{"metric": {}, "value": [stamp(first), _fmt(v)]}]
+        elif how == "by_pod":
+            pods = {s["metric"]["pod"]: v for s in first if (v := num(s)) is not None}  # one per pod
+            out[q.name] = [
+                {"metric": {"pod": pod}, "value": [stamp(first), _fmt(v)]} for pod, v in pods.items()
+            ]
+        else:  # buckets, quantile: summed by le
+            by_le: dict[str, float] = {}
+            for s in first:
+                le, v = (s.get("metric") or {}).get("le"), num(s)
+                if le is not None and v is not None:
+                    by_le[le] = by_le.get(le, 0.0) + v
+            if how == "buckets":
+                out[q.name] = [
+                    {"metric": {"le": le}, "value": [stamp(first), _fmt(v)]} for le, v in by_le.items()
+                ]
+            else:
+                pts = [(_le(le), v) for le, v in by_le.items()]
+                out[q.name] = (
+                    [{"metric": {}, "value": [stamp(first), _fmt(histogram_quantile(percentile, pts))]}]
+                    if pts
+                    else []
+                )
+    return out

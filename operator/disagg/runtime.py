@@ -43,5 +43,7 @@ async def start(state: Any) -> None:
             tick_s=float(opts.get("tick_s", 1.0)),
             prometheus_url=opts.get("prometheus_url"),
             namespaces=namespaces,
+            # The watches' cache: the loop reads pools and pods from it, never LISTs them per tick.
+            cache=state.controller.cache if state.controller is not None else None,
         )
         state.tasks.append(asyncio.create_task(loop.run_forever(state.kube, lo), name="disagg-autoscaler"))

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from disagg import api, metrics, names
+from disagg.cache import KINDS as cache_kinds
+from disagg.cache import WatchCache
 from disagg.kube import Conflict, NotFound
 
 
@@ -39,8 +42,8 @@ def _selected(obj: Mapping[str, Any], selector: str | None) -> bool:
         return True
     labels = obj["metadata"].get("labels") or {}
     for term in selector.split(","):
-        key, _, value = term.partition("=")
-        if labels.get(key) != value:
+        key, eq, value = term.partition("=")
+        if labels.get(key) != value if eq else key not in labels:  # key=value, or key present
             return False
     return True
 
@@ -53,6 +56,15 @@ class FakeKube:
         self._rv = 0
         self._uid = 0
         self.fail_patch: Callable[[str, str], Exception | None] | None = None
+        self.fail_apply: Callable[[dict], Exception | None] | None = None
+        # Called with (event type, object) after every change, like a watch stream.
+        self.watchers: list[Callable[[str, dict], None]] = []
+        # Requests by verb and kind, e.g. calls[("list", "Pod")] (what a test may count).
+        self.calls: Counter[tuple[str, str]] = Counter()
+
+    def _notify(self, event_type: str, obj: dict) -> None:
+        for watcher in self.watchers:
+            watcher(event_type, copy.deepcopy(obj))
 
     def _next_rv(self) -> str:
         self._rv += 1
@@ -67,17 +79,22 @@ class FakeKube:
             meta["uid"] = f"uid-{self._uid}"
         meta["resourceVersion"] = self._next_rv()
         meta.setdefault("generation", 1)
-        self.objects[(obj["kind"], meta.get("namespace"), meta["name"])] = obj
+        key = (obj["kind"], meta.get("namespace"), meta["name"])
+        self._notify("MODIFIED" if key in self.objects else "ADDED", obj)
+        self.objects[key] = obj
         return copy.deepcopy(obj)
 
     def remove(self, kind: str, namespace: str | None, name: str) -> None:
-        self.objects.pop((kind, namespace, name), None)
+        gone = self.objects.pop((kind, namespace, name), None)
+        if gone is not None:
+            self._notify("DELETED", gone)
 
     def obj(self, kind: str, namespace: str | None, name: str) -> dict:
         return self.objects[(kind, namespace, name)]
 
     # -- the Kube interface ------------------------------------------------------------
     async def get(self, kind: str, namespace: str | None, name: str) -> dict:
+        self.calls[("get", kind)] += 1
         try:
             return copy.deepcopy(self.objects[(kind, namespace, name)])
         except KeyError:
@@ -90,6 +107,7 @@ class FakeKube:
             return None
 
     async def list(self, kind: str, namespace: str | None = None, selector: str | None = None) -> list[dict]:
+        self.calls[("list", kind)] += 1
         return [
             copy.deepcopy(o)
             for (k, ns, _), o in sorted(self.objects.items(), key=lambda kv: kv[0][2])
@@ -98,6 +116,11 @@ class FakeKube:
 
     async def apply(self, obj: dict, subresource: str | None = None, force: bool = True) -> dict:
         self.writes += 1
+        self.calls[("apply", obj["kind"])] += 1
+        if self.fail_apply is not None:
+            err = self.fail_apply(obj)
+            if err is not None:
+                raise err
         key = (obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])
         cur = self.objects.get(key)
         new = copy.deepcopy(obj)
@@ -107,6 +130,7 @@ class FakeKube:
                 new["status"] = cur["status"]
             new["metadata"]["resourceVersion"] = self._next_rv()
             self.objects[key] = new
+            self._notify("MODIFIED", new)
             return copy.deepcopy(new)
         return self.put(new)
 
@@ -127,6 +151,7 @@ class FakeKube:
         patch_type: str = "merge",
     ) -> dict:
         self.writes += 1
+        self.calls[("patch", kind)] += 1
         if self.fail_patch is not None:
             err = self.fail_patch(kind, name)
             if err is not None:
@@ -152,11 +177,16 @@ class FakeKube:
             new.setdefault("status", {})["conditions"] = list(by_type.values())
         new["metadata"]["resourceVersion"] = self._next_rv()
         self.objects[key] = new
+        self._notify("MODIFIED", new)
         return copy.deepcopy(new)
 
     async def delete(self, kind: str, namespace: str | None, name: str, uid: str | None = None) -> bool:
         self.writes += 1
-        return self.objects.pop((kind, namespace, name), None) is not None
+        self.calls[("delete", kind)] += 1
+        gone = self.objects.pop((kind, namespace, name), None)
+        if gone is not None:
+            self._notify("DELETED", gone)
+        return gone is not None
 
     async def served(self, kind: str) -> bool:
         """Kinds the fake API server serves beyond the built-in ones (CRDs): `served_kinds`."""
@@ -168,6 +198,10 @@ class FakeKube:
         self.events.append({"reason": reason, "message": message, "type": type_, "action": action})
 
     # -- helpers -----------------------------------------------------------------------
+    def api_requests(self) -> int:
+        """Every request counted so far (Events excluded: they are best effort)."""
+        return sum(self.calls.values())
+
     def reasons(self) -> list[str]:
         return [e["reason"] for e in self.events]
 
@@ -308,3 +342,33 @@ class FakePrometheus:
                     vals = {}
                 out[q.name] = [{"metric": {"pod": p}, "value": [self.now, str(v)]} for p, v in vals.items()]
         return out
+
+
+def watch_cache(kube: FakeKube) -> WatchCache:
+    """A watch cache fed by `kube`'s changes (as the operator's watches feed it), primed with
+    what `kube` holds now."""
+    cache = WatchCache()
+    for (kind, _, _), obj in kube.objects.items():
+        if kind in cache_kinds:
+            cache.prime(kind, [copy.deepcopy(obj)])
+    cache.primed_done()
+
+    def feed(event_type: str, obj: dict) -> None:
+        if obj["kind"] in cache_kinds:
+            cache.observe(obj["kind"], event_type, obj)
+
+    kube.watchers.append(feed)
+    return cache
+
+
+def resync(kube: FakeKube, cache: WatchCache) -> None:
+    """Deliver `kube`'s current state to `cache` (for tests that edit objects in place, which
+    no watch would see)."""
+    for kind in cache_kinds:
+        present = {(ns or "", name) for (k, ns, name) in kube.objects if k == kind}
+        for ns, name in cache.keys(kind):
+            if (ns, name) not in present:
+                cache.observe(kind, "DELETED", {"metadata": {"namespace": ns, "name": name}})
+    for (kind, _, _), obj in kube.objects.items():
+        if kind in cache_kinds:
+            cache.observe(kind, "MODIFIED", copy.deepcopy(obj))

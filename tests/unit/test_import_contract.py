@@ -43,6 +43,8 @@ PURE = [
     "disagg.burstiness",
     "disagg.routers",
     "disagg.worked_example",
+    "disagg.cache",
+    "disagg.workqueue",
 ]
 # Modules that must exist for the contract to mean something.
 REQUIRED = {

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fakes import FakeKube, FakePrometheus, deployment, disagg_deployment, pod
+from fakes import FakeKube, FakePrometheus, deployment, disagg_deployment, pod, resync, watch_cache
 
 from disagg import api, autoscaler, drain, loop, names, reconcile
 
@@ -38,7 +38,7 @@ class World:
     def __init__(self, spec: dict | None = None, prefill: int = 1, decode: int = 2) -> None:
         self.kube = FakeKube()
         self.prom = FakePrometheus()
-        self.opts = loop.LoopOptions(metrics_source=self.prom)
+        self.opts = loop.LoopOptions(metrics_source=self.prom, cache=watch_cache(self.kube))
         self.kube.put(disagg_deployment(NAME, spec or sample_spec(), NS))
         self.sizes = {"prefill": prefill, "decode": decode}
         self.now = T0
@@ -67,6 +67,7 @@ class World:
     def step(self, dt: float = 30.0) -> autoscaler.Outcome | None:
         self.now += dt
         self.prom.now = self.now
+        resync(self.kube, self.opts.cache)  # objects a test edited in place
         asyncio.run(loop.step(self.kube, self.body(), self.opts, self.now))
         tr = loop.TRACKERS.get((NS, NAME))
         return tr.last_outcome if tr else None

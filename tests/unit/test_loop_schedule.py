@@ -1,0 +1,203 @@
+"""The loop's scheduling (disagg.loop.tick): state from the watch cache (no LIST per object per
+tick), each object decided when it is due, spread over its interval, with bounded concurrency,
+never behind a slow object."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+
+import pytest
+import yaml
+from fakes import FakeKube, FakePrometheus, deployment, disagg_deployment, pod, watch_cache
+
+from disagg import loop, metrics
+
+pytestmark = pytest.mark.usefixtures("fresh_loop_memory")
+
+SAMPLE = Path(__file__).resolve().parents[2] / "config" / "samples" / "vllm-disaggregated-70b.yaml"
+NS = "ns"
+T0 = 1_800_000_000.0
+INTERVAL = 30
+
+
+def spec(enabled: bool = True) -> dict:
+    s = yaml.safe_load(SAMPLE.read_text())["spec"]
+    s["autoscaling"] = {"enabled": enabled, "intervalSeconds": INTERVAL, "scrapeIntervalSeconds": 15}
+    return s
+
+
+def fleet(
+    n: int, enabled: bool = True, prom: loop.MetricsSource | None = None
+) -> tuple[FakeKube, loop.LoopOptions]:
+    kube = FakeKube()
+    prom = prom or FakePrometheus()
+    opts = loop.LoopOptions(metrics_source=prom, cache=watch_cache(kube))
+    for i in range(n):
+        name = f"llm-{i:04d}"
+        kube.put(disagg_deployment(name, spec(enabled), NS))
+        for pool in ("prefill", "decode"):
+            kube.put(deployment(name, pool, 1))
+            kube.put(pod(name, pool, 0, created=T0 - 600, admitted=T0 - 540))
+    return kube, opts
+
+
+def run_ticks(
+    kube: FakeKube, opts: loop.LoopOptions, seconds: int, start: float = T0
+) -> dict[str, list[float]]:
+    """Tick once a (simulated) second; the decision times of each object."""
+    decided: dict[str, list[float]] = {}
+
+    async def main() -> None:
+        for s in range(seconds):
+            now = start + s
+            for task in await loop.tick(kube, opts, now):
+                await task
+            for (_, name), tr in loop.TRACKERS.items():
+                if tr.last_decision_at == now:
+                    decided.setdefault(name, []).append(now)
+
+    asyncio.run(main())
+    return decided
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_steady_ticks_send_no_list_and_the_requests_do_not_grow_with_the_fleet(enabled: bool):
+    lists, requests = {}, {}
+    for n in (2, 12):
+        loop.TRACKERS.clear()
+        kube, opts = fleet(n, enabled)
+        run_ticks(kube, opts, INTERVAL + 1)  # the first decisions set the targets (a reconcile each)
+        kube.calls.clear()
+        decided = run_ticks(kube, opts, 2 * INTERVAL, start=T0 + INTERVAL + 1)
+        lists[n] = sum(v for (verb, _), v in kube.calls.items() if verb == "list")
+        requests[n] = kube.api_requests()
+        if enabled:
+            assert len(decided) == n and all(len(t) == 2 for t in decided.values())
+    assert lists == {2: 0, 12: 0}
+    if not enabled:
+        assert requests == {2: 0, 12: 0}  # nothing to do: no request at all
+
+
+def test_without_the_cache_every_tick_lists_pods_per_object():
+    """The contrast: the LIST path (no watch cache) costs requests per object per tick."""
+    kube, opts = fleet(3)
+    opts.cache = None
+    run_ticks(kube, opts, 5)
+    assert kube.calls[("list", "Pod")] >= 3 * 5
+
+
+def test_objects_created_together_are_spread_over_the_interval():
+    kube, opts = fleet(30)
+    decided = run_ticks(kube, opts, INTERVAL + 1)
+    firsts = sorted(t[0] - T0 for t in decided.values())
+    assert len(firsts) == 30  # each decided once within its first interval
+    per_second = max(firsts.count(s) for s in set(firsts))
+    assert per_second <= 5, firsts  # not all in one tick
+    assert firsts[-1] - firsts[0] >= INTERVAL / 2
+
+
+def test_each_object_keeps_its_phase_decision_after_decision():
+    kube, opts = fleet(3)
+    decided = run_ticks(kube, opts, 4 * INTERVAL)
+    for times in decided.values():
+        assert [b - a for a, b in itertools.pairwise(times)] == [INTERVAL] * (len(times) - 1)
+
+
+class SlowFor(FakePrometheus):
+    """Answers like FakePrometheus, but never for the queries of one object."""
+
+    def __init__(self, slow: str) -> None:
+        super().__init__()
+        self.slow = slow
+        self.blocked = asyncio.Event()
+
+    async def run(self, queries: list[metrics.Query]) -> dict:
+        if any(f'"{self.slow}' in q.promql or f"{self.slow}-" in q.promql for q in queries):
+            await asyncio.Event().wait()  # hangs (a slow Prometheus, a slow API server)
+        return await super().run(queries)
+
+
+def test_a_slow_object_delays_no_other_and_is_not_started_twice():
+    kube, opts = fleet(6, prom=SlowFor("llm-0000"))
+    opts.concurrency = 3
+    opts.fleet_queries = False  # each object asks its own: one of them never gets an answer
+
+    async def main() -> tuple[set[str], int]:
+        decided: set[str] = set()
+        started = 0
+        for s in range(2 * INTERVAL):
+            now = T0 + s
+            tasks = await loop.tick(kube, opts, now)
+            started += sum(1 for t in tasks if t.get_name().endswith("/llm-0000"))
+            await asyncio.sleep(0.01)
+            decided |= {k[1] for k, tr in loop.TRACKERS.items() if tr.last_decision_at}
+        for t in list(loop.INFLIGHT.values()):
+            t.cancel()
+        return decided, started
+
+    decided, started = asyncio.run(main())
+    assert decided == {f"llm-{i:04d}" for i in range(1, 6)}
+    assert started == 1  # still in flight: never started again
+
+
+class FleetProm:
+    """Answers the fleet queries (one per series, grouped by namespace and pod) from per-pod
+    values; records every query asked."""
+
+    def __init__(self, kube: FakeKube, now: float) -> None:
+        self.kube, self.now = kube, now
+        self.calls: list[list[str]] = []
+
+    async def run(self, queries: list[metrics.Query]) -> dict:
+        self.calls.append([q.name for q in queries])
+        out: dict = {}
+        pods = [o for (k, _, _), o in self.kube.objects.items() if k == "Pod"]
+        for q in queries:
+            role = q.name.removeprefix(metrics.FLEET_PREFIX)
+            series = []
+            for p in pods:
+                labels = {"namespace": p["metadata"]["namespace"], "pod": p["metadata"]["name"]}
+                value = (
+                    self.now - 1 if role == "sample_time" else 2.0 if role.startswith("prompt_count") else 0.5
+                )
+                if role.endswith("_bucket"):
+                    series += [{"metric": {**labels, "le": "+Inf"}, "value": [self.now, str(value)]}]
+                else:
+                    series.append({"metric": labels, "value": [self.now, str(value)]})
+            out[q.name] = series
+        return out
+
+
+def test_one_query_per_metric_per_tick_for_every_due_object():
+    kube = FakeKube()
+    prom = FleetProm(kube, T0)
+    _, opts = fleet(0)
+    opts.metrics_source, opts.cache = prom, watch_cache(kube)
+    for i in range(8):
+        name = f"llm-{i:04d}"
+        kube.put(disagg_deployment(name, spec(), NS))
+        for pool in ("prefill", "decode"):
+            kube.put(deployment(name, pool, 1))
+            kube.put(pod(name, pool, 0, created=T0 - 600, admitted=T0 - 540))
+    for tr_name in [f"llm-{i:04d}" for i in range(8)]:  # all due in the same tick
+        loop.TRACKERS.pop((NS, tr_name), None)
+
+    async def main() -> None:
+        for body in opts.cache.disagg_deployments():
+            loop.tracker(body).next_due = T0
+        for task in await loop.tick(kube, opts, T0):
+            await task
+
+    asyncio.run(main())
+    # The decision's metrics: one batch for the eight objects, each series once. (The optional
+    # sizing inputs, a range query per object, are still asked per object.)
+    batches = [c for c in prom.calls if any(n.startswith(metrics.FLEET_PREFIX) for n in c)]
+    assert len(batches) == 1 and len(batches[0]) == len(set(batches[0]))
+    assert all(n.startswith(metrics.FLEET_PREFIX) for n in batches[0])
+    assert all(c == ["arrival_counts_horizon"] for c in prom.calls if c is not batches[0])
+    for i in range(8):
+        snap = loop.TRACKERS[(NS, f"llm-{i:04d}")].last_snapshot
+        assert snap is not None and snap.ok, snap and snap.reason()
+        assert snap.values["arrival_rps"] == 2.0  # its own prefill pod's rate, not the fleet's

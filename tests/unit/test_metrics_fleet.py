@@ -1,0 +1,156 @@
+"""One query per metric for many DisaggDeployments (disagg.metrics.fleet_queries/fleet_split):
+each object's answers rebuilt in memory are the ones its own queries would have had."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from disagg import metrics
+from disagg.metrics import MetricError, QueryFailed
+
+NS = "ns"
+T = 1_800_000_000.0
+POOLS = ("prefill", "decode")
+
+
+def sample(pod: str, v: float, ns: str = NS, **labels: str) -> dict:
+    return {"metric": {"namespace": ns, "pod": pod, **labels}, "value": [T, metrics._fmt(v)]}
+
+
+def pods(obj: str, pool: str, n: int) -> list[str]:
+    return [f"{obj}-{pool}-7d9f8c6b5-{i:05d}"[:-5] + f"ab{i:03d}" for i in range(n)]
+
+
+def queries(obj: str) -> list[metrics.Query]:
+    return metrics.build_queries("vllm", NS, obj, POOLS, 60, 0.9, short_window_s=30)
+
+
+def fleet(per_pod: dict[str, float], extra: dict[str, list[dict]] | None = None) -> dict:
+    """Fleet answers where each pod's series value is `per_pod[pod]` (the same for every role)."""
+    roles = metrics.fleet_roles(queries("a"))
+    out: dict = {}
+    for q in metrics.fleet_queries("vllm", [NS], 60, 30, roles):
+        role = q.name.removeprefix(metrics.FLEET_PREFIX)
+        if role.endswith("_bucket"):
+            out[q.name] = [
+                s
+                for pod, v in per_pod.items()
+                for s in (sample(pod, v / 2, le="0.5"), sample(pod, v, le="+Inf"))
+            ]
+        elif role == "sample_time":
+            out[q.name] = [sample(pod, T - 5) for pod in per_pod]
+        else:
+            out[q.name] = [sample(pod, v) for pod, v in per_pod.items()]
+    out.update(extra or {})
+    return out
+
+
+def test_one_query_per_series_whatever_the_number_of_objects():
+    roles = metrics.fleet_roles(queries("a"))
+    qs = metrics.fleet_queries("vllm", ["b", "a", "a"], 60, 30, roles)
+    assert len(qs) == len(roles) and len({q.promql for q in qs}) == len(qs)
+    assert all('namespace=~"a|b"' in q.promql and "by (namespace, pod" in q.promql for q in qs)
+    with pytest.raises(ValueError, match="namespace"):
+        metrics.fleet_queries("vllm", [], 60, 30, roles)
+
+
+def test_answers_are_split_by_object_pool_and_pod():
+    a_pre, a_dec = pods("a", "prefill", 2), pods("a", "decode", 3)
+    b_pre = pods("b", "prefill", 1)
+    values = {a_pre[0]: 1.0, a_pre[1]: 2.0, a_dec[0]: 10.0, a_dec[1]: 20.0, a_dec[2]: 30.0, b_pre[0]: 100.0}
+    res = fleet(values, extra={})
+    res["fleet.running"].append(sample(a_pre[0], 7.0, ns="other"))  # same name, other namespace
+    got = metrics.fleet_split(res, queries("a"), NS, "a", 0.9)
+    assert got["arrival_rps"][0]["value"][1] == "3.0"  # the prefill pool of "a" only
+    assert got["prompt_tokens_mean"][0]["value"][1] == "1.0"  # a ratio of sums
+    assert {s["metric"]["pod"]: float(s["value"][1]) for s in got["running_by_pod.decode"]} == {
+        a_dec[0]: 10.0,
+        a_dec[1]: 20.0,
+        a_dec[2]: 30.0,
+    }
+    assert {s["metric"]["le"]: float(s["value"][1]) for s in got["output_tokens_buckets"]} == {
+        "0.5": 30.0,
+        "+Inf": 60.0,
+    }
+    assert float(got["kv_usage_max"][0]["value"][1]) == 30.0
+    assert float(got["running_by_pod.prefill"][1]["value"][1]) == 2.0
+
+
+def test_nothing_matched_is_missing_and_zero_over_zero_is_nan_never_zero():
+    res = fleet({pods("a", "decode", 1)[0]: 0.0})
+    got = metrics.fleet_split(res, queries("a"), NS, "a", 0.9)
+    assert got["arrival_rps"] == []  # no prefill pod reports: empty, as sum() over nothing
+    with pytest.raises(MetricError) as err:
+        metrics.parse_scalar(got["itl_mean"], "itl_mean")
+    assert err.value.kind == "nan"
+
+
+def test_a_failed_fleet_query_fails_the_answers_made_of_it_only():
+    res = fleet({p: 1.0 for p in pods("a", "prefill", 1) + pods("a", "decode", 1)})
+    res["fleet.itl_count"] = QueryFailed("Prometheus did not answer within 5 s")
+    got = metrics.fleet_split(res, queries("a"), NS, "a", 0.9)
+    assert isinstance(got["itl_mean"], QueryFailed)
+    assert not isinstance(got["arrival_rps"], Exception)
+
+
+def test_the_objects_own_queries_are_left_to_it():
+    res = fleet({pods("a", "prefill", 1)[0]: 1.0})
+    got = metrics.fleet_split(res, queries("a"), NS, "a", 0.9, own=["arrival_rps"])
+    assert "arrival_rps" not in got and "prompt_tokens_mean" in got
+    assert "prompt_count" in metrics.fleet_roles(queries("a"), own=["arrival_rps"])  # the mean needs it
+
+
+def test_snapshot_from_the_split_equals_the_per_object_one():
+    a_pre, a_dec = pods("a", "prefill", 1), pods("a", "decode", 2)
+    values = {a_pre[0]: 0.4, a_dec[0]: 0.1, a_dec[1]: 0.3}
+    split = metrics.fleet_split(fleet(values), queries("a"), NS, "a", 0.5)
+
+    def own(pool_pods: list[str], v: float) -> list[dict]:
+        return [{"metric": {}, "value": [T, metrics._fmt(v)]}]
+
+    direct = {
+        "arrival_rps": own(a_pre, 0.4),
+        "arrival_rps_short": own(a_pre, 0.4),
+        "prompt_tokens_mean": own(a_pre, 1.0),
+        "output_tokens_mean": own(a_dec, 1.0),
+        "itl_mean": own(a_dec, 1.0),
+        "prefill_time_mean": own(a_pre, 1.0),
+        "kv_usage_max": own(a_dec, 0.3),
+        # histogram_quantile(0.5) of le 0.5 -> 2, +Inf -> 4: rank 2 is the 0.5 bucket's top
+        "ttft_p": own(a_dec, 0.5),
+    }
+    for pool, pp in (("prefill", a_pre), ("decode", a_dec)):
+        for series in ("running", "waiting", "pending_kv"):
+            direct[f"{series}_by_pod.{pool}"] = [
+                {"metric": {"pod": p}, "value": [T, metrics._fmt(values[p])]} for p in pp
+            ]
+        direct[f"sample_time_by_pod.{pool}"] = [
+            {"metric": {"pod": p}, "value": [T, metrics._fmt(T - 5)]} for p in pp
+        ]
+    for name, pp in (("prompt_tokens_buckets", a_pre), ("output_tokens_buckets", a_dec)):
+        direct[name] = [
+            {"metric": {"le": "0.5"}, "value": [T, metrics._fmt(sum(values[p] for p in pp) / 2)]},
+            {"metric": {"le": "+Inf"}, "value": [T, metrics._fmt(sum(values[p] for p in pp))]},
+        ]
+    qs = queries("a")
+    routable = {"prefill": a_pre, "decode": a_dec}
+    one = metrics.build_snapshot(qs, split, T, 15.0, routable)
+    other = metrics.build_snapshot(qs, direct, T, 15.0, routable)
+    assert one.ok and one.to_dict() == other.to_dict() and one.by_pod == other.by_pod
+
+
+@pytest.mark.parametrize(
+    ("q", "want"),
+    [(0.5, 0.1), (0.75, 0.15), (1.0, 0.2), (0.0, 0.0), (-1, -math.inf), (2, math.inf)],
+)
+def test_histogram_quantile_interpolates_like_prometheus(q: float, want: float):
+    buckets = [(0.1, 10.0), (0.2, 20.0), (math.inf, 20.0)]
+    assert metrics.histogram_quantile(q, buckets) == pytest.approx(want)
+
+
+def test_histogram_quantile_without_observations_or_inf_bucket_is_nan():
+    assert math.isnan(metrics.histogram_quantile(0.5, [(0.1, 0.0), (math.inf, 0.0)]))
+    assert math.isnan(metrics.histogram_quantile(0.5, [(0.1, 1.0), (0.2, 2.0)]))
+    assert metrics.histogram_quantile(0.99, [(0.1, 5.0), (math.inf, 10.0)]) == 0.1  # in +Inf: last bound
