@@ -33,13 +33,14 @@ class PendingWork:
     series: str
     reading: str = "count"  # count | held
 
-    def promql(self, selector: str) -> str:
+    def promql(self, selector: str, by: str = "pod") -> str:
+        """Per pod (`by`: the grouping labels) over the pods `selector` matches."""
         expr = f"{self.series}{{{selector}}}"
         if self.reading == "held":
             expr = f"ceil({expr})"
         elif self.reading != "count":
             raise ValueError(f"unknown pending-work reading {self.reading!r}; known: count, held")
-        return f"sum by (pod) ({expr})"
+        return f"sum by ({by}) ({expr})"
 
 
 @dataclass(frozen=True)
@@ -740,20 +741,23 @@ _RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "media_items_rps": ("sum", ("media_items",)),
     "prefill_time_mean": ("ratio", ("prefill_sum", "prefill_count")),
     "kv_usage_max": ("max", ("kv_usage",)),
+    "kv_usage_sum": ("sum", ("kv_usage",)),
 }
 _BY_POD_RECIPES = {
     "running_by_pod": "running",
     "waiting_by_pod": "waiting",
     "sample_time_by_pod": "sample_time",
-    "pending_kv_by_pod": "pending_kv",
 }
+_PENDING_ROLE = "pending_kv"  # fleet series "pending_kv.<pool>", one per PendingWork
 FLEET_PREFIX = "fleet."
 
 
 def _recipe(name: str) -> tuple[str, tuple[str, ...]] | None:
     if name in _RECIPES:
         return _RECIPES[name]
-    base = name.partition(".")[0]
+    base, _, pool = name.partition(".")
+    if base == "pending_kv_by_pod":  # each pool has its own series (PendingWork)
+        return ("by_pod", (f"{_PENDING_ROLE}.{pool}",))
     return ("by_pod", (_BY_POD_RECIPES[base],)) if base in _BY_POD_RECIPES else None
 
 
@@ -796,8 +800,9 @@ def _fleet_promql(p: Preset, role: str, ns: str, window_s: int, short_window_s: 
         "running": f"sum by (namespace, pod) ({p.running}{{{ns}}})",
         "waiting": f"sum by (namespace, pod) ({p.waiting}{{{ns}}})",
         "sample_time": f"max by (namespace, pod) (timestamp({p.running}{{{ns}}}))",
-        "pending_kv": f"sum by (namespace, pod) ({p.pending_kv}{{{ns}}})" if p.pending_kv else None,
     }
+    for work in p.pending_kv:
+        table[f"{_PENDING_ROLE}.{work.pool}"] = work.promql(ns, by="namespace, pod")
     return table.get(role)
 
 

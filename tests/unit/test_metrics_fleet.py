@@ -78,6 +78,19 @@ def test_answers_are_split_by_object_pool_and_pod():
     assert float(got["running_by_pod.prefill"][1]["value"][1]) == 2.0
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_pending_work_is_each_pools_own_series(engine: str):
+    """Each pool's pending-KV series is its preset's (vLLM: prefill KV held; SGLang: a queue
+    per end of the transfer), asked once for the fleet, by namespace and pod."""
+    qs = metrics.build_queries(engine, NS, "a", POOLS, 60, 0.9, short_window_s=30)
+    roles = metrics.fleet_roles(qs)
+    fleet_q = {q.name: q.promql for q in metrics.fleet_queries(engine, [NS], 60, 30, roles)}
+    for work in metrics.preset(engine).pending_kv:
+        promql = fleet_q[f"{metrics.FLEET_PREFIX}pending_kv.{work.pool}"]
+        assert promql == work.promql(f'namespace=~"{NS}"', by="namespace, pod")
+        assert "(" not in work.series and work.series in promql
+
+
 def test_nothing_matched_is_missing_and_zero_over_zero_is_nan_never_zero():
     res = fleet({pods("a", "decode", 1)[0]: 0.0})
     got = metrics.fleet_split(res, queries("a"), NS, "a", 0.9)
@@ -118,6 +131,7 @@ def test_snapshot_from_the_split_equals_the_per_object_one():
         "itl_mean": own(a_dec, 1.0),
         "prefill_time_mean": own(a_pre, 1.0),
         "kv_usage_max": own(a_dec, 0.3),
+        "kv_usage_sum": own(a_dec, 0.4),
         # histogram_quantile(0.5) of le 0.5 -> 2, +Inf -> 4: rank 2 is the 0.5 bucket's top
         "ttft_p": own(a_dec, 0.5),
     }
