@@ -59,14 +59,15 @@ ROOT_MARGIN = 1.05  # AR and MA roots at least this far outside the unit circle 
 def kpss_level_statistic(x: np.ndarray) -> float:
     """KPSS statistic for level stationarity: sum of squared partial sums / (n^2 x long-run variance).
 
-    Long-run variance by Newey-West (Bartlett weights) with the short lag rule
-    trunc(3 sqrt(n) / 13). A series with no variance counts as stationary (0).
+    Long-run variance by Newey-West (Bartlett weights) with Schwert's short lag rule
+    trunc(4 (n / 100)^(1/4)), pmdarima's default. A series with no variance counts as
+    stationary (0).
     """
     n = x.shape[0]
     e = x - x.mean()
     s = np.cumsum(e)
     gamma0 = float(e @ e) / n
-    lags = int(3.0 * math.sqrt(n) / 13.0)
+    lags = min(int(4.0 * (n / 100.0) ** 0.25), n - 1)
     lrv = gamma0
     for k in range(1, lags + 1):
         lrv += 2.0 * (1.0 - k / (lags + 1.0)) * float(e[k:] @ e[:-k]) / n
