@@ -32,10 +32,14 @@ as read there; docs/evaluation.md lists the facts and files:
 * a request made while the deployment is not ready is ignored
   (kubernetes_connector.set_component_replicas); scale-in deletes replicas, no drain.
 
-Deviation: the load predictor is Dynamo's "constant" one (next = last observed
-interval), not its default ARIMA (pmdarima's auto_arima is not a dependency
-here). Until ARIMA has 5 points Dynamo's ARIMA predictor returns the last value
-too, i.e. for the first 15 minutes at 180 s.
+Load predictor: Dynamo's default ARIMA (disagg.forecast.ArimaPredictor; the
+predictors live in utils/load_predictor.py), one per series as Dynamo keeps one for
+the request count, ISL and OSL (planner_core.BasePlanner), each fed every interval
+(a None or NaN reading counts as 0, as there) before the validity check, and asked
+for the next interval's value; the media series (an extension) get their own.
+``EvalSettings.dynamo_predictor = "constant"`` gives Dynamo's constant predictor
+(next = last). With fewer than 5 points ARIMA returns the last value: the first
+15 minutes at 180 s behave as the constant predictor.
 
 The "profile" is this project's stage models, the planner's own view of the hardware:
 TTFT_profile(ISL) = prefill service time, prefill throughput = ISL / that time,
@@ -54,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from disagg.evaluate import EvalSettings, Obs, Policy, hpa_behaviour
+from disagg.forecast import PREDICTORS, ConstantPredictor
 from disagg.model import StageModels
 from disagg.names import POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 from disagg.workload import Workload
@@ -76,6 +81,8 @@ __all__ = [
 
 DYNAMO_ADJUSTMENT_INTERVAL_S = 180.0  # defaults.py BasePlannerDefaults.adjustment_interval
 DYNAMO_MIN_ENDPOINT = 1  # defaults.py BasePlannerDefaults.min_endpoint
+# the series Dynamo forecasts (request count, mean ISL, mean OSL) and this baseline's media ones
+DYNAMO_SERIES = ("num_req", "isl", "osl", "media_req", "items")
 
 
 @dataclass(frozen=True)
@@ -238,8 +245,11 @@ class DynamoPolicy(Policy):
         self.interval_s = DYNAMO_ADJUSTMENT_INTERVAL_S
         self.last_adjust = 0.0  # the planner starts with the deployment
         self.corrections = (1.0, 1.0)
-        # constant predictor's memory: requests, ISL, OSL, media requests, items per media request
-        self.last_load: tuple[float, float, float, float, float] | None = None
+        # one load predictor per series, as Dynamo keeps one each for requests, ISL and OSL
+        self.predictors: dict[str, ConstantPredictor] = {
+            k: PREDICTORS[s.dynamo_predictor]() for k in DYNAMO_SERIES
+        }
+        self.predicted: dict[str, float] = {}
         self.cluster: Any = None
         self.output = w.output_tokens
         self.skipped = 0
@@ -282,15 +292,16 @@ class DynamoPolicy(Policy):
             return dict(o.requested), "dynamo: between adjustments"
         self.last_adjust = o.now
         m = self.observe(o.now)
-        if m.num_req is not None and m.isl is not None and m.osl is not None:
-            self.last_load = (m.num_req, m.isl, m.osl, m.media_req or 0.0, m.items or 1.0)
+        for k in DYNAMO_SERIES:
+            self.predictors[k].add(getattr(m, k))
         if not m.is_valid():
             self.skipped += 1
             return dict(o.requested), "dynamo: metrics None/NaN, skipped"
         self.corrections = dynamo_corrections(
             m, self.s.models, o.ready[POOL_DECODE], self.interval_s, self.corrections
         )
-        num_req, isl, osl, media_req, items = self.last_load or (0.0, 1.0, 1.0, 0.0, 1.0)  # next = last
+        self.predicted = {k: self.predictors[k].predict() for k in DYNAMO_SERIES}
+        num_req, isl, osl, media_req, items = (self.predicted[k] for k in DYNAMO_SERIES)
         num_req *= self.s.capacity_scale
         media_req *= self.s.capacity_scale
         g = self.s.gpus_per_replica
@@ -324,7 +335,8 @@ class DynamoPolicy(Policy):
         return out, "dynamo"
 
     def report(self) -> dict[str, Any]:
-        return {"skipped_intervals": self.skipped}
+        fits = {k: p.fit.order for k, p in self.predictors.items() if getattr(p, "fit", None) is not None}
+        return {"skipped_intervals": self.skipped, "predictor": self.s.dynamo_predictor, "arima_orders": fits}
 
 
 def keda_desired(in_pool: float, per_replica: float, current: int, tolerance: float = 0.1) -> int:

@@ -55,6 +55,7 @@ from pydantic import ValidationError
 
 from disagg import api, autoscaler, names
 from disagg.burstiness import arrival_counts
+from disagg.forecast import PREDICTORS
 from disagg.metrics import back_pool
 from disagg.model import StageModels
 from disagg.planner import SLO, Demand, PoolBounds, plan, split_threshold_tokens
@@ -126,6 +127,7 @@ class EvalSettings:
     target_attainment: float = 0.99  # oracle and best-static: the attainment they must reach
     capacity_scale: float = 1.0  # static/throughput/dynamo: size for this multiple of their demand
     keda_queue_per_replica: float = 2.0  # keda: target requests per replica beyond its batch (curve knob)
+    dynamo_predictor: str = "arima"  # dynamo: its load predictor (Dynamo's default "arima", or "constant")
     timeline_points: int = 300
     seed: int = 0
     placement: str = "disaggregated"  # or "conditional"
@@ -153,6 +155,10 @@ class EvalSettings:
             raise ValueError(f"target_attainment must be in (0, 1), got {self.target_attainment!r}")
         if not self.capacity_scale > 0 or not self.keda_queue_per_replica > 0:
             raise ValueError("capacity_scale and keda_queue_per_replica must be > 0")
+        if self.dynamo_predictor not in PREDICTORS:
+            raise ValueError(
+                f"dynamo_predictor must be one of {', '.join(PREDICTORS)}, got {self.dynamo_predictor!r}"
+            )
 
     def bounds(self) -> dict[str, PoolBounds]:
         return {
@@ -177,6 +183,7 @@ class EvalSettings:
             "gpus_per_replica": dict(self.gpus_per_replica),
             "gpu_budget": self.gpu_budget,
             "baseline_drain": self.baseline_drain,
+            "dynamo_predictor": self.dynamo_predictor,
             "headroom": self.headroom,
             "target_attainment": self.target_attainment,
             "placement": self.placement,

@@ -108,7 +108,7 @@ EVAL_POLICY_HELP = {
     "throughput": "Dynamo's rule at a 30 s cadence: per pool ceil(rate / per-replica throughput) from the "
     "stage models, proportional squeeze under a budget",
     "dynamo": "Dynamo's SLA planner at its defaults: every 180 s on a 180 s window, prefill/decode sized by "
-    "profiled throughput with TTFT/ITL correction factors, constant predictor, no drain",
+    "profiled throughput with TTFT/ITL correction factors, ARIMA load predictor, no drain",
     "keda": "KEDA-style per pool: ceil((in flight + waiting) / target per replica), HPA 300 s scale-down window",
     "oracle": "hindsight oracle: per interval the fewest workers per pool meeting the target attainment, "
     "by search through the simulator, applied instantly (GPU-hour reference)",

@@ -462,14 +462,19 @@ def _tables_at(
     wms = [f * pw / gap for pw, gap in zip(pws, gaps, strict=True)]
     log = math.log
     out: list[_Table] = []
+    pairs = list(zip(pws, gaps, strict=True))
     for p in ps:
         tail = 1.0 - p
         wps: list[float] = []
-        for pw, gap in zip(pws, gaps, strict=True):
-            wp = f * log(pw / tail) / gap if pw > tail else 0.0
-            wps.append(wp)
-            if wp <= 0.0:
-                break
+        add = wps.append
+        for pw, gap in pairs:  # `_table`'s values, to its first zero wait (inclusive)
+            if pw > tail:
+                wp = f * log(pw / tail) / gap
+                if wp > 0.0:
+                    add(wp)
+                    continue
+            add(0.0)
+            break
         out.append((r0, wps, wms[: len(wps)]))
     return out, (r0, pws, gaps, f)
 
@@ -750,17 +755,31 @@ def _pick_cover(
         None,
         [t[0][last] for t in per_pool],
     )
-    for i, fx in enumerate(cov.fixed_s):
+    # Covers from the most requests covered down; one whose cost cannot beat the best so far
+    # (`_cost_floor`) is not searched. Same pick as in index order keeping the first of equal
+    # keys (hence `<=` in this backward loop); tests/unit/test_sizes.py checks.
+    won = -1
+    for i in range(last, -1, -1):
+        slack = max(0.0, cov.target_s[i] - cov.fixed_s[i])
         tabs = [t[0][i] for t in per_pool]
-        idx = _search(tabs, gpus, max(0.0, cov.target_s[i] - fx))
+        floor = _cost_floor(tabs, gpus, slack)
+        if floor is None or (best is not None and (floor, -cov.covered[i]) > best):
+            continue
+        idx = _search(tabs, gpus, slack)
         if idx is None:
             continue
         key = (_cost(tabs, gpus, idx), -cov.covered[i])
-        if best is None or key < best:
-            best = key
-            pick = _Pick(
-                st._replace(fixed_s=fx), cov.wait_percentile[i], cov.target_s[i], cov.covered[i], None, tabs
-            )
+        if best is None or key <= best:
+            best, won = key, i
+    if won >= 0:
+        pick = _Pick(
+            st._replace(fixed_s=cov.fixed_s[won]),
+            cov.wait_percentile[won],
+            cov.target_s[won],
+            cov.covered[won],
+            None,
+            [t[0][won] for t in per_pool],
+        )
     if best is None or cov.slices is None:
         return pick
     fixed, target, _, cum = cov.slices
@@ -967,6 +986,29 @@ def _search(tabs: list[_Table], gpus: tuple[int, int, int], slack: float) -> tup
             if best is None or key < best:
                 best, best_idx = key, (i, j, kd)
     return best_idx
+
+
+def _cost_floor(tabs: list[_Table], gpus: tuple[int, int, int], slack: float) -> int | None:
+    """A lower bound on the cost of `_search`'s answer for this slack (None: it has none).
+
+    Each pool at its first count whose wait alone fits the slack (encoder and
+    prefill scanned, decode by `_search`'s bisection): every triple `_search`
+    accepts has each pool's wait within the slack.
+    """
+    lim = slack + 1e-9  # looser than `_search`'s 1e-12: rounding can only lower the bound
+    (r0e, we, _), (r0p, wpp, _), (r0d, wd, _) = tabs
+    total = 0
+    for r0, waits, g in ((r0e, we, gpus[0]), (r0p, wpp, gpus[1])):
+        for j, w in enumerate(waits):
+            if w <= lim:
+                total += g * (r0 + j)
+                break
+        else:
+            return None
+    kd = bisect.bisect_left([-w for w in wd], -lim)
+    if kd >= len(wd):
+        return None
+    return total + gpus[2] * (r0d + kd)
 
 
 def _cost(tabs: list[_Table], gpus: tuple[int, int, int], idx: tuple[int, int, int]) -> int:

@@ -209,7 +209,9 @@ class SizeDistribution:
         n = np.where(v > 0, SUBCLASSES_PER_BUCKET, 1)
         lo = np.repeat(np.maximum(t - half, 0.0), n)
         hi = np.repeat(t + half, n)
-        k = np.concatenate([np.arange(1, m + 1) for m in n.tolist()]) / np.repeat(n, n)
+        # position of each slice in its class, 1..n, over n (one arange, not one per class)
+        per = np.repeat(n, n)
+        k = (np.arange(1, per.size + 1) - np.repeat(np.cumsum(n) - n, n)) / per
         edges = lo + (hi - lo) * k
         weights = np.repeat(w / n, n)
         for a in (edges, weights):
@@ -429,23 +431,34 @@ def ttft_covers(
     cum[-1] = 1.0
     # classes with equal slack merge; a candidate needs F_k > p
     last = len(cum) - 1
-    idx = [
-        i
-        for i in range(len(cum))
-        if i == last or (percentile / cum[i] <= MAX_WAIT_PERCENTILE and s_ok[i + 1] < s_ok[i])
-    ]
+    keep = np.empty(len(cum), dtype=bool)
+    keep[:last] = (percentile / cum[:last] <= MAX_WAIT_PERCENTILE) & (s_ok[1:] < s_ok[:last])
+    keep[last] = True
+    idx = np.flatnonzero(keep).tolist()
     if len(idx) > max_covers:
-        picks = np.linspace(0, len(idx) - 1, max_covers).round().astype(int)
-        idx = [idx[j] for j in sorted(set(picks.tolist()))]
+        idx = [idx[j] for j in _evenly_spaced(len(idx), max_covers)]
+    covered = cum[idx].tolist()
     return Covers(
-        fixed_s=tuple(float(f_ok[i]) for i in idx),
-        target_s=tuple(float(t_ok[i]) for i in idx),
-        wait_percentile=tuple(min(percentile / float(cum[i]), 1.0) for i in idx),
-        covered=tuple(float(cum[i]) for i in idx),
+        fixed_s=tuple(f_ok[idx].tolist()),
+        target_s=tuple(t_ok[idx].tolist()),
+        wait_percentile=tuple(min(percentile / c, 1.0) for c in covered),
+        covered=tuple(covered),
         idle_miss_fraction=idle_miss,
         floor_s=float(fixed[0]),
         slices=(f_ok, t_ok, w_ok, cum),
     )
+
+
+def _evenly_spaced(n: int, m: int) -> list[int]:
+    """Sorted distinct round(linspace(0, n - 1, m)): m of the indexes 0..n-1, evenly spread.
+
+    The same floats as numpy.linspace (i x step, the last exactly n - 1) and the
+    same rounding (half to even), without numpy's per-call cost.
+    """
+    if m <= 1:
+        return [0] if m == 1 else []
+    step = (n - 1) / (m - 1)
+    return sorted({round(i * step) for i in range(m - 1)} | {n - 1})
 
 
 def miss_fraction(cov: Covers, tail: Any) -> float:

@@ -35,6 +35,7 @@ PURE = [
     "disagg.evaluate",
     "disagg.yardstick",
     "disagg.baselines",
+    "disagg.forecast",
     "disagg.dashboard.history",
     "disagg.autoscaler",
     "disagg.names",

@@ -302,3 +302,102 @@ def test_a_class_straddling_the_idle_limit_is_split_by_slices() -> None:
     c = ttft_covers(d, M, 0.3702298, 0.9, extra_s=0.045)
     assert c.idle_miss_fraction == pytest.approx(0.5)  # the upper half misses on an idle system
     assert c.fixed_s[-1] == pytest.approx(0.37023, abs=1e-5)  # the lower half is covered to its top
+
+
+def test_vectorised_slices_and_cover_choice_equal_the_loops() -> None:
+    """prompt_slices and ttft_covers index the slices with numpy; the per-class loops they replace agree."""
+    from disagg.sizes import MAX_WAIT_PERCENTILE, SUBCLASSES_PER_BUCKET, _evenly_spaced, ttft_covers
+
+    rng = np.random.default_rng(5)
+    models = StageModels()
+    for _ in range(200):
+        k = int(rng.integers(1, 30))
+        t = rng.uniform(10, 12000, k)
+        v = np.where(rng.random(k) < 0.3, 0.0, rng.uniform(0, 4e6, k))
+        d = SizeDistribution(tuple(t), tuple(v), tuple(rng.uniform(0.1, 1, k)), (300.0,), (0.0,), (1.0,))
+        tt, vv, _ = d.prompt_arrays
+        n = np.where(vv > 0, SUBCLASSES_PER_BUCKET, 1)
+        half = np.sqrt(3.0 * vv)
+        lo, hi = np.repeat(np.maximum(tt - half, 0.0), n), np.repeat(tt + half, n)
+        frac = np.concatenate([np.arange(1, m + 1) for m in n.tolist()]) / np.repeat(n, n)
+        assert d.prompt_slices[0].tolist() == (lo + (hi - lo) * frac).tolist()
+        p = float(rng.uniform(0.5, 0.99))
+        cov = ttft_covers(d, models, float(rng.uniform(0.3, 3.0)), p, max_covers=int(rng.integers(1, 12)))
+        if cov.slices is None:
+            continue
+        f_ok, t_ok, _, cum = cov.slices
+        s_ok = t_ok - f_ok
+        last = len(cum) - 1
+        idx = [
+            i
+            for i in range(len(cum))
+            if i == last or (p / cum[i] <= MAX_WAIT_PERCENTILE and s_ok[i + 1] < s_ok[i])
+        ]
+        if len(idx) > len(cov.fixed_s):
+            m = len(cov.fixed_s)
+            picks = np.linspace(0, len(idx) - 1, m).round().astype(int)
+            assert _evenly_spaced(len(idx), m) == sorted(set(picks.tolist()))
+            idx = [idx[j] for j in sorted(set(picks.tolist()))]
+        assert cov.fixed_s == tuple(float(f_ok[i]) for i in idx)
+        assert cov.covered == tuple(float(cum[i]) for i in idx)
+        assert cov.wait_percentile == tuple(min(p / float(cum[i]), 1.0) for i in idx)
+
+
+def _pick_reference(st, lam, bounds, gpus, p, ttft_s):
+    """`planner._pick_cover`'s covers, searched one by one in index order (no cost floor)."""
+    cov = st.covers
+    per_pool = [
+        planner._tables_at(lam_s, s, cs2, k, b.min_replicas, b.max_replicas, cov.wait_percentile)
+        for lam_s, s, cs2, k, b in planner._specs(lam, st, bounds)
+    ]
+    last = len(cov.fixed_s) - 1
+    best, pick = None, (cov.fixed_s[last], p, cov.target_s[last], 1.0, [t[0][last] for t in per_pool])
+    for i, fx in enumerate(cov.fixed_s):
+        tabs = [t[0][i] for t in per_pool]
+        idx = planner._search(tabs, gpus, max(0.0, cov.target_s[i] - fx))
+        if idx is None:
+            continue
+        key = (planner._cost(tabs, gpus, idx), -cov.covered[i])
+        if best is None or key < best:
+            best, pick = key, (fx, cov.wait_percentile[i], cov.target_s[i], cov.covered[i], tabs)
+    return pick
+
+
+def test_cover_pick_with_cost_floor_equals_the_plain_search() -> None:
+    rng = np.random.default_rng(11)
+    models, slo = StageModels(), SLO(percentile=0.99)
+    edges = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000]
+    ctx = planner._ctx(models, slo, False)
+    checked = 0
+    for _ in range(300):
+
+        def hist(scale: float) -> list[tuple[float, float]]:
+            xs = rng.lognormal(np.log(scale), rng.uniform(0.3, 1.3), 200)
+            return [(e, float((xs <= e).sum())) for e in edges] + [(math.inf, 200.0)]
+
+        sizes = SizeDistribution.from_buckets(hist(rng.uniform(300, 6000)), hist(rng.uniform(50, 800)))
+        d = sizes_mod.demand_with_sizes(
+            float(rng.uniform(0, 60)), sizes, arrival_ca2=float(rng.uniform(0.8, 4))
+        )
+        st = planner._shape(ctx, d)
+        if st.covers is None or not st.covers.fixed_s:
+            continue
+        gpus = tuple(int(g) for g in rng.choice([1, 2, 4], 3))
+        lo = int(rng.integers(0, 3))
+        bounds = {
+            k: planner.PoolBounds(lo, lo + int(rng.integers(1, 300)), g)
+            for k, g in zip(("encoder", "prefill", "decode"), gpus, strict=True)
+        }
+        got = planner._pick_cover(st, d.arrival_rps, bounds, gpus, slo.percentile, slo.ttft_s)
+        fx, pct, target, covered, tabs = _pick_reference(
+            st, d.arrival_rps, bounds, gpus, slo.percentile, slo.ttft_s
+        )
+        assert (got.st.fixed_s, got.percentile, got.target, got.covered, got.tabs) == (
+            fx,
+            pct,
+            target,
+            covered,
+            tabs,
+        )
+        checked += 1
+    assert checked > 200

@@ -80,6 +80,12 @@ def register(subparsers: Any) -> None:
     )
     f("--baseline-drain", action="store_true", help="let hpa/throughput/dynamo/keda drain on scale-down too")
     f(
+        "--dynamo-predictor",
+        choices=("arima", "constant"),
+        default="arima",
+        help="dynamo: its load predictor (default arima, Dynamo's default; constant: next = last interval)",
+    )
+    f(
         "--target-attainment",
         type=float,
         default=0.99,
@@ -155,6 +161,7 @@ def _settings(args: argparse.Namespace) -> Any:
         gpu_budget=args.gpu_budget,
         headroom=args.headroom,
         baseline_drain=args.baseline_drain,
+        dynamo_predictor=args.dynamo_predictor,
         target_attainment=args.target_attainment,
         seed=args.seed,
         placement=args.placement,
