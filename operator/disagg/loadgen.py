@@ -126,7 +126,6 @@ class Load:
             raise ValueError("bound the load: give a duration or a request count")
         if self.schedule is not None and self.duration_s is None:
             raise ValueError("a schedule needs a duration")
-        first_rate = self.rate if self.rate is not None else parse_schedule(str(self.schedule))[0][1]
         args = [
             str(binary()),
             "profile",
@@ -139,8 +138,6 @@ class Load:
             "--streaming",
             "--tokenizer",
             str(tokenizer_dir()),
-            "--request-rate",
-            f"{first_rate:g}",
             "--arrival-pattern",
             "constant",
             "--isl",
@@ -164,8 +161,11 @@ class Load:
             "--ui-type",
             "none",
         ]
+        # A rate, or a schedule (aiperf takes one or the other).
         if self.schedule is not None:
             args += ["--request-rate-series", str(self.artifact_dir / "rate-series.json")]
+        else:
+            args += ["--request-rate", f"{self.rate:g}"]
         if self.duration_s is not None:
             args += [
                 "--benchmark-duration",
@@ -188,12 +188,14 @@ class Load:
         return self.command()
 
 
+def env_overrides() -> dict[str, str]:
+    """What aiperf's environment sets: no hub telemetry, caches inside the project's cache directory."""
+    return {"HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": str(tool_dir() / "hf-home")}
+
+
 def environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """aiperf's environment: no hub telemetry, caches inside the project's cache directory."""
-    env = dict(os.environ if base is None else base)
-    env["HF_HUB_DISABLE_TELEMETRY"] = "1"
-    env.setdefault("HF_HOME", str(tool_dir() / "hf-home"))
-    return env
+    """aiperf's environment: `base` (default: this process's) with env_overrides()."""
+    return {**(os.environ if base is None else base), **env_overrides()}
 
 
 def _pct(values: list[float]) -> dict[str, float | None]:
