@@ -20,7 +20,16 @@ if [[ ! -x "${venv}/bin/aiperf" ]]; then
   echo "[loadgen] installing ${package}==${version} into ${venv} (a few minutes)" >&2
   rm -rf "${venv}"
   mkdir -p "$(dirname "${venv}")"
-  python3 -m venv "${venv}"
+  # aiperf 0.13.0 supports Python 3.11 to 3.13: the first such interpreter on PATH.
+  py=""
+  for c in python3 python3.13 python3.12 python3.11; do
+    if command -v "${c}" >/dev/null 2>&1 && \
+       "${c}" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' 2>/dev/null; then
+      py="${c}"; break
+    fi
+  done
+  [[ -n "${py}" ]] || { echo "hack/loadgen.sh: ERROR: ${package} ${version} needs Python 3.11-3.13 on PATH" >&2; exit 1; }
+  "${py}" -m venv "${venv}"
   "${venv}/bin/pip" install --quiet --disable-pip-version-check "${package}==${version}" >&2
   [[ -x "${venv}/bin/aiperf" ]] || { echo "hack/loadgen.sh: ERROR: ${package} has no aiperf" >&2; exit 1; }
 fi
