@@ -147,3 +147,47 @@ def test_load_step_through_the_endpoint_grows_then_drains_with_no_failed_respons
     )
     assert "DrainStarted" in reasons and "DrainCompleted" in reasons, reasons
     check_client_against_engines(client, summary)
+
+
+def test_operator_killed_mid_drain_through_the_endpoint_loses_no_response(endpoint_stack):
+    """The operator dies while a pod drains under live traffic; the restarted one finishes the drain."""
+    stack = endpoint_stack
+    fall_at, load_s = 40, 110
+    obj = start(stack, "vllm")
+    want = planned(obj, HIGH, PROMPT, OUTPUT)
+    run = stack.start_load(
+        schedule=f"0:{HIGH:g},{fall_at}:{LOW:g}",
+        duration_s=load_s,
+        prompt_tokens=PROMPT,
+        output_tokens=OUTPUT,
+    )
+    stack.cluster.wait_for(
+        lambda: reached(stack, want, run),
+        timeout=LOADGEN_START_S + WINDOW + 3 * INTERVAL + 20,
+        interval=1,
+        what=f"grown to {want}\n{stack.debug()}\n{run.tail()}",
+    )
+
+    def draining():
+        run.check()
+        return [p for p in stack.pods() if "disagg.dev/drain" in (p["metadata"].get("annotations") or {})]
+
+    stack.cluster.wait_for(
+        draining, timeout=LOADGEN_START_S + load_s, interval=0.5, what=f"a drain to start\n{stack.debug()}"
+    )
+    assert stack.operator is not None
+    stack.operator.kill()
+    victims = {p["metadata"]["name"] for p in draining()}
+    time.sleep(5)
+    stack.operator.start()
+    stack.cluster.wait_for(
+        lambda: not victims & {p["metadata"]["name"] for p in stack.pods()},
+        timeout=DRAIN_TIMEOUT_S,
+        interval=1,
+        what=f"drained pods {victims} removed by the restarted operator\n{stack.debug()}",
+    )
+    client = run.wait(timeout=LOADGEN_START_S + load_s + 120)
+    stack.wait_settled(timeout=DRAIN_TIMEOUT_S + 30)
+    summary = stack.stop_emulator()
+    print(f"operator restart: victims {victims}; client {client}; engines http {summary['http']}")
+    check_client_against_engines(client, summary)
