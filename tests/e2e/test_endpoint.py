@@ -191,3 +191,44 @@ def test_operator_killed_mid_drain_through_the_endpoint_loses_no_response(endpoi
     summary = stack.stop_emulator()
     print(f"operator restart: victims {victims}; client {client}; engines http {summary['http']}")
     check_client_against_engines(client, summary)
+
+
+def test_gpu_budget_below_the_plan_holds_while_every_response_completes(endpoint_stack):
+    """The planner's split under a GPU budget smaller than the plan: never more GPUs than the
+    budget, the pools rebalanced within it, and every response through the endpoint completes."""
+    stack = endpoint_stack
+    budget, load_s = 3, 90
+    unlimited = planned(endpoint_spec("http://x", "vllm"), HIGH, PROMPT, OUTPUT)
+    assert sum(unlimited.values()) > budget, "the test needs a load the budget cannot cover"
+    obj = start(stack, "vllm", gpuBudget=budget)
+    run = stack.start_load(rate=HIGH, duration_s=load_s, prompt_tokens=PROMPT, output_tokens=OUTPUT)
+    peak = 0
+
+    def limited():
+        nonlocal peak
+        run.check()
+        peak = max(peak, stack.gpus_in_use())
+        return (stack.condition("BudgetLimited") or {}).get("status") == "True"
+
+    stack.cluster.wait_for(
+        limited, timeout=LOADGEN_START_S + load_s, interval=1, what=f"BudgetLimited=True\n{stack.debug()}"
+    )
+    # The decision that limited the pools (read while the load lasts; once it falls, the next
+    # decisions fit the budget).
+    decision = stack.cluster.wait_for(
+        lambda: (d := stack.dd()["status"]["lastDecision"])["outputs"]["budgetLimited"] and d,
+        timeout=3 * INTERVAL,
+        what="the budget-limited decision in status",
+    )
+    while run.proc.poll() is None:
+        peak = max(peak, stack.gpus_in_use())
+        time.sleep(1)
+    client = run.wait(timeout=10)
+    stack.wait_settled(timeout=DRAIN_TIMEOUT_S + 30)
+    summary = stack.stop_emulator()
+    print(f"budget {budget}: peak {peak} GPUs; targets {decision['outputs']['targets']}; client {client}")
+    assert peak <= budget, f"{peak} GPUs requested with a budget of {budget}"
+    assert decision["outputs"]["budgetLimited"] is True
+    assert sum(decision["outputs"]["targets"].values()) <= budget
+    assert sum(planned(obj, HIGH, PROMPT, OUTPUT).values()) <= budget
+    check_client_against_engines(client, summary)
