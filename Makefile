@@ -17,7 +17,7 @@ TOOLS_BIN := $(shell $(HACK)/tools.sh --print)
 # hack/*.sh and the tests' subprocesses find the venv's `python3` and `disagg` first.
 export PATH := $(CURDIR)/$(VENV)/bin:$(TOOLS_BIN):$(PATH)
 
-.PHONY: help venv venv-clean install lock prereqs routers checkov tools cluster-up cluster-down demo demo-down \
+.PHONY: help venv venv-clean install lock prereqs routers loadgen checkov tools cluster-up cluster-down demo demo-down \
 	test test-unit lint crds bench
 
 help: ## list targets
@@ -63,6 +63,9 @@ prereqs: ## check Go, prometheus, chromium, Python venv support and checkov; ins
 routers: ## install the pinned P/D routers (vllm-router, sglang-router) from PyPI (cached)
 	$(HACK)/routers.sh >/dev/null
 
+loadgen: ## install the pinned load generator (aiperf) from PyPI into its own venv (cached)
+	$(HACK)/loadgen.sh >/dev/null
+
 checkov: ## install the pinned checkov policy scanner into its own cached venv (hack/checkov.sh)
 	$(HACK)/checkov.sh >/dev/null
 
@@ -78,7 +81,7 @@ cluster-down: ## delete the local cluster (safe when none runs)
 
 demo: ## the main job: cluster, operator, emulated fleet under load, dashboard
 	@PYTHON="$(BASE_PYTHON)" $(HACK)/prereqs.sh demo
-	@$(MAKE) --no-print-directory venv tools
+	@$(MAKE) --no-print-directory venv tools routers loadgen
 	$(HACK)/demo.sh up
 
 demo-down: ## stop the demo and delete its cluster
@@ -93,7 +96,7 @@ crds: venv ## regenerate the CRD from the API models
 
 test: ## all tests: lint, unit, cluster, Prometheus, browser, chart policy scan (missing prerequisites fail)
 	@PYTHON="$(BASE_PYTHON)" $(HACK)/prereqs.sh test
-	@$(MAKE) --no-print-directory venv tools routers
+	@$(MAKE) --no-print-directory venv tools routers loadgen
 	$(VENV_PY) -m ruff check operator tests hack
 	$(VENV_PY) -m pytest -q tests
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The demo: a local cluster with simulated GPU nodes, the Helm chart installed, the operator
 # (run locally with the chart's ServiceAccount token, since its image cannot run on KWOK's
-# simulated nodes), a real Prometheus, an emulated GPU fleet under a load that rises and
-# falls, and the dashboard.
+# simulated nodes), a real Prometheus, an emulated GPU fleet serving HTTP behind the operator's
+# router, a real load generator (aiperf, hack/loadgen.sh) sending a load that rises and falls
+# through the router's endpoint, and the dashboard.
 #
 #   hack/demo.sh up      start everything (returns; services keep running in the background)
 #   hack/demo.sh watch   follow the pool sizes (Ctrl-C to stop watching)
+#   hack/demo.sh results the load generator's results (failed/truncated, TTFT/ITL percentiles)
 #   hack/demo.sh down    stop the services and delete the cluster
 #
 # Ports (loopback): dashboard 8081, operator metrics 8080, Prometheus 9090, emulator 9400,
@@ -22,9 +24,13 @@ METRICS_PORT="${DEMO_METRICS_PORT:-8080}"
 PROM_PORT="${DEMO_PROMETHEUS_PORT:-9090}"
 EMU_PORT="${DEMO_EMULATOR_PORT:-9400}"
 ROUTER_PORT="${DEMO_ROUTER_PORT:-8090}"
-# Load: rate (requests/s) changes at these seconds, then the schedule repeats.
+# Load through the endpoint: the rate (requests/s) changes at these seconds; the last rate holds
+# until the load generator stops after DURATION seconds (it is bounded: 0 means one hour).
 SCHEDULE="${DEMO_SCHEDULE:-0:1,60:4,150:8,270:3,390:1,480:6,600:2}"
 DURATION="${DEMO_DURATION:-0}"
+LOAD_SECONDS=$(( DURATION > 0 ? DURATION : 3600 ))
+PROMPT_TOKENS="${DEMO_PROMPT_TOKENS:-3000}"
+OUTPUT_TOKENS="${DEMO_OUTPUT_TOKENS:-200}"
 
 BIN="$("${HERE}/tools.sh" --print)"
 export PATH="${BIN}:${PATH}"
@@ -97,6 +103,10 @@ spec = {
                                                         "ports": [{"containerPort": 8000}]}]}}}
               for p, m in (("prefill", 8), ("decode", 20))},
     "slo": {"ttftSeconds": 0.6, "itlSeconds": 0.15, "percentile": 0.9},
+    # aiperf's prompts share no prefix: round robin spreads them (docs/router.md, Benchmark). KWOK
+    # pods turn Ready before the emulator listens: check new workers every second, not every 30 s
+    # (docs/router.md, "Discovery adds one pod at a time").
+    "router": {"extraArgs": ["--policy", "round_robin", "--worker-startup-check-interval", "1"]},
     "autoscaling": {"enabled": True, "intervalSeconds": 10, "scrapeIntervalSeconds": 2, "metricWindowSeconds": 30,
                     "scaleDownStabilizationSeconds": 60, "gpuBudget": 30,
                     "prometheus": {"url": f"http://127.0.0.1:{port}"}},
@@ -109,11 +119,13 @@ PY
     --metrics-port "${METRICS_PORT}" --dashboard-port "${DASH_PORT}" --liveness-port 8082 \
     --allow-prometheus-url "http://127.0.0.1:${PROM_PORT}"
 
-  start_bg emulator disagg emulate --kubeconfig "${KUBECONFIG}" --namespace "${NS}" --serve \
-    --metrics-port "${EMU_PORT}" --schedule "${SCHEDULE}" --input-tokens 3000 --input-tokens-std 1500 \
-    --output-tokens 300 --output-tokens-std 150 --duration "${DURATION}"
+  # The emulated engines serve HTTP on their pod IPs and generate no load of their own:
+  # every request comes through the router.
+  start_bg emulator disagg emulate --kubeconfig "${KUBECONFIG}" --namespace "${NS}" --serve --rate 0 \
+    --metrics-port "${EMU_PORT}" --duration "$(( LOAD_SECONDS + 300 ))"
 
   start_router llama-demo
+  start_load
 
   for _ in $(seq 1 60); do
     curl -fsS "http://127.0.0.1:${DASH_PORT}/healthz" >/dev/null 2>&1 && break
@@ -132,7 +144,9 @@ Endpoint: http://127.0.0.1:${ROUTER_PORT}/v1
     Prometheus:   http://127.0.0.1:${PROM_PORT}/
     Metrics:      http://127.0.0.1:${METRICS_PORT}/metrics   (operator)   http://127.0.0.1:${EMU_PORT}/metrics   (emulator)
 
-    The emulated load follows "${SCHEDULE}" (seconds:requests/s).
+    Load: aiperf sends streaming chat completions through the endpoint at "${SCHEDULE}"
+    (seconds:requests/s) for ${LOAD_SECONDS} s; log ${STATE}/loadgen.log, results in ${STATE}/aiperf/
+    (hack/demo.sh results prints the client's failed/truncated counts and TTFT/ITL percentiles).
     Watch the pools follow it:   hack/demo.sh watch
     or:   KUBECONFIG=${KUBECONFIG} kubectl get disaggdeployments -n ${NS} -w
     Stop everything:              make demo-down
@@ -177,6 +191,38 @@ print("\n".join([f"{p.package}-{p.version}/bin/{p.binary}", *p.subcommand, *args
   KUBECONFIG="${STATE}/router.kubeconfig" start_bg router "${dir}/${cmd[0]}" "${cmd[@]:1}"
 }
 
+start_load() { # aiperf through the router's endpoint, once the router lists its workers
+  local endpoint="http://127.0.0.1:${ROUTER_PORT}/v1"
+  for _ in $(seq 1 120); do
+    curl -fsS "http://127.0.0.1:${ROUTER_PORT}/workers" 2>/dev/null | grep -q '"url"' && break
+    sleep 0.5
+  done
+  local cmd
+  rm -rf "${STATE}/aiperf"
+  mapfile -t cmd < <(PYTHONPATH="${ROOT}/operator" python3 - "${endpoint}" "${STATE}/aiperf" "${SCHEDULE}" \
+      "${LOAD_SECONDS}" "${PROMPT_TOKENS}" "${OUTPUT_TOKENS}" <<'PY'
+import sys
+from pathlib import Path
+from disagg import loadgen
+endpoint, art, schedule, seconds, prompt, output = sys.argv[1:]
+load = loadgen.Load(endpoint, Path(art), model="llama-3.1-70b (emulated)", schedule=schedule,
+                    duration_s=float(seconds), prompt_tokens=int(prompt), prompt_tokens_std=int(prompt) / 2,
+                    output_tokens=int(output))
+env = [f"{k}={v}" for k, v in loadgen.env_overrides().items()]
+print("\n".join(["env", *env, *load.prepare()]))
+PY
+)
+  start_bg loadgen "${cmd[@]}"
+}
+
+results() { # the client's view of the demo's load so far (after it ends: the whole run)
+  PYTHONPATH="${ROOT}/operator" python3 -c '
+import sys
+from disagg import loadgen
+print(loadgen.format_results(loadgen.read_results(sys.argv[1], int(sys.argv[2]))))' \
+    "${STATE}/aiperf" "${OUTPUT_TOKENS}"
+}
+
 watch_pools() {
   KUBECONFIG="$("${HERE}/cluster.sh" kubeconfig)"
   while true; do
@@ -187,7 +233,7 @@ watch_pools() {
 }
 
 down() {
-  for s in router emulator operator prometheus; do stop_bg "${s}"; done
+  for s in loadgen router emulator operator prometheus; do stop_bg "${s}"; done
   "${HERE}/cluster.sh" down
   log "demo stopped"
 }
@@ -195,6 +241,7 @@ down() {
 case "${1:-up}" in
   up) up ;;
   watch) watch_pools ;;
+  results) results ;;
   down) down ;;
-  *) echo "usage: $0 up|watch|down" >&2; exit 2 ;;
+  *) echo "usage: $0 up|watch|results|down" >&2; exit 2 ;;
 esac

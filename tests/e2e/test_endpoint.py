@@ -1,0 +1,234 @@
+"""Closed loop through the endpoint: a real client (aiperf) sends streaming chat completions through
+the operator's router (the real binary) to the HTTP emulated fleet, while the operator sizes the
+pools from what a real Prometheus scrapes and drains pods before it removes them.
+
+Checked at the client, for every request of the run: no failure (HTTP error, refused or reset
+connection, timeout), no truncated stream (each ends with a usage chunk reporting exactly the
+output tokens asked for); and the client's TTFT and inter-token latency percentiles against the
+ones the emulated engines recorded. Checked at the cluster: the load step grows the pools to the
+planner's sizes, the fall drains them, every drain ends (removed or re-admitted).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from e2e_stack import planned
+from endpoint_stack import DRAIN_TIMEOUT_S, EndpointStack, endpoint_spec, needs_tools
+
+pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(480)]
+
+PROMPT, OUTPUT = 6000, 150
+LOW, HIGH = 1.0, 4.0
+INTERVAL, WINDOW = 5, 10
+#: aiperf's own start-up (its services, the synthetic dataset) before the first request, on a
+#: loaded 2-core machine: the schedule's clock starts this much after the process.
+LOADGEN_START_S = 60
+#: What the router, the client and CPU contention add to the engines' TTFT on this shared 2-core
+#: machine (aiperf, the router, the emulator, the operator, Prometheus and the API server share
+#: it), and the ITL's noise. Measured (docs/router.md, "Closed loop through the endpoint").
+TTFT_ADDED_MAX_S = 1.0
+TTFT_TAIL_ADDED_MAX_S = 3.0
+ITL_TOLERANCE_S = 0.015
+
+
+#: Round robin: the prompts share no prefix, and the default cache_aware policy piles a load like
+#: this on few workers (docs/router.md, Benchmark). A short worker start-up check: the routers add
+#: discovered pods one at a time, each after its /health answers, polled every 30 s by default; a
+#: pod admitted before its emulated engine listens would stall discovery that long, and the router
+#: would then act on stale pod events (docs/router.md, "Discovery adds one pod at a time").
+ROUTER_ARGS = ["--policy", "round_robin", "--worker-startup-check-interval", "1"]
+
+
+@pytest.fixture
+def endpoint_stack(
+    cluster, namespace, tmp_path, prometheus_factory, operator_factory
+) -> Iterator[EndpointStack]:
+    s = EndpointStack(cluster, namespace, tmp_path, prometheus_factory, operator_factory)
+    try:
+        yield s
+    finally:
+        s.close()
+        if s.emulator and s.emulator.poll() is None:
+            s.emulator.terminate()
+            s.emulator.wait(15)
+        cluster.kubectl("delete", "disaggdeployment", "--all", "-n", namespace, "--wait=false", check=False)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and s.pods():
+            time.sleep(0.5)
+
+
+def reached(stack, want: dict[str, int], run=None) -> bool:
+    if run is not None:
+        run.check()
+    cur = stack.replicas()
+    return all(cur.get(k, 0) >= v for k, v in want.items())
+
+
+def start(stack: EndpointStack, engine: str, **autoscaling) -> dict:
+    needs_tools(engine)
+    obj = endpoint_spec(stack.prom.url, engine, **autoscaling)
+    obj["spec"]["router"] = {"extraArgs": ROUTER_ARGS}
+    stack.apply(obj)
+    stack.start_operator()
+    stack.wait_routable()
+    stack.start_serving_emulator()
+    stack.start_router(engine)
+    stack.wait_router_workers(2)
+    return obj
+
+
+def check_client_against_engines(client: dict, summary: dict) -> None:
+    """Zero failed or truncated responses, and the client's latencies follow the engines'."""
+    assert client["requests"] > 0
+    assert client["failed"] == 0 and client["truncated"] == 0, client
+    assert not client["error_summary"], client["error_summary"]
+    assert summary["requests"]["lost"] == 0 and summary["requests"]["failed"] == 0, summary["requests"]
+    assert summary["http"]["errors"] == 0, summary["http"]
+    # Every client request reached the engines as a completed request (and nothing else did).
+    assert summary["requests"]["completed"] == client["ok"], (summary["requests"], client)
+    c, e = client["ttft_s"], summary["ttft_s"]
+    # The engines' TTFT starts when the prefill request arrives; the client's adds the router's
+    # two hops and its own parsing: never less (beyond clock noise), at most TTFT_ADDED_MAX_S more.
+    # The tail is where a loaded 2-core machine shows (the client and the router share it with
+    # the emulator): p90 only has the lower bound and a loose upper one.
+    assert e["p50"] - 0.02 <= c["p50"] <= e["p50"] + TTFT_ADDED_MAX_S, (c, e)
+    assert e["p90"] - 0.02 <= c["p90"] <= e["p90"] + TTFT_TAIL_ADDED_MAX_S, (c, e)
+    ci, ei = client["itl_s"], summary["itl_s"]
+    assert abs(ci["p50"] - ei["p50"]) <= ITL_TOLERANCE_S, (ci, ei)
+    assert abs(ci["p90"] - ei["p90"]) <= 2 * ITL_TOLERANCE_S, (ci, ei)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_load_step_through_the_endpoint_grows_then_drains_with_no_failed_response(endpoint_stack, engine):
+    stack = endpoint_stack
+    step_at, fall_at, load_s = 20, 80, 150
+    obj = start(stack, engine)
+    want_high = planned(obj, HIGH, PROMPT, OUTPUT)
+    want_low = planned(obj, LOW, PROMPT, OUTPUT)
+    assert want_high["prefill"] > want_low["prefill"] and want_high["decode"] > want_low["decode"]
+
+    t0 = time.monotonic()
+    run = stack.start_load(
+        schedule=f"0:{LOW:g},{step_at}:{HIGH:g},{fall_at}:{LOW:g}",
+        duration_s=load_s,
+        prompt_tokens=PROMPT,
+        output_tokens=OUTPUT,
+    )
+    # (a) the step: the pools reach the planner's sizes (the schedule's clock starts once aiperf is up).
+    stack.cluster.wait_for(
+        lambda: reached(stack, want_high, run),
+        timeout=LOADGEN_START_S + step_at + WINDOW + 3 * INTERVAL + 20,
+        interval=1,
+        what=f"pools at {want_high}\n{stack.debug()}\n{run.tail()}",
+    )
+    grown_at = time.monotonic() - t0
+    # (b) the fall: pools drain back towards the low plan while the load goes on.
+    stack.cluster.wait_for(
+        lambda: (
+            stack.replicas().get("prefill", 99) < want_high["prefill"]
+            and stack.replicas().get("decode", 99) < want_high["decode"]
+        ),
+        timeout=LOADGEN_START_S + load_s,
+        interval=2,
+        what=f"both pools shrunk towards {want_low}\n{stack.debug()}\n{run.tail()}",
+    )
+    client = run.wait(timeout=LOADGEN_START_S + load_s + 120)
+    # Every drain ends (the pod removed, or re-admitted at its deadline) while the engines still
+    # report their in-flight work; then the emulator stops and writes what the engines recorded.
+    stack.wait_settled(timeout=DRAIN_TIMEOUT_S + 30)
+    summary = stack.stop_emulator()
+    reasons = [e["reason"] for e in stack.events()]
+    print(
+        f"{engine}: grown to {want_high} after {grown_at:.0f} s; client {client}; "
+        f"engines ttft {summary['ttft_s']} itl {summary['itl_s']}; http {summary['http']}"
+    )
+    assert "DrainStarted" in reasons and "DrainCompleted" in reasons, reasons
+    check_client_against_engines(client, summary)
+
+
+def test_operator_killed_mid_drain_through_the_endpoint_loses_no_response(endpoint_stack):
+    """The operator dies while a pod drains under live traffic; the restarted one finishes the drain."""
+    stack = endpoint_stack
+    fall_at, load_s = 40, 110
+    obj = start(stack, "vllm")
+    want = planned(obj, HIGH, PROMPT, OUTPUT)
+    run = stack.start_load(
+        schedule=f"0:{HIGH:g},{fall_at}:{LOW:g}",
+        duration_s=load_s,
+        prompt_tokens=PROMPT,
+        output_tokens=OUTPUT,
+    )
+    stack.cluster.wait_for(
+        lambda: reached(stack, want, run),
+        timeout=LOADGEN_START_S + WINDOW + 3 * INTERVAL + 20,
+        interval=1,
+        what=f"grown to {want}\n{stack.debug()}\n{run.tail()}",
+    )
+
+    def draining():
+        run.check()
+        return [p for p in stack.pods() if "disagg.dev/drain" in (p["metadata"].get("annotations") or {})]
+
+    stack.cluster.wait_for(
+        draining, timeout=LOADGEN_START_S + load_s, interval=0.5, what=f"a drain to start\n{stack.debug()}"
+    )
+    assert stack.operator is not None
+    stack.operator.kill()
+    victims = {p["metadata"]["name"] for p in draining()}
+    time.sleep(5)
+    stack.operator.start()
+    stack.cluster.wait_for(
+        lambda: not victims & {p["metadata"]["name"] for p in stack.pods()},
+        timeout=DRAIN_TIMEOUT_S,
+        interval=1,
+        what=f"drained pods {victims} removed by the restarted operator\n{stack.debug()}",
+    )
+    client = run.wait(timeout=LOADGEN_START_S + load_s + 120)
+    stack.wait_settled(timeout=DRAIN_TIMEOUT_S + 30)
+    summary = stack.stop_emulator()
+    print(f"operator restart: victims {victims}; client {client}; engines http {summary['http']}")
+    check_client_against_engines(client, summary)
+
+
+def test_gpu_budget_below_the_plan_holds_while_every_response_completes(endpoint_stack):
+    """The planner's split under a GPU budget smaller than the plan: never more GPUs than the
+    budget, the pools rebalanced within it, and every response through the endpoint completes."""
+    stack = endpoint_stack
+    budget, load_s = 3, 90
+    unlimited = planned(endpoint_spec("http://x", "vllm"), HIGH, PROMPT, OUTPUT)
+    assert sum(unlimited.values()) > budget, "the test needs a load the budget cannot cover"
+    obj = start(stack, "vllm", gpuBudget=budget)
+    run = stack.start_load(rate=HIGH, duration_s=load_s, prompt_tokens=PROMPT, output_tokens=OUTPUT)
+    peak = 0
+
+    def limited():
+        nonlocal peak
+        run.check()
+        peak = max(peak, stack.gpus_in_use())
+        return (stack.condition("BudgetLimited") or {}).get("status") == "True"
+
+    stack.cluster.wait_for(
+        limited, timeout=LOADGEN_START_S + load_s, interval=1, what=f"BudgetLimited=True\n{stack.debug()}"
+    )
+    # The decision that limited the pools (read while the load lasts; once it falls, the next
+    # decisions fit the budget).
+    decision = stack.cluster.wait_for(
+        lambda: (d := stack.dd()["status"]["lastDecision"])["outputs"]["budgetLimited"] and d,
+        timeout=3 * INTERVAL,
+        what="the budget-limited decision in status",
+    )
+    while run.proc.poll() is None:
+        peak = max(peak, stack.gpus_in_use())
+        time.sleep(1)
+    client = run.wait(timeout=10)
+    stack.wait_settled(timeout=DRAIN_TIMEOUT_S + 30)
+    summary = stack.stop_emulator()
+    print(f"budget {budget}: peak {peak} GPUs; targets {decision['outputs']['targets']}; client {client}")
+    assert peak <= budget, f"{peak} GPUs requested with a budget of {budget}"
+    assert decision["outputs"]["budgetLimited"] is True
+    assert sum(decision["outputs"]["targets"].values()) <= budget
+    assert sum(planned(obj, HIGH, PROMPT, OUTPUT).values()) <= budget
+    check_client_against_engines(client, summary)
