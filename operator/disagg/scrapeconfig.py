@@ -7,7 +7,7 @@ pods whose labels match the selector's `matchLabels`, that are not finished (pha
 Failed), and whose container port matches the endpoint's `port` (by name) or `targetPort` (by
 name or number); set `namespace`, `pod`, `container`, `endpoint` and `job`; then the endpoint's
 own relabelings. docs/metrics.md shows the result for a sample deployment, and
-tests/integration/test_pod_monitor.py runs a real Prometheus on it.
+tests/integration/test_pod_monitor_cluster.py runs a real Prometheus on it.
 
 Only what the operator's own PodMonitor uses is supported; anything else (matchExpressions,
 metricRelabelings, TLS, authorization, ...) is refused with a clear message rather than
