@@ -3,6 +3,8 @@
 Watches (no polling): DisaggDeployments, and the Deployments and Pods that
 carry the `disagg.dev/deployment` label. Any event reconciles the owning
 DisaggDeployment (level-triggered, idempotent: see disagg.reconcile).
+With a shard selector (disagg.shard) only the events of this shard's
+DisaggDeployments and of their children reach a handler.
 
 Only watch-event handlers are used. They store no progress annotations and add
 no finalizer, so deleting a DisaggDeployment never waits for the operator, and
@@ -20,7 +22,7 @@ from typing import Any
 
 import kopf
 
-from disagg import api, health, loop, names, reconcile
+from disagg import api, health, loop, names, reconcile, shard
 from disagg.health import Health
 from disagg.kube import Kube, NotFound, login_settings
 from disagg.leader import LeaderElector
@@ -30,6 +32,11 @@ log = logging.getLogger("disagg.handlers")
 
 class State:
     kube: Kube | None = None
+    # This operator's shard (`disagg run --shard-selector`); empty: every DisaggDeployment.
+    shard: shard.Selector = shard.Selector()
+    # The DisaggDeployments of this shard seen so far (namespace, name): child events of
+    # other shards' objects are ignored without a read.
+    owned: set[tuple[str, str]] = set()
     tasks: list[asyncio.Task] = []
     options: dict[str, Any] = {}
     health = Health()
@@ -104,21 +111,37 @@ async def reconcile_owner(namespace: str, name: str) -> None:
         await reconcile.reconcile(kube(), body)
 
 
-@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+def _mine_or_was(body: kopf.Body, namespace: str | None, name: str | None, **_: Any) -> bool:
+    """A DisaggDeployment event concerns this operator when the object is in its shard, or was
+    (relabelled into another shard: this operator lets go of it). Filtered before the handler,
+    so another shard's objects cost no handler call at all."""
+    return State.shard.matches(body.get("metadata", {}).get("labels")) or (namespace, name) in State.owned
+
+
+def _owner_mine(labels: kopf.Labels, namespace: str | None, **_: Any) -> bool:
+    """A pool Deployment's or Pod's event concerns this operator when its owner is in its shard."""
+    return not State.shard or (namespace, labels.get(names.LABEL_DEPLOYMENT)) in State.owned
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, when=_mine_or_was)
 async def on_disaggdeployment(event: dict, body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
-    if event.get("type") == "DELETED":
-        # Children are garbage-collected through their owner references; the autoscaler's
-        # memory of this object goes now (a recreated object starts fresh).
+    key = (namespace, name)
+    if event.get("type") == "DELETED" or not State.shard.matches(body["metadata"].get("labels")):
+        # Deleted: children are garbage-collected through their owner references; the
+        # autoscaler's memory of this object goes now (a recreated object starts fresh).
+        # Relabelled out of the shard: the owning shard's operator takes over.
+        State.owned.discard(key)
         loop.forget(namespace, name)
         return
+    State.owned.add(key)
     await reconcile_owner(namespace, name)
 
 
-@kopf.on.event("apps", "v1", "deployments", labels={names.LABEL_DEPLOYMENT: kopf.PRESENT})
+@kopf.on.event("apps", "v1", "deployments", labels={names.LABEL_DEPLOYMENT: kopf.PRESENT}, when=_owner_mine)
 async def on_pool_deployment(body: kopf.Body, namespace: str, **_: Any) -> None:
     await reconcile_owner(namespace, body["metadata"]["labels"][names.LABEL_DEPLOYMENT])
 
 
-@kopf.on.event("", "v1", "pods", labels={names.LABEL_DEPLOYMENT: kopf.PRESENT})
+@kopf.on.event("", "v1", "pods", labels={names.LABEL_DEPLOYMENT: kopf.PRESENT}, when=_owner_mine)
 async def on_pool_pod(body: kopf.Body, namespace: str, **_: Any) -> None:
     await reconcile_owner(namespace, body["metadata"]["labels"][names.LABEL_DEPLOYMENT])

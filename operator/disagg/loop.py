@@ -61,6 +61,8 @@ class LoopOptions:
     tick_s: float = 1.0
     prometheus_url: str | None = None
     namespaces: tuple[str, ...] = ()
+    # Label selector of this operator's shard (disagg.shard); None: every DisaggDeployment.
+    shard_selector: str | None = None
     # Where metrics come from; None: the Prometheus of the spec or of --prometheus-url.
     metrics_source: MetricsSource | None = None
 
@@ -671,9 +673,9 @@ async def step(kube: Kube, body: Mapping[str, Any], opts: LoopOptions, now: floa
 async def tick(kube: Kube, opts: LoopOptions, now: float) -> None:
     """One pass over every DisaggDeployment; forgets the ones that are gone."""
     if opts.namespaces:
-        objs = [o for ns in opts.namespaces for o in await kube.list(api.KIND, ns)]
+        objs = [o for ns in opts.namespaces for o in await kube.list(api.KIND, ns, opts.shard_selector)]
     else:
-        objs = await kube.list(api.KIND)
+        objs = await kube.list(api.KIND, None, opts.shard_selector)
     prune({(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objs}, opts.namespaces)
     for body in objs:
         meta = body["metadata"]

@@ -43,5 +43,6 @@ async def start(state: Any) -> None:
             tick_s=float(opts.get("tick_s", 1.0)),
             prometheus_url=opts.get("prometheus_url"),
             namespaces=namespaces,
+            shard_selector=opts.get("shard_selector"),
         )
         state.tasks.append(asyncio.create_task(loop.run_forever(state.kube, lo), name="disagg-autoscaler"))

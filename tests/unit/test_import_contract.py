@@ -42,6 +42,7 @@ PURE = [
     "disagg.burstiness",
     "disagg.routers",
     "disagg.worked_example",
+    "disagg.shard",
 ]
 # Modules that must exist for the contract to mean something.
 REQUIRED = {
