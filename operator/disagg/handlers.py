@@ -22,7 +22,7 @@ from typing import Any
 
 import kopf
 
-from disagg import api, health, loop, names, reconcile, shard
+from disagg import api, health, loop, names, opmetrics, reconcile, shard
 from disagg.health import Health
 from disagg.kube import Kube, NotFound, login_settings
 from disagg.leader import LeaderElector
@@ -103,6 +103,11 @@ async def cleanup(**_: Any) -> None:
 
 
 async def reconcile_owner(namespace: str, name: str) -> None:
+    with opmetrics.RECONCILE_SECONDS.time():
+        await _reconcile_owner(namespace, name)
+
+
+async def _reconcile_owner(namespace: str, name: str) -> None:
     async with reconcile.lock_for(namespace, name):
         try:
             body = await kube().get(api.KIND, namespace, name)

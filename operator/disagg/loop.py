@@ -652,6 +652,8 @@ async def step(kube: Kube, body: Mapping[str, Any], opts: LoopOptions, now: floa
             pods = await kube.list("Pod", ns, reconcile.owner_selector(name))
     if not due:
         return
+    if tr.last_decision_at:
+        opmetrics.DECISION_GAP.observe(now - tr.last_decision_at)
     tr.last_decision_at = now
     config = autoscaler.config_from_spec(spec)
     deployments = await list_deployments(kube, ns, name)
@@ -692,8 +694,12 @@ async def tick(kube: Kube, opts: LoopOptions, now: float) -> None:
 
 async def run_forever(kube: Kube, opts: LoopOptions) -> None:
     log.info("autoscaler loop started (tick %.1fs)", opts.tick_s)
+    previous: float | None = None
     while True:
         started = time.monotonic()
+        if previous is not None:
+            opmetrics.LOOP_TICK.observe(started - previous)
+        previous = started
         try:
             await tick(kube, opts, time.time())
         except asyncio.CancelledError:
