@@ -508,6 +508,9 @@ def main() -> int:
         for n in args.sizes:
             print(f"== N={n}{' (autoscaling)' if args.autoscaling else ''} ...", file=sys.stderr, flush=True)
             results.append(Run(cluster, n, args, Path(d)).run())
+            if len(args.sizes) > 1:
+                report(results[-1:])  # each size as soon as it is measured; all together below
+                print(flush=True)
     report(results)
     return 0
 
