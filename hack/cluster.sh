@@ -16,6 +16,8 @@
 #   DISAGG_NODE_CPU       cpu per node                     (default: 96)
 #   DISAGG_NODE_MEMORY    memory per node                  (default: 1Ti)
 #   DISAGG_POD_CIDR       pod IPs; must be inside 127.0.0.0/8 (default: 127.1.0.0/16)
+#   DISAGG_SERVICE_CIDR   Service ClusterIP range (default: kwokctl's, a /24: ~250 Services,
+#                         i.e. ~125 DisaggDeployments of two pools; e.g. 10.0.0.0/16 for benchmarks)
 #   DISAGG_STATE_DIR      state (kwokctl workdir, kubeconfig)
 #                         (default: ~/.cache/disagg-operator/state)
 # The kubeconfig is written to ${DISAGG_STATE_DIR}/<name>.kubeconfig, and nowhere else:
@@ -34,6 +36,7 @@ GPUS="${DISAGG_GPUS_PER_NODE:-8}"
 NODE_CPU="${DISAGG_NODE_CPU:-96}"
 NODE_MEM="${DISAGG_NODE_MEMORY:-1Ti}"
 POD_CIDR="${DISAGG_POD_CIDR:-127.1.0.0/16}"
+SERVICE_CIDR="${DISAGG_SERVICE_CIDR:-}"
 STATE="${DISAGG_STATE_DIR:-${HOME}/.cache/disagg-operator/state}"
 KUBECONFIG_PATH="${STATE}/${NAME}.kubeconfig"
 export KWOK_WORKDIR="${STATE}/kwok"
@@ -101,6 +104,19 @@ componentsPatches:
   - key: cidr
     value: ${POD_CIDR}
 EOF
+  if [[ -n "${SERVICE_CIDR}" ]]; then
+    # ClusterIPs are only allocated, never routed (no kube-proxy): any private range works.
+    cat >> "${cfg}" <<EOF
+- name: kube-apiserver
+  extraArgs:
+  - key: service-cluster-ip-range
+    value: ${SERVICE_CIDR}
+- name: kube-controller-manager
+  extraArgs:
+  - key: service-cluster-ip-range
+    value: ${SERVICE_CIDR}
+EOF
+  fi
   cat "${HERE}/kwok/stages.yaml" >> "${cfg}"
   echo "${cfg}"
 }

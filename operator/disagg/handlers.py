@@ -6,6 +6,8 @@ it feeds the watch cache (which the autoscaler loop reads instead of listing)
 and queues a reconcile of the owning DisaggDeployment when one can change
 something (level-triggered, idempotent: see disagg.reconcile); the operator's
 own status writes reconcile nothing.
+With a shard selector (disagg.shard) only the events of this shard's
+DisaggDeployments and of their children reach a handler.
 
 Only watch-event handlers are used. They store no progress annotations and add
 no finalizer, so deleting a DisaggDeployment never waits for the operator, and
@@ -23,7 +25,7 @@ from typing import Any
 
 import kopf
 
-from disagg import api, health, loop, names
+from disagg import api, health, loop, names, shard
 from disagg.controller import Controller
 from disagg.health import Health
 from disagg.kube import Kube, login_settings
@@ -34,6 +36,11 @@ log = logging.getLogger("disagg.handlers")
 
 class State:
     kube: Kube | None = None
+    # This operator's shard (`disagg run --shard-selector`); empty: every DisaggDeployment.
+    shard: shard.Selector = shard.Selector()
+    # The DisaggDeployments of this shard seen so far (namespace, name): child events of
+    # other shards' objects are ignored without a read.
+    owned: set[tuple[str, str]] = set()
     tasks: list[asyncio.Task] = []
     options: dict[str, Any] = {}
     health = Health()
@@ -107,16 +114,38 @@ def controller() -> Controller:
     return State.controller
 
 
-@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-async def on_disaggdeployment(event: dict, **_: Any) -> None:
-    controller().on_event(api.KIND, event.get("type"), event["object"])
+def _mine_or_was(body: kopf.Body, namespace: str | None, name: str | None, **_: Any) -> bool:
+    """A DisaggDeployment event concerns this operator when the object is in its shard, or was
+    (relabelled into another shard: this operator lets go of it). Filtered before the handler,
+    so another shard's objects cost no handler call at all."""
+    return State.shard.matches(body.get("metadata", {}).get("labels")) or (namespace, name) in State.owned
 
 
-@kopf.on.event("apps", "v1", "deployments", labels={names.LABEL_DEPLOYMENT: kopf.PRESENT})
+def _owner_mine(labels: kopf.Labels, namespace: str | None, **_: Any) -> bool:
+    """A pool Deployment's or Pod's event concerns this operator when its owner is in its shard."""
+    return not State.shard or (namespace, labels.get(names.LABEL_DEPLOYMENT)) in State.owned
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, when=_mine_or_was)
+async def on_disaggdeployment(event: dict, body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
+    key = (namespace, name)
+    kind = event.get("type")
+    if kind != "DELETED" and not State.shard.matches(body["metadata"].get("labels")):
+        # Relabelled out of the shard: the owning shard's operator takes over; here it is gone
+        # (the controller drops it from the cache and the autoscaler forgets it).
+        kind = "DELETED"
+    if kind == "DELETED":
+        State.owned.discard(key)
+    else:
+        State.owned.add(key)
+    controller().on_event(api.KIND, kind, event["object"])
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={names.LABEL_DEPLOYMENT: kopf.PRESENT}, when=_owner_mine)
 async def on_pool_deployment(event: dict, **_: Any) -> None:
     controller().on_event("Deployment", event.get("type"), event["object"])
 
 
-@kopf.on.event("", "v1", "pods", labels={names.LABEL_DEPLOYMENT: kopf.PRESENT})
+@kopf.on.event("", "v1", "pods", labels={names.LABEL_DEPLOYMENT: kopf.PRESENT}, when=_owner_mine)
 async def on_pool_pod(event: dict, **_: Any) -> None:
     controller().on_event("Pod", event.get("type"), event["object"])

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from disagg import api, autoscaler, drain, metrics, names, opmetrics, reconcile, routerclient, status
+from disagg import api, autoscaler, drain, metrics, names, opmetrics, reconcile, routerclient, shard, status
 from disagg.cache import WatchCache
 from disagg.kube import Kube, NotFound
 from disagg.promclient import client_for
@@ -77,6 +77,8 @@ class LoopOptions:
     tick_s: float = 1.0
     prometheus_url: str | None = None
     namespaces: tuple[str, ...] = ()
+    # Label selector of this operator's shard (disagg.shard); None: every DisaggDeployment.
+    shard_selector: str | None = None
     # Where metrics come from; None: the Prometheus of the spec or of --prometheus-url.
     metrics_source: MetricsSource | None = None
     # Pools and pods from the operator's watches; None: LIST them (tools and tests without one).
@@ -771,6 +773,8 @@ async def step(
             pods = await kube.list("Pod", ns, reconcile.owner_selector(name))
     if not due:
         return
+    if tr.last_decision_at:
+        opmetrics.DECISION_GAP.observe(now - tr.last_decision_at)
     tr.last_decision_at = now
     config = autoscaler.config_from_spec(spec)
     deployments = await list_deployments(kube, ns, name, opts)
@@ -872,11 +876,16 @@ async def tick(kube: Kube, opts: LoopOptions, now: float, wait: bool = False) ->
     decision, a drain) and not still busy from an earlier tick; forgets the ones that are gone.
     Returns the tasks started (`wait`: after they finished)."""
     if opts.cache is not None:
-        objs = opts.cache.disagg_deployments(opts.namespaces)
+        mine = shard.parse_selector(opts.shard_selector)
+        objs = [
+            o
+            for o in opts.cache.disagg_deployments(opts.namespaces)
+            if mine.matches(o.get("metadata", {}).get("labels"))
+        ]
     elif opts.namespaces:
-        objs = [o for ns in opts.namespaces for o in await kube.list(api.KIND, ns)]
+        objs = [o for ns in opts.namespaces for o in await kube.list(api.KIND, ns, opts.shard_selector)]
     else:
-        objs = await kube.list(api.KIND)
+        objs = await kube.list(api.KIND, None, opts.shard_selector)
     prune({(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objs}, opts.namespaces)
     started = time.monotonic()
     tasks: list[asyncio.Task] = []
@@ -923,7 +932,7 @@ async def prime(kube: Kube, opts: LoopOptions) -> None:
         return
     selector = names.LABEL_DEPLOYMENT  # the label is present (any owner)
     for ns in opts.namespaces or (None,):
-        cache.prime(api.KIND, await kube.list(api.KIND, ns))
+        cache.prime(api.KIND, await kube.list(api.KIND, ns, opts.shard_selector))
         for kind in ("Deployment", "Pod"):
             cache.prime(kind, await kube.list(kind, ns, selector))
     cache.primed_done()
@@ -931,8 +940,12 @@ async def prime(kube: Kube, opts: LoopOptions) -> None:
 
 async def run_forever(kube: Kube, opts: LoopOptions) -> None:
     log.info("autoscaler loop started (tick %.1fs, %d at once)", opts.tick_s, opts.concurrency)
+    previous: float | None = None
     while True:
         started = time.monotonic()
+        if previous is not None:
+            opmetrics.LOOP_TICK.observe(started - previous)
+        previous = started
         try:
             await prime(kube, opts)
             await tick(kube, opts, time.time())

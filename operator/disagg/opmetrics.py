@@ -7,7 +7,7 @@ name), and pool or stage where it applies.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -99,4 +99,49 @@ METRICS_AVAILABLE = Gauge(
 # Names as exported (counters get a _total suffix), for the dashboard test.
 EXPORTED_NAMES = sorted(
     {f"{m._name}_total" if isinstance(m, Counter) else m._name for m in REGISTRY._collector_to_names}
+)
+
+# Operator internals, one series each for the whole process (no per-object labels): how the
+# operator itself keeps up (hack/bench/bench_scale.py reads them; docs/scale.md). Not on the
+# per-deployment dashboard, so not in EXPORTED_NAMES.
+_SECONDS_BUCKETS = (
+    0.01,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1,
+    1.25,
+    1.5,
+    2,
+    3,
+    5,
+    7.5,
+    10,
+    12.5,
+    15,
+    20,
+    30,
+    60,
+    120,
+    300,
+)
+LOOP_TICK = Histogram(
+    "disagg_operator_loop_tick_seconds",
+    "Time between the starts of two passes of the autoscaling loop (the target is its tick, 1 s).",
+    buckets=_SECONDS_BUCKETS,
+    registry=REGISTRY,
+)
+RECONCILE_SECONDS = Histogram(
+    "disagg_operator_reconcile_seconds",
+    "Duration of one event-triggered reconcile of a DisaggDeployment (the count is the number of reconciles).",
+    buckets=_SECONDS_BUCKETS,
+    registry=REGISTRY,
+)
+DECISION_GAP = Histogram(
+    "disagg_operator_decision_gap_seconds",
+    "Time between two autoscaling decisions of one DisaggDeployment (the target is its intervalSeconds).",
+    buckets=_SECONDS_BUCKETS,
+    registry=REGISTRY,
 )

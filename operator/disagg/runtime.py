@@ -45,5 +45,6 @@ async def start(state: Any) -> None:
             namespaces=namespaces,
             # The watches' cache: the loop reads pools and pods from it, never LISTs them per tick.
             cache=state.controller.cache if state.controller is not None else None,
+            shard_selector=opts.get("shard_selector"),
         )
         state.tasks.append(asyncio.create_task(loop.run_forever(state.kube, lo), name="disagg-autoscaler"))

@@ -55,7 +55,7 @@ SECRETS_RULE = {("", "secrets"): {"get"}}
 VERB_USES = {
     ("disaggdeployments", "get"): ("loop.py", "kube.get(api.KIND"),
     ("disaggdeployments", "list"): ("loop.py", "kube.list(api.KIND"),
-    ("disaggdeployments", "watch"): ("handlers.py", "@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)"),
+    ("disaggdeployments", "watch"): ("handlers.py", "@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL"),
     ("disaggdeployments/status", "patch"): ("reconcile.py", 'subresource="status"'),
     ("deployments", "list"): ("reconcile.py", "kube.list(k, namespace, sel)"),
     ("deployments", "watch"): ("handlers.py", '@kopf.on.event("apps", "v1", "deployments"'),
@@ -347,6 +347,23 @@ def test_leader_election_role_grants_only_its_own_lease(helm_bin: str) -> None:
     assert "--leader-election" not in dep["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+def test_a_shard_release_owns_its_selector_and_its_own_lease(helm_bin: str) -> None:
+    from disagg import shard
+
+    docs = render(helm_bin, "--set", "shard.name=a", "--set", "shard.selector=disagg.dev/shard=a")
+    (role,) = [d for d in docs if d["kind"] == "Role" and is_leader_election(d)]
+    (dep,) = by_kind(docs, "Deployment")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--shard-selector") + 1] == "disagg.dev/shard=a"
+    assert args[args.index("--shard-name") + 1] == "a"
+    # The Role grants the very Lease the operator will hold (base name + shard).
+    lease = shard.lease_name(args[args.index("--leader-election-id") + 1], "a")
+    granted = [r for r in role["rules"] if r.get("resourceNames")]
+    assert granted[0]["resourceNames"] == [lease] == ["disagg-operator-leader-a"]
+    proc = helm(helm_bin, "template", "rel", str(CHART), "--set", "shard.selector=x=y", check=False)
+    assert proc.returncode != 0 and "shard.name is required with shard.selector" in proc.stderr
+
+
 def test_values_schema_is_strict() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert schema["additionalProperties"] is False
@@ -369,6 +386,7 @@ def test_values_schema_is_strict() -> None:
         ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy': value must be one of"),
         ({"ports": {"metrics": 0}}, "at '/ports/metrics': minimum: got 0, want 1"),
         ({"watchNamespaces": ["Not_A_Namespace"]}, "at '/watchNamespaces/0'"),
+        ({"shard": {"name": "Shard_A"}}, "at '/shard/name'"),
         ({"crds": {"keep": "yes"}}, "at '/crds/keep': got string, want boolean"),
         ({"prometheus": {"url": "prometheus:9090"}}, "at '/prometheus/url'"),
         ({"prometheus": {"token": "x"}}, "additional properties 'token' not allowed"),

@@ -46,6 +46,7 @@ PURE = [
     "disagg.worked_example",
     "disagg.cache",
     "disagg.workqueue",
+    "disagg.shard",
 ]
 # Modules that must exist for the contract to mean something.
 REQUIRED = {

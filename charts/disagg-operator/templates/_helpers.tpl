@@ -114,3 +114,18 @@ Prometheus and credentials (the operator then uses a Secret only if allowed or l
   verbs: [list, create, patch, delete]
 {{- end }}
 {{- end }}
+
+{{/*
+The Lease this release holds: leaderElection.leaseName, with "-<shard.name>" for a shard
+(the operator appends the same suffix to --leader-election-id, disagg.shard.lease_name).
+*/}}
+{{- define "disagg-operator.leaseName" -}}
+{{- if and .Values.shard.selector (not .Values.shard.name) }}
+{{- fail "shard.name is required with shard.selector: it names the shard's Lease" }}
+{{- end }}
+{{- if .Values.shard.name }}
+{{- printf "%s-%s" .Values.leaderElection.leaseName .Values.shard.name }}
+{{- else }}
+{{- .Values.leaderElection.leaseName }}
+{{- end }}
+{{- end }}

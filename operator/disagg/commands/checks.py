@@ -265,11 +265,30 @@ def check_dashboard(args: argparse.Namespace, given: set[str]) -> None:
     )
 
 
+def check_run(args: argparse.Namespace, given: set[str]) -> None:
+    from disagg import shard
+
+    require(
+        args.shard_selector is None or bool(args.shard_selector.strip()),
+        "--shard-selector is empty; leave it out to own every DisaggDeployment",
+    )
+    try:
+        shard.parse_selector(args.shard_selector)
+    except ValueError as exc:
+        raise UsageError(f"--shard-selector: {exc}") from None
+    if args.shard_name is not None:
+        try:
+            shard.check_shard_name(args.shard_name)
+        except ValueError as exc:
+            raise UsageError(f"--shard-name: {exc}") from None
+
+
 CHECKS: dict[str, Callable[[argparse.Namespace, set[str]], None]] = {
     "simulate": check_simulate,
     "evaluate": check_evaluate,
     "emulate": check_emulate,
     "dashboard": check_dashboard,
+    "run": check_run,
 }
 
 

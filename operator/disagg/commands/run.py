@@ -77,7 +77,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=os.environ.get("POD_NAMESPACE") or "default",
         help="namespace of the Lease (default: $POD_NAMESPACE or default)",
     )
-    p.add_argument("--leader-election-id", default="disagg-operator-leader", help="name of the Lease")
+    p.add_argument(
+        "--leader-election-id",
+        default="disagg-operator-leader",
+        help="name of the Lease; a shard's Lease is <this>-<shard name>",
+    )
+    p.add_argument(
+        "--shard-selector",
+        metavar="SELECTOR",
+        help="own only the DisaggDeployments matching this label selector (e.g. "
+        "'disagg.dev/shard=a'); run one operator per shard, with disjoint selectors, to share "
+        "a fleet between processes (docs/scale.md). Default: every DisaggDeployment",
+    )
+    p.add_argument(
+        "--shard-name",
+        metavar="NAME",
+        help="name of this shard, in its Lease's name and its log (default: derived from "
+        "--shard-selector; give one for a shard made of --namespace only)",
+    )
     p.add_argument("--no-autoscaler", action="store_true", help="reconcile only; never change pool sizes")
     p.add_argument(
         "--no-pod-monitors",
@@ -94,9 +111,11 @@ def run(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from disagg import handlers, promclient, reconcile
+    from disagg import handlers, promclient, reconcile, shard
     from disagg.commands.checks import check_cluster_config
 
+    selector = shard.parse_selector(args.shard_selector)  # checked already (checks.check_run)
+    shard_name = args.shard_name or (shard.default_shard_name(selector) if selector else None)
     check_cluster_config(args.kubeconfig)  # exit 1 now rather than Kopf retrying start-up forever
     promclient.POLICY = promclient.AccessPolicy(
         allowed_url_prefixes=tuple(args.allow_prometheus_url),
@@ -119,10 +138,23 @@ def run(args: argparse.Namespace) -> int:
         "autoscaler": not args.no_autoscaler,
         "prometheus_url": args.prometheus_url,
         "namespaces": list(args.namespace),
-        "leader_election": (args.leader_election_namespace, args.leader_election_id)
+        "leader_election": (
+            args.leader_election_namespace,
+            shard.lease_name(args.leader_election_id, shard_name),
+        )
         if args.leader_election
         else None,
+        # Server-side filter of the autoscaling loop's DisaggDeployment LIST.
+        "shard_selector": str(selector) or None,
     }
+    handlers.State.shard = selector
+    if shard_name:
+        logging.getLogger("disagg.run").info(
+            "shard %s: owning the DisaggDeployments matching %r%s",
+            shard_name,
+            str(selector) or "(any labels)",
+            f" in {', '.join(args.namespace)}" if args.namespace else "",
+        )
     try:
         import importlib
 

@@ -1,0 +1,545 @@
+#!/usr/bin/env python3
+"""Scale benchmark: one operator, N DisaggDeployments, on the local cluster (opt-in).
+
+    hack/bench/bench_scale.py 100 300                # autoscaling disabled
+    hack/bench/bench_scale.py --autoscaling 1 50     # real Prometheus + `disagg emulate`, 10 s interval
+
+Without a size it prints this help and exits (so `make bench` does not start a long run).
+For each N it starts `disagg run` (this checkout's code) watching a fresh namespace, applies N
+DisaggDeployments (two pools of one 1-GPU replica each, no router: 2 pods, 2 Services; --router
+adds a third of each), and prints:
+
+  * apply -> all Ready: from the first apply until every object has condition Ready=True;
+  * reconciles per object while converging, and their mean duration (the operator's own
+    disagg_operator_reconcile_seconds);
+  * the autoscaling loop's tick period p50 / max while converging and in steady state
+    (disagg_operator_loop_tick_seconds; the target is 1 s);
+  * API requests per minute in steady state, by verb and resource: the API server's own
+    apiserver_request_total over --steady-seconds with the operator running, minus the same
+    window with the operator stopped (the cluster's own components), counting only the kinds
+    and verbs the operator sends (OPERATOR_REQUESTS), so the figures are the operator's;
+    `writes` are POST/PUT/PATCH/APPLY/DELETE;
+  * the operator's resident memory (RSS) in steady state;
+  * with --autoscaling: the gap between two decisions of an object, p50 / p99
+    (disagg_operator_decision_gap_seconds; the target is the 10 s interval), and the
+    load step -> patched replicas latency: the emulator's total rate steps up, and the time
+    until each object's decode Deployment has more replicas is reported (p50 / max over the
+    objects).
+
+Percentiles of histograms are interpolated within their buckets, and the max is the upper
+bound of the highest bucket hit (docs/scale.md has the figures measured on the project
+machine). The cluster is `hack/cluster.sh up` with DISAGG_* from the environment; the bench
+sets a large Service range (DISAGG_SERVICE_CIDR, default 10.96.0.0/16) and enough nodes for
+the pods when the cluster does not run yet. No pass/fail: figures only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "operator"))
+
+WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION")
+#: The (resource, verbs) the operator sends; the rest of apiserver_request_total is the cluster's
+#: own controllers (the Endpoints controller's Event series, node heartbeats, bindings), whose
+#: rates drift between the two windows and would only add noise.
+OPERATOR_REQUESTS = {
+    "disaggdeployments": ("GET", "LIST", "WATCH"),
+    "disaggdeployments/status": ("PATCH", "APPLY", "PUT"),
+    "deployments": ("GET", "LIST", "WATCH", "APPLY", "PATCH", "DELETE"),
+    "services": ("LIST", "APPLY", "PATCH", "DELETE"),
+    "poddisruptionbudgets": ("LIST", "APPLY", "PATCH", "DELETE"),
+    "serviceaccounts": ("LIST", "APPLY", "PATCH", "DELETE"),
+    "roles": ("LIST", "APPLY", "PATCH", "DELETE"),
+    "rolebindings": ("LIST", "APPLY", "PATCH", "DELETE"),
+    "pods": ("GET", "LIST", "WATCH", "PATCH"),
+    "pods/status": ("PATCH",),
+    "events": ("POST",),
+    "leases": ("GET", "PATCH", "POST"),
+}
+#: Objects per `kubectl apply` (one call per chunk, applied back to back).
+APPLY_CHUNK = 50
+#: The decision interval of the autoscaling run.
+INTERVAL_S = 10
+#: Pods per object without its router (the nodes are sized for the router's pod too; a
+#: simulated node admits 110 pods, hack/cluster.sh).
+PODS_PER_OBJECT = 2
+
+
+def sh(*args: str, input: str | None = None, check: bool = True, env: dict | None = None):
+    return subprocess.run(args, input=input, capture_output=True, text=True, check=check, env=env)
+
+
+class Cluster:
+    def __init__(self, n_max: int) -> None:
+        env = dict(os.environ)
+        env.setdefault("DISAGG_SERVICE_CIDR", "10.96.0.0/16")
+        nodes = max(int(env.get("DISAGG_GPU_NODES", "4")), math.ceil(n_max * (PODS_PER_OBJECT + 1) / 100) + 1)
+        env["DISAGG_GPU_NODES"] = str(nodes)
+        env["DISAGG_GPUS_PER_NODE"] = str(max(int(env.get("DISAGG_GPUS_PER_NODE", "8")), 100))
+        up = sh(str(ROOT / "hack/cluster.sh"), "up", env=env)
+        self.kubeconfig = up.stdout.strip().splitlines()[-1]
+        self.bin = sh(str(ROOT / "hack/tools.sh"), "--print").stdout.strip()
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True):
+        return sh(f"{self.bin}/kubectl", f"--kubeconfig={self.kubeconfig}", *args, input=input, check=check)
+
+    def wait_namespaces_gone(self, timeout: float = 300) -> None:
+        """Wait until no namespace is being deleted: the namespace controller LISTs every kind
+        while it empties one, which would count as steady-state traffic."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            items = self.get_json("namespaces")["items"]
+            if not any(ns.get("status", {}).get("phase") == "Terminating" for ns in items):
+                return
+            time.sleep(2)
+        print("warning: namespaces still terminating; steady figures include their deletion", file=sys.stderr)
+
+    def get_json(self, *args: str) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def apiserver_requests(self) -> dict[tuple[str, str], float]:
+        """apiserver_request_total summed by (verb, resource[/subresource])."""
+        text = self.kubectl("get", "--raw", "/metrics").stdout
+        out: dict[tuple[str, str], float] = defaultdict(float)
+        for fam in text_string_to_metric_families(text):
+            if fam.name != "apiserver_request":
+                continue
+            for s in fam.samples:
+                if not s.name.endswith("_total"):
+                    continue
+                res = s.labels.get("resource", "")
+                if s.labels.get("subresource"):
+                    res += "/" + s.labels["subresource"]
+                out[(s.labels.get("verb", ""), res)] += s.value
+        return dict(out)
+
+
+def free_port() -> int:
+    for port in random.sample(range(20000, 32000), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port")
+
+
+def code_env(kubeconfig: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "operator") + os.pathsep + env.get("PYTHONPATH", "")
+    env["KUBECONFIG"] = kubeconfig
+    return env
+
+
+# ---------------------------------------------------------------------------- objects
+
+
+def dd(name: str, prom_url: str | None, router: bool = False) -> dict:
+    container = {"name": "vllm", "image": "example.invalid/vllm:bench", "ports": [{"containerPort": 8000}]}
+    pool = {
+        "replicas": 1,
+        "minReplicas": 1,
+        "gpusPerReplica": 1,
+        "template": {"spec": {"containers": [container]}},
+    }
+    autoscaling: dict = {"enabled": False}
+    if prom_url:
+        autoscaling = {
+            "enabled": True,
+            "intervalSeconds": INTERVAL_S,
+            "scrapeIntervalSeconds": 1,
+            "metricWindowSeconds": 10,
+            "prometheus": {"url": prom_url},
+        }
+    return {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "engine": "vllm",
+            "model": "bench",
+            "placement": {"mode": "disaggregated"},
+            "pools": {"prefill": {**pool, "maxReplicas": 4}, "decode": {**pool, "maxReplicas": 8}},
+            "slo": {"ttftSeconds": 0.6, "itlSeconds": 0.15, "percentile": 0.9},
+            "autoscaling": autoscaling,
+            # Off by default: two pods and two Services per object (with it: three of each).
+            "router": {"enabled": router},
+        },
+    }
+
+
+def ready_count(cluster: Cluster, ns: str) -> int:
+    items = cluster.get_json("disaggdeployments", "-n", ns)["items"]
+    return sum(
+        1
+        for o in items
+        if any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in (o.get("status") or {}).get("conditions", [])
+        )
+    )
+
+
+# ---------------------------------------------------------------------------- operator metrics
+
+
+def scrape(port: int) -> dict[str, dict]:
+    """Histograms of the operator: name -> {"buckets": {le: count}, "count": c, "sum": s}."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out: dict[str, dict] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.type != "histogram":
+            continue
+        h = {"buckets": {}, "count": 0.0, "sum": 0.0}
+        for s in fam.samples:
+            if s.name.endswith("_bucket"):
+                h["buckets"][float(s.labels["le"])] = s.value
+            elif s.name.endswith("_count"):
+                h["count"] = s.value
+            elif s.name.endswith("_sum"):
+                h["sum"] = s.value
+        out[fam.name] = h
+    return out
+
+
+def delta(after: dict, before: dict, name: str) -> dict:
+    a, b = after.get(name), before.get(name)
+    if a is None:
+        return {"buckets": {}, "count": 0.0, "sum": 0.0}
+    b = b or {"buckets": {}, "count": 0.0, "sum": 0.0}
+    return {
+        "buckets": {le: v - b["buckets"].get(le, 0.0) for le, v in a["buckets"].items()},
+        "count": a["count"] - b["count"],
+        "sum": a["sum"] - b["sum"],
+    }
+
+
+def quantile(h: dict, q: float) -> float:
+    """Linear interpolation inside the bucket holding the q-quantile; nan without samples."""
+    total = h["count"]
+    if total <= 0:
+        return float("nan")
+    want, prev_le, prev_c = q * total, 0.0, 0.0
+    for le in sorted(h["buckets"]):
+        c = h["buckets"][le]
+        if c >= want:
+            if math.isinf(le):
+                return prev_le
+            return prev_le + (le - prev_le) * ((want - prev_c) / (c - prev_c) if c > prev_c else 1.0)
+        prev_le, prev_c = le, c
+    return prev_le
+
+
+def max_bound(h: dict) -> float:
+    """Upper bound of the highest bucket with a sample (inf: above the last bucket)."""
+    if h["count"] <= 0:
+        return float("nan")
+    for le in sorted(h["buckets"]):
+        if h["buckets"][le] >= h["count"]:
+            return le
+    return float("inf")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+# ---------------------------------------------------------------------------- one run
+
+
+class Run:
+    def __init__(self, cluster: Cluster, n: int, args: argparse.Namespace, tmp: Path) -> None:
+        self.cluster, self.n, self.args, self.tmp = cluster, n, args, tmp
+        self.ns = f"bench-scale-{n}-{uuid.uuid4().hex[:5]}"
+        self.port = free_port()
+        self.op: subprocess.Popen | None = None
+        self.emulator: subprocess.Popen | None = None
+        self.prom = None
+        self.figures: dict[str, object] = {"N": n}
+        # Autoscaling: the rate steps up after convergence and the steady window (apply -> Ready
+        # takes ~0.5 s per object on the project machine) unless --step-after says when.
+        self.step_after = args.step_after or int(60 + 0.6 * n + args.settle_seconds + args.steady_seconds)
+
+    def start_operator(self) -> None:
+        cmd = [sys.executable, "-m", "disagg.cli", "run", "--kubeconfig", self.cluster.kubeconfig]
+        cmd += ["--namespace", self.ns, "--metrics-port", str(self.port)]
+        cmd += ["--dashboard-port", "0", "--liveness-port", "0"]
+        if self.prom is not None:
+            cmd += ["--allow-prometheus-url", self.prom.url]
+        log = open(self.tmp / f"operator-{self.n}.log", "ab")  # noqa: SIM115 - owned by the child
+        self.op = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=code_env(self.cluster.kubeconfig)
+        )
+        log.close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                scrape(self.port)
+                return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"the operator did not serve metrics; see {self.tmp}/operator-{self.n}.log")
+
+    def stop_operator(self) -> None:
+        if self.op and self.op.poll() is None:
+            self.op.terminate()
+            try:
+                self.op.wait(20)
+            except subprocess.TimeoutExpired:
+                self.op.kill()
+                self.op.wait()
+
+    def start_autoscaling_stack(self, rate: float) -> None:
+        from disagg.devtools.prometheus import PrometheusServer
+
+        emu_port = free_port()
+        self.prom = PrometheusServer(
+            targets={"emulator": [f"127.0.0.1:{emu_port}"]},
+            scrape_interval="1s",
+            workdir=self.tmp / f"prom-{self.n}",
+        ).start()
+        step_at = self.step_after
+        schedule = f"0:{rate * self.n:g},{step_at}:{rate * self.args.step_factor * self.n:g}"
+        cmd = [sys.executable, "-m", "disagg.cli", "emulate", "--kubeconfig", self.cluster.kubeconfig]
+        cmd += ["--namespace", self.ns, "--metrics-port", str(emu_port), "--schedule", schedule]
+        cmd += ["--duration", str(step_at + self.args.step_watch + 60)]
+        log = open(self.tmp / f"emulator-{self.n}.log", "ab")  # noqa: SIM115
+        self.emulator = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=code_env(self.cluster.kubeconfig)
+        )
+        log.close()
+        self.emulator_started = time.monotonic()
+
+    def close(self) -> None:
+        self.stop_operator()
+        if self.emulator and self.emulator.poll() is None:
+            self.emulator.terminate()
+            try:
+                self.emulator.wait(15)
+            except subprocess.TimeoutExpired:
+                self.emulator.kill()
+        if self.prom is not None:
+            self.prom.close()
+        self.cluster.kubectl("delete", "namespace", self.ns, "--wait=false", check=False)
+        self.cluster.wait_namespaces_gone()
+
+    def converge(self) -> None:
+        prom_url = self.prom.url if self.prom is not None else None
+        m0 = scrape(self.port)
+        docs = [json.dumps(dd(f"o{i:04d}", prom_url, self.args.router)) for i in range(self.n)]
+        t0 = time.monotonic()
+        for i in range(0, self.n, APPLY_CHUNK):
+            self.cluster.kubectl(
+                "apply",
+                "--server-side",
+                "-n",
+                self.ns,
+                "-f",
+                "-",
+                input="\n---\n".join(docs[i : i + APPLY_CHUNK]),
+            )
+        ready = 0
+        while time.monotonic() - t0 < self.args.ready_timeout:
+            ready = ready_count(self.cluster, self.ns)
+            if ready >= self.n:
+                break
+            time.sleep(2)
+        t_ready = time.monotonic() - t0
+        m1 = scrape(self.port)
+        rec = delta(m1, m0, "disagg_operator_reconcile_seconds")
+        tick = delta(m1, m0, "disagg_operator_loop_tick_seconds")
+        self.figures["apply -> all Ready (s)"] = (
+            t_ready if ready >= self.n else f">{t_ready:.0f} ({ready} Ready)"
+        )
+        self.figures["reconciles per object (converging)"] = rec["count"] / self.n
+        self.figures["mean reconcile (s)"] = rec["sum"] / rec["count"] if rec["count"] else float("nan")
+        self.figures["loop tick p50 / max (s), converging"] = (quantile(tick, 0.5), max_bound(tick))
+
+    def steady(self) -> None:
+        time.sleep(self.args.settle_seconds)
+        self.cluster.wait_namespaces_gone()
+        s = self.args.steady_seconds
+        # A pass of the loop that began while objects converged is observed when the next one
+        # starts: wait for two passes that began after this point, so it is not counted.
+        fresh = scrape(self.port)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and (
+            delta(scrape(self.port), fresh, "disagg_operator_loop_tick_seconds")["count"] < 2
+        ):
+            time.sleep(1)
+        m0, a0 = scrape(self.port), self.cluster.apiserver_requests()
+        time.sleep(s)
+        m1, a1 = scrape(self.port), self.cluster.apiserver_requests()
+        assert self.op is not None
+        self.figures["steady RSS (MiB)"] = rss_mib(self.op.pid)
+        tick = delta(m1, m0, "disagg_operator_loop_tick_seconds")
+        self.figures["loop tick p50 / max (s), steady"] = (quantile(tick, 0.5), max_bound(tick))
+        if self.prom is not None:
+            gap = delta(m1, m0, "disagg_operator_decision_gap_seconds")
+            self.figures["decision gap p50 / p99 (s)"] = (quantile(gap, 0.5), quantile(gap, 0.99))
+            self.load_step()
+        self.stop_operator()
+        time.sleep(2)
+        b0 = self.cluster.apiserver_requests()
+        time.sleep(s)
+        b1 = self.cluster.apiserver_requests()
+        per_min: dict[tuple[str, str], float] = {}
+        for key in a1.keys() | b1.keys():
+            with_op = a1.get(key, 0.0) - a0.get(key, 0.0)
+            without = b1.get(key, 0.0) - b0.get(key, 0.0)
+            v = (with_op - without) * 60 / s
+            if abs(v) >= 0.5 and key[0] in OPERATOR_REQUESTS.get(key[1], ()):
+                per_min[key] = v
+        self.figures["API requests/min (operator)"] = sum(per_min.values())
+        self.figures["API writes/min (operator)"] = sum(
+            v for (verb, _), v in per_min.items() if verb in WRITE_VERBS
+        )
+        self.figures["_requests"] = per_min
+
+    def load_step(self) -> None:
+        """Wait for the emulator's rate step, then time each object's decode scale-up."""
+
+        def decode_replicas() -> dict[str, int]:
+            items = self.cluster.get_json("deployments", "-n", self.ns, "-l", "disagg.dev/pool=decode")[
+                "items"
+            ]
+            return {d["metadata"]["labels"]["disagg.dev/deployment"]: d["spec"]["replicas"] for d in items}
+
+        step_at = self.emulator_started + self.step_after
+        if time.monotonic() > step_at:
+            self.figures["load step -> patched replicas p50 / max (s)"] = "step passed before steady state"
+            return
+        time.sleep(max(0.0, step_at - time.monotonic() - 1))
+        before = decode_replicas()
+        while time.monotonic() < step_at:
+            time.sleep(0.1)
+        grew: dict[str, float] = {}
+        while time.monotonic() - step_at < self.args.step_watch and len(grew) < self.n:
+            now = decode_replicas()
+            for name, r in now.items():
+                if name not in grew and r > before.get(name, r):
+                    grew[name] = time.monotonic() - step_at
+            time.sleep(0.5)
+        lat = sorted(grew.values())
+        if not lat:
+            self.figures["load step -> patched replicas p50 / max (s)"] = (
+                f"none within {self.args.step_watch} s"
+            )
+            return
+        self.figures["load step -> patched replicas p50 / max (s)"] = (
+            lat[len(lat) // 2],
+            lat[-1],
+            f"{len(lat)}/{self.n} grew",
+        )
+
+    def run(self) -> dict[str, object]:
+        self.cluster.kubectl("create", "namespace", self.ns)
+        try:
+            if self.args.autoscaling:
+                self.start_autoscaling_stack(self.args.rate_per_object)
+            self.start_operator()
+            self.converge()
+            self.steady()
+        finally:
+            self.close()
+        return self.figures
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def fmt(v: object) -> str:
+    if isinstance(v, float):
+        return "n/a" if math.isnan(v) else ("inf" if math.isinf(v) else f"{v:.2f}" if v < 100 else f"{v:.0f}")
+    if isinstance(v, tuple):
+        return " / ".join(fmt(x) for x in v)
+    return str(v)
+
+
+def report(results: list[dict[str, object]]) -> None:
+    rows = [k for k in results[0] if not k.startswith("_")]
+    width = max(len(r) for r in rows)
+    cols = [[fmt(r.get(k, "")) for k in rows] for r in results]
+    colw = [max(len(c) for c in col) for col in cols]
+    for i, k in enumerate(rows):
+        print(f"{k:<{width}}  " + "  ".join(f"{col[i]:>{w}}" for col, w in zip(cols, colw, strict=True)))
+    for r in results:
+        reqs = r["_requests"]
+        top = sorted(reqs.items(), key=lambda kv: -kv[1])[:8]  # type: ignore[union-attr]
+        detail = ", ".join(f"{verb} {res or '-'} {v:.0f}" for (verb, res), v in top)
+        print(f"N={r['N']}: operator requests/min by verb and resource: {detail or 'none'}")
+        writes = sorted(((k, v) for k, v in reqs.items() if k[0] in WRITE_VERBS), key=lambda kv: -kv[1])  # type: ignore[union-attr]
+        detail = ", ".join(f"{verb} {res or '-'} {v:.0f}" for (verb, res), v in writes)
+        print(f"N={r['N']}: operator writes/min: {detail or 'none'}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sizes", nargs="*", type=int, help="numbers of DisaggDeployments, one run each")
+    ap.add_argument("--autoscaling", action="store_true", help="autoscaling on: Prometheus + disagg emulate")
+    ap.add_argument("--steady-seconds", type=int, default=60, help="steady-state window (default 60)")
+    ap.add_argument("--settle-seconds", type=int, default=15, help="wait after all Ready (default 15)")
+    ap.add_argument(
+        "--ready-timeout", type=int, default=900, help="give up waiting for Ready (default 900 s)"
+    )
+    ap.add_argument("--rate-per-object", type=float, default=0.5, help="autoscaling: req/s per object")
+    ap.add_argument("--step-factor", type=float, default=8.0, help="autoscaling: the load step's factor")
+    ap.add_argument(
+        "--step-after",
+        type=int,
+        default=0,
+        help="autoscaling: seconds after the emulator starts (default: auto)",
+    )
+    ap.add_argument(
+        "--router", action="store_true", help="give each object its router (a third pod and Service)"
+    )
+    ap.add_argument("--logs", type=Path, help="keep the operator's (and emulator's) logs in this directory")
+    ap.add_argument("--step-watch", type=int, default=90, help="autoscaling: how long to watch the step")
+    args = ap.parse_args()
+    if not args.sizes:
+        ap.print_help()
+        return 0
+    if any(n < 1 for n in args.sizes):
+        ap.error("sizes must be positive")
+    cluster = Cluster(max(args.sizes))
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/disaggdeployments.disagg.dev")
+    cluster.wait_namespaces_gone()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as d:
+        if args.logs:
+            args.logs.mkdir(parents=True, exist_ok=True)
+            d = str(args.logs)
+        for n in args.sizes:
+            print(f"== N={n}{' (autoscaling)' if args.autoscaling else ''} ...", file=sys.stderr, flush=True)
+            results.append(Run(cluster, n, args, Path(d)).run())
+            if len(args.sizes) > 1:
+                report(results[-1:])  # each size as soon as it is measured; all together below
+                print(flush=True)
+    report(results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

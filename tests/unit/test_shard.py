@@ -1,0 +1,126 @@
+"""Shards (`disagg run --shard-selector`): the selector parser and matcher, the shard's Lease
+name, the handlers' event filters, and the refused flags."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from disagg import handlers, names, shard
+from disagg.cli import main
+
+A = {"disagg.dev/shard": "a", "team": "x"}
+B = {"disagg.dev/shard": "b"}
+NONE: dict[str, str] = {}
+
+
+@pytest.mark.parametrize(
+    ("selector", "matching", "not_matching"),
+    [
+        ("disagg.dev/shard=a", [A], [B, NONE]),
+        ("disagg.dev/shard==a", [A], [B, NONE]),
+        # != and notin hold for objects without the label (the API server's rule)
+        ("disagg.dev/shard!=a", [B, NONE], [A]),
+        ("disagg.dev/shard in (a, b)", [A, B], [NONE]),
+        ("disagg.dev/shard notin (a)", [B, NONE], [A]),
+        ("disagg.dev/shard", [A, B], [NONE]),
+        ("!disagg.dev/shard", [NONE], [A, B]),
+        ("disagg.dev/shard=a,team=x", [A], [B, NONE, {"disagg.dev/shard": "a"}]),
+        ("", [A, B, NONE], []),
+    ],
+)
+def test_selector_matches_like_the_api_server(selector, matching, not_matching):
+    sel = shard.parse_selector(selector)
+    for labels in matching:
+        assert sel.matches(labels), (selector, labels)
+    for labels in not_matching:
+        assert not sel.matches(labels), (selector, labels)
+    # The text sent as labelSelector= parses back to the same selector.
+    assert shard.parse_selector(str(sel)) == sel
+
+
+@pytest.mark.parametrize(
+    ("selector", "message"),
+    [
+        ("disagg.dev/shard=a,,team=x", "empty requirement"),
+        ("bad key=a", "not a valid label key"),
+        ("k=a b", "not a valid label value"),
+        ("k in (a", "unbalanced"),
+        ("k in ()", "at least one value"),
+    ],
+)
+def test_bad_selectors_are_refused_with_the_offending_part(selector, message):
+    with pytest.raises(ValueError, match=message):
+        shard.parse_selector(selector)
+
+
+def test_shard_names_and_leases_are_distinct_per_selector():
+    a = shard.default_shard_name(shard.parse_selector("disagg.dev/shard=a"))
+    b = shard.default_shard_name(shard.parse_selector("disagg.dev/shard=b"))
+    # Two selectors whose readable parts coincide still get different names.
+    c = shard.default_shard_name(shard.parse_selector("disagg.dev-shard=a"))
+    assert len({a, b, c}) == 3
+    assert a.startswith("disagg.dev-shard-a-")
+    for n in (a, b, c):
+        assert shard.check_shard_name(n) == n
+    assert shard.lease_name("disagg-operator-leader", "a") == "disagg-operator-leader-a"
+    assert shard.lease_name("disagg-operator-leader", None) == "disagg-operator-leader"
+    with pytest.raises(ValueError, match="shard name"):
+        shard.check_shard_name("Shard_A")
+
+
+@pytest.fixture
+def shard_a(monkeypatch):
+    monkeypatch.setattr(handlers.State, "shard", shard.parse_selector("disagg.dev/shard=a"))
+    monkeypatch.setattr(handlers.State, "owned", set())
+
+
+def body(labels):
+    return {"metadata": {"namespace": "ns", "name": "m", "labels": labels}}
+
+
+def test_handlers_see_only_their_shards_objects_and_children(shard_a):
+    assert handlers._mine_or_was(body(A), "ns", "m")
+    assert not handlers._mine_or_was(body(B), "ns", "m")
+    # A child's event counts once its owner was seen in the shard.
+    child = {names.LABEL_DEPLOYMENT: "m"}
+    assert not handlers._owner_mine(child, "ns")
+    handlers.State.owned.add(("ns", "m"))
+    assert handlers._owner_mine(child, "ns")
+    assert not handlers._owner_mine(child, "other-ns")
+    # Relabelled into shard b: this shard's handler still hears it once, to let go of it.
+    assert handlers._mine_or_was(body(B), "ns", "m")
+
+
+def test_relabelled_object_is_let_go(shard_a, monkeypatch):
+    forgotten = []
+    monkeypatch.setattr(handlers.loop, "forget", lambda ns, n: forgotten.append((ns, n)))
+    handlers.State.owned.add(("ns", "m"))
+    asyncio.run(
+        handlers.on_disaggdeployment(event={"type": "MODIFIED"}, body=body(B), namespace="ns", name="m")
+    )
+    assert ("ns", "m") not in handlers.State.owned
+    assert forgotten == [("ns", "m")]
+
+
+def test_without_a_selector_every_object_is_owned(monkeypatch):
+    monkeypatch.setattr(handlers.State, "shard", shard.Selector())
+    monkeypatch.setattr(handlers.State, "owned", set())
+    assert handlers._mine_or_was(body(NONE), "ns", "m")
+    assert handlers._owner_mine({names.LABEL_DEPLOYMENT: "m"}, "ns")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--shard-selector", "bad key=a"], "--shard-selector: 'bad key' in"),
+        (["--shard-selector", " "], "--shard-selector is empty"),
+        (["--shard-name", "Shard_A"], "--shard-name: shard name 'Shard_A'"),
+    ],
+)
+def test_run_refuses_bad_shard_flags(capsys, args, message):
+    assert main(["run", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("disagg run: error: "), err
+    assert message in err
