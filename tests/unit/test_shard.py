@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from disagg import handlers, names, shard
+from disagg import api, handlers, names, shard
 from disagg.cli import main
 
 A = {"disagg.dev/shard": "a", "team": "x"}
@@ -93,15 +93,30 @@ def test_handlers_see_only_their_shards_objects_and_children(shard_a):
     assert handlers._mine_or_was(body(B), "ns", "m")
 
 
+class _Events:
+    """Stands in for the controller: records what the handlers hand it."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str | None, str]] = []
+
+    def on_event(self, kind: str, event_type: str | None, obj: dict) -> None:
+        self.seen.append((kind, event_type, obj["metadata"]["name"]))
+
+
 def test_relabelled_object_is_let_go(shard_a, monkeypatch):
-    forgotten = []
-    monkeypatch.setattr(handlers.loop, "forget", lambda ns, n: forgotten.append((ns, n)))
+    """An object relabelled into another shard is, to this operator, deleted: the controller
+    drops it from the cache and the autoscaler forgets it."""
+    events = _Events()
+    monkeypatch.setattr(handlers.State, "controller", events)
     handlers.State.owned.add(("ns", "m"))
+    moved = body(B)
     asyncio.run(
-        handlers.on_disaggdeployment(event={"type": "MODIFIED"}, body=body(B), namespace="ns", name="m")
+        handlers.on_disaggdeployment(
+            event={"type": "MODIFIED", "object": moved}, body=moved, namespace="ns", name="m"
+        )
     )
     assert ("ns", "m") not in handlers.State.owned
-    assert forgotten == [("ns", "m")]
+    assert events.seen == [(api.KIND, "DELETED", moved["metadata"]["name"])]
 
 
 def test_without_a_selector_every_object_is_owned(monkeypatch):
