@@ -98,7 +98,11 @@ class Cluster:
         self.bin = sh(str(ROOT / "hack/tools.sh"), "--print").stdout.strip()
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True):
-        return sh(f"{self.bin}/kubectl", f"--kubeconfig={self.kubeconfig}", *args, input=input, check=check)
+        # kubectl's discovery cache goes next to the cluster's kubeconfig, never to ~/.kube
+        env = {**os.environ, "KUBECACHEDIR": str(Path(self.kubeconfig).parent / "kube-cache")}
+        return sh(
+            f"{self.bin}/kubectl", f"--kubeconfig={self.kubeconfig}", *args, input=input, check=check, env=env
+        )
 
     def wait_namespaces_gone(self, timeout: float = 300) -> None:
         """Wait until no namespace is being deleted: the namespace controller LISTs every kind
