@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from disagg import api, reconcile
+from disagg import api, opmetrics, reconcile
 from disagg.cache import WatchCache, owner_of
 from disagg.kube import Kube, NotFound
 from disagg.workqueue import WorkQueue
@@ -91,6 +91,10 @@ class Controller:
             self.queue.request((ns, owner), delay_s=CHILD_EVENT_DELAY_S)
 
     async def _reconcile(self, key: Key) -> None:
+        with opmetrics.RECONCILE_SECONDS.time():  # the lock wait included
+            await self._reconcile_locked(key)
+
+    async def _reconcile_locked(self, key: Key) -> None:
         ns, name = key
         async with reconcile.lock_for(ns, name):
             try:

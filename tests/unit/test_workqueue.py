@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 from fakes import FakeKube, disagg_deployment, pod
 
-from disagg import api, controller, names, workqueue
+from disagg import api, controller, names, opmetrics, workqueue
 from disagg.kube import ApiError
 
 pytestmark = pytest.mark.usefixtures("fresh_loop_memory")
@@ -185,7 +185,12 @@ def test_one_object_converges_in_a_handful_of_reconciles():
         runner.cancel()
         return c.reconciles, kube.obj(api.KIND, "ns", "llm").get("status") or {}
 
+    def timed() -> float:
+        return opmetrics.REGISTRY.get_sample_value("disagg_operator_reconcile_seconds_count") or 0.0
+
+    before = timed()
     reconciles, st = asyncio.run(main())
+    assert timed() - before == reconciles  # each reconcile is timed (bench_scale reads it)
     assert st.get("pools"), st
     # one for the object, one for its new children, then per pool one for its pods starting
     # and one for their admission (the operator's pod writes) -- not one per event
