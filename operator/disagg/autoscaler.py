@@ -542,13 +542,13 @@ def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInpu
             # on smooth traffic (docs/planner.md). Bursts (above 1) are used as measured.
             disp = None if measured is None else max(1.0, measured)
         if counts is not None and sz.auto_headroom:
+            # Rises are judged against Poisson counting noise (no `dispersion`): one measured on
+            # the same counts includes the bursts themselves and would explain them away.
             auto = burstiness.burst_headroom(
                 counts,
                 step,
                 startup_s=lead_s,
                 window_s=config.window_s,
-                # rises are judged against Poisson counting noise: a dispersion measured on
-                # the same counts includes the bursts themselves and would explain them away
                 quantile=config.planning.slo.percentile,
                 z=burstiness.noise_z(config.planning.slo.percentile),
             )
