@@ -103,10 +103,8 @@ spec = {
                                                         "ports": [{"containerPort": 8000}]}]}}}
               for p, m in (("prefill", 8), ("decode", 20))},
     "slo": {"ttftSeconds": 0.6, "itlSeconds": 0.15, "percentile": 0.9},
-    # aiperf's prompts share no prefix: round robin spreads them (docs/router.md, Benchmark). KWOK
-    # pods turn Ready before the emulator listens: check new workers every second, not every 30 s
-    # (docs/router.md, "Discovery adds one pod at a time").
-    "router": {"extraArgs": ["--policy", "round_robin", "--worker-startup-check-interval", "1"]},
+    # aiperf's prompts share no prefix: round robin spreads them (docs/router.md, Benchmark).
+    "router": {"extraArgs": ["--policy", "round_robin"]},
     "autoscaling": {"enabled": True, "intervalSeconds": 10, "scrapeIntervalSeconds": 2, "metricWindowSeconds": 30,
                     "scaleDownStabilizationSeconds": 60, "gpuBudget": 30,
                     "prometheus": {"url": f"http://127.0.0.1:{port}"}},

@@ -20,6 +20,15 @@ ROUTER_METRICS_PORT = 29000
 # Default container image: a pinned Python; the container installs the pinned router
 # wheel from PyPI at start unless the image already has the router's binary.
 DEFAULT_ROUTER_IMAGE = "python:3.12-slim"
+#: Seconds between the router's health checks of a worker it is adding. Both routers add
+#: discovered pods one at a time and poll each one's /health before the next (default 30 s in
+#: vllm-router 0.1.17 and sglang-router 0.3.2), so a pod Ready a moment before its engine
+#: answers would hold discovery (and every later pod event) that long (docs/router.md,
+#: "Discovery adds one pod at a time"). 1 s keeps that stall short; the check is one GET.
+WORKER_STARTUP_CHECK_INTERVAL_S = 1
+#: The flag that sets it, the same in both routers (an argparse option: the last one given wins,
+#: so spec.router.extraArgs, which come after it, can override it).
+WORKER_STARTUP_CHECK_FLAG = "--worker-startup-check-interval"
 
 
 @dataclass(frozen=True)
@@ -92,7 +101,9 @@ def router_args(
 
     P/D mode with `prefill_selector` and `decode_selector`; plain load balancing over the pods of
     `worker_selector` (colocated placement) otherwise. Discovery watches pods of `namespace` only
-    (so a namespaced Role is enough) and reaches each engine on `engine_port`. `extra` comes last.
+    (so a namespaced Role is enough) and reaches each engine on `engine_port`. The worker start-up
+    check runs every WORKER_STARTUP_CHECK_INTERVAL_S. `extra` comes last, so it overrides any of
+    these (the routers parse with argparse, where the last occurrence of an option wins).
     """
     p = preset(engine)
     if not 0 < engine_port < 65536:
@@ -124,6 +135,8 @@ def router_args(
         metrics_host,
         "--prometheus-port",
         str(metrics_port),
+        WORKER_STARTUP_CHECK_FLAG,
+        str(WORKER_STARTUP_CHECK_INTERVAL_S),
         *extra,
     ]
 

@@ -35,11 +35,9 @@ ITL_TOLERANCE_S = 0.015
 
 
 #: Round robin: the prompts share no prefix, and the default cache_aware policy piles a load like
-#: this on few workers (docs/router.md, Benchmark). A short worker start-up check: the routers add
-#: discovered pods one at a time, each after its /health answers, polled every 30 s by default; a
-#: pod admitted before its emulated engine listens would stall discovery that long, and the router
-#: would then act on stale pod events (docs/router.md, "Discovery adds one pod at a time").
-ROUTER_ARGS = ["--policy", "round_robin", "--worker-startup-check-interval", "1"]
+#: this on few workers (docs/router.md, Benchmark). (The worker start-up check every second, which
+#: KWOK pods need since they turn Ready before the emulator listens, is the operator's default.)
+ROUTER_ARGS = ["--policy", "round_robin"]
 
 
 @pytest.fixture

@@ -125,6 +125,26 @@ def test_unknown_engine_and_empty_selector_are_refused():
         routers.router_args("vllm", namespace="n", engine_port=0, worker_selector={"a": "b"})
 
 
+def startup_check_values(args: list[str]) -> list[str]:
+    flag = routers.WORKER_STARTUP_CHECK_FLAG
+    return [args[i + 1] for i, a in enumerate(args) if a == flag] + [
+        a.split("=", 1)[1] for a in args if a.startswith(flag + "=")
+    ]
+
+
+@pytest.mark.parametrize("engine", sorted(routers.PRESETS))
+def test_worker_startup_check_is_one_second_by_default_and_extra_args_come_after_it(engine: str):
+    s = copy.deepcopy(SAMPLE["spec"])
+    s["engine"] = engine
+    args = builders.router_args(OWNER, api.parse_spec(s))
+    assert startup_check_values(args) == ["1"]
+    # The user's value comes after the default: the routers' argparse keeps the last one.
+    s["router"] = {"extraArgs": ["--worker-startup-check-interval", "7", "--policy", "round_robin"]}
+    args = builders.router_args(OWNER, api.parse_spec(s))
+    assert startup_check_values(args) == ["1", "7"]
+    assert args.index("7") > args.index("1") and args[-4:] == s["router"]["extraArgs"]
+
+
 @pytest.mark.parametrize("engine", sorted(routers.PRESETS))
 def test_the_pinned_router_parses_the_operator_args(engine: str):
     """Cross-check with the real router's own argument parser (skipped if hack/routers.sh has not run)."""
@@ -141,13 +161,25 @@ def test_the_pinned_router_parses_the_operator_args(engine: str):
         "ap = argparse.ArgumentParser(); RouterArgs.add_cli_args(ap); "
         "a = RouterArgs.from_cli_args(ap.parse_args(sys.argv[1:])); "
         "print(a.service_discovery, a.service_discovery_namespace, a.service_discovery_port, "
+        "a.worker_startup_check_interval, "
         "sorted(a.prefill_selector.items()), sorted(a.decode_selector.items()))"
     )
-    out = subprocess.run(
-        [str(venv / "bin/python"), "-c", code, *args], capture_output=True, text=True, timeout=60, check=True
-    ).stdout.split(" ", 3)
-    assert out[:3] == ["True", "serving", str(builders.engine_port(api.parse_spec(s)))]
-    assert "'disagg.dev/pool', 'prefill'" in out[3] and "'disagg.dev/pool', 'decode'" in out[3]
+
+    def parse(args: list[str]) -> list[str]:
+        return subprocess.run(
+            [str(venv / "bin/python"), "-c", code, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.split(" ", 4)
+
+    out = parse(args)
+    assert out[:4] == ["True", "serving", str(builders.engine_port(api.parse_spec(s))), "1"]
+    assert "'disagg.dev/pool', 'prefill'" in out[4] and "'disagg.dev/pool', 'decode'" in out[4]
+    # A user's extraArgs override the operator's default start-up check interval.
+    s["router"] = {"extraArgs": ["--worker-startup-check-interval", "9"]}
+    assert parse(builders.router_args(OWNER, api.parse_spec(s)))[3] == "9"
 
 
 def test_endpoint_is_the_router_service_url_and_absent_without_a_router():
