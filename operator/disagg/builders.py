@@ -334,9 +334,15 @@ def router_deployment(owner: Owner, spec: api.DisaggDeploymentSpec) -> dict[str,
             {"name": "http", "containerPort": routers.ROUTER_HTTP_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": routers.ROUTER_METRICS_PORT, "protocol": "TCP"},
         ],
-        # A TCP probe: the routers' /health answers for the workers too, and an empty pool
-        # must not make the endpoint unready.
-        "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 5},
+        # Ready once the router can route: both routers listen before their discovery has added
+        # a worker, and answer 503 "no available workers" until then; their /readiness is 503
+        # until a healthy prefill and decode worker (or colocated one) is known. So a replaced
+        # or rolled router pod gets traffic only once it can serve it (docs/router.md, "A router
+        # restart"); an endpoint with no worker at all is unready (refused, not 503).
+        "readinessProbe": {
+            "httpGet": {"path": routers.READINESS_PATH, "port": "http"},
+            "periodSeconds": routers.READINESS_PERIOD_S,
+        },
     }
     if r.resources:
         container["resources"] = copy.deepcopy(r.resources)

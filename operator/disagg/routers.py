@@ -20,6 +20,12 @@ ROUTER_METRICS_PORT = 29000
 # Default container image: a pinned Python; the container installs the pinned router
 # wheel from PyPI at start unless the image already has the router's binary.
 DEFAULT_ROUTER_IMAGE = "python:3.12-slim"
+#: The routers' readiness endpoint (vllm-router 0.1.17 and sglang-router 0.3.2): 200 once at
+#: least one healthy prefill and one healthy decode worker are known (P/D mode), 503 before.
+READINESS_PATH = "/readiness"
+#: Seconds between readiness probes of the router pod (the kubelet's; a short period so that a
+#: replaced router takes traffic soon after its discovery has found the workers).
+READINESS_PERIOD_S = 2
 #: Seconds between the router's health checks of a worker it is adding. Both routers add
 #: discovered pods one at a time and poll each one's /health before the next (default 30 s in
 #: vllm-router 0.1.17 and sglang-router 0.3.2), so a pod Ready a moment before its engine

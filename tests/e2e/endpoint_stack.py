@@ -11,8 +11,12 @@ http://<router pod IP>:8000/v1. Everything binds and targets 127.0.0.0/8.
 from __future__ import annotations
 
 import ipaddress
+import json
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from e2e_stack import DRAIN_TIMEOUT_S, Stack, deployment_spec, free_port
@@ -73,6 +77,39 @@ class LoadRun:
     def tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:]
 
+    def results_by_window(self, kill_ns: int, ready_ns: int) -> dict[str, dict]:
+        """The client's view (loadgen.read_results) of the requests by when they started against
+        a router restart: `before` (ended before the kill), `in_flight` (started before the kill,
+        ended after it), `outage` (started between the kill and the new router's readiness),
+        `after` (started once the new router was Ready). Times are wall-clock nanoseconds, the
+        clock of aiperf's records."""
+        src = self.load.artifact_dir / loadgen.RECORDS_FILE
+        windows: dict[str, list[str]] = {"before": [], "in_flight": [], "outage": [], "after": []}
+        for line in src.read_text().splitlines():
+            if not line.strip():
+                continue
+            meta = json.loads(line).get("metadata") or {}
+            start = meta.get("request_start_ns") or meta.get("credit_issued_ns")
+            end = meta.get("request_end_ns")
+            if start is None:
+                raise AssertionError(f"an aiperf record without a start time: {line[:300]}")
+            if start >= ready_ns:
+                key = "after"
+            elif start >= kill_ns:
+                key = "outage"
+            elif end is not None and end < kill_ns:
+                key = "before"
+            else:
+                key = "in_flight"
+            windows[key].append(line)
+        out = {}
+        for key, lines in windows.items():
+            d = self.load.artifact_dir / f"window-{key}"
+            d.mkdir(exist_ok=True)
+            (d / loadgen.RECORDS_FILE).write_text("\n".join(lines) + "\n")
+            out[key] = loadgen.read_results(d, self.load.output_tokens)
+        return out
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -83,6 +120,109 @@ class LoadRun:
                 self.proc.wait()
 
 
+class ServiceProxy:
+    """The router's Service, as a client reaches it, on loopback: one fixed address that forwards
+    each new connection to the router pod that is Ready now (kube-proxy's job; the local cluster
+    runs none, and the router pod's IP changes when the pod is replaced). With no Ready router a
+    new connection is closed at once: the client sees a reset connection (kube-proxy would reject
+    it, so a refused one). A connection keeps the router it was forwarded to, as with conntrack."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", free_port()))
+        self.sock.listen(256)
+        self.sock.settimeout(0.5)
+        self.address = self.sock.getsockname()
+        self.backend: tuple[str, int] | None = None
+        self.forwarded = 0
+        self.closed_without_router = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="service-proxy", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address[0]}:{self.address[1]}"
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._forward, args=(conn,), daemon=True).start()
+
+    def _forward(self, conn: socket.socket) -> None:
+        backend = self.backend
+        try:
+            if backend is None:
+                raise OSError("no Ready router")
+            upstream = socket.create_connection(backend, timeout=5)
+        except OSError:
+            self.closed_without_router += 1
+            conn.close()
+            return
+        self.forwarded += 1
+        upstream.settimeout(None)
+        back = threading.Thread(target=self._pump, args=(upstream, conn), daemon=True)
+        back.start()
+        self._pump(conn, upstream)
+        back.join()
+        conn.close()
+        upstream.close()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+        self._thread.join(5)
+
+
+def retrying_openai_request(endpoint: str, prompt_tokens: int, output_tokens: int, max_retries: int) -> dict:
+    """One streaming chat completion with the openai SDK's own retries (connection errors, 408,
+    409, 429 and 5xx before the response starts, with exponential back-off): what an SDK user
+    sees. Returns {"ok", "completion_tokens", "error", "seconds"}."""
+    import openai
+
+    client = openai.OpenAI(base_url=endpoint, api_key="unused", max_retries=max_retries, timeout=120)
+    t0 = time.monotonic()
+    tokens = None
+    try:
+        stream = client.chat.completions.create(
+            model="emulated",
+            messages=[{"role": "user", "content": " ".join(["word"] * prompt_tokens)}],
+            max_tokens=output_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        for chunk in stream:
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+    except openai.OpenAIError as exc:
+        return {
+            "ok": False,
+            "completion_tokens": tokens,
+            "error": repr(exc)[:300],
+            "seconds": time.monotonic() - t0,
+        }
+    ok = tokens == output_tokens
+    return {"ok": ok, "completion_tokens": tokens, "error": None, "seconds": time.monotonic() - t0}
+
+
 class EndpointStack(Stack):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -90,6 +230,12 @@ class EndpointStack(Stack):
         self.router_args: list[str] = []
         self.engine = "vllm"
         self.endpoint = ""
+        self.router_url = ""
+        self.router_ip = ""
+        self.router_pod_name = ""
+        self.router_probe: dict = {}
+        self.service: ServiceProxy | None = None
+        self.stopped_routers: list[Proc] = []
         self.loads: list[LoadRun] = []
 
     def start_serving_emulator(self) -> subprocess.Popen:
@@ -105,13 +251,23 @@ class EndpointStack(Stack):
         self.emulator.terminate()
         return self.wait_emulator(timeout=60)
 
-    def router_pod_ip(self) -> str | None:
+    def router_pod(self, exclude: str = "") -> dict | None:
+        """A Running router pod with an IP that is not being deleted (and is not `exclude`)."""
         pods = self.cluster.get_json("pods", "-n", self.ns, "-l", f"disagg.dev/router={self.name}")["items"]
-        running = [p for p in pods if p["status"].get("phase") == "Running" and p["status"].get("podIP")]
-        return running[0]["status"]["podIP"] if running else None
+        for p in pods:
+            if (
+                p["status"].get("phase") == "Running"
+                and p["status"].get("podIP")
+                and not p["metadata"].get("deletionTimestamp")
+                and p["metadata"]["name"] != exclude
+            ):
+                return p
+        return None
 
-    def start_router(self, engine: str) -> str:
-        """The operator's router for this deployment; returns the endpoint (…/v1)."""
+    def start_router(self, engine: str, via_service: bool = False) -> str:
+        """The operator's router for this deployment; returns the endpoint (…/v1): the router
+        pod's own address, or with `via_service` the ServiceProxy's, which follows the Ready router
+        pod across restarts."""
         self.engine = engine
         rname = f"{self.name}-router"
         for kind in ("serviceaccount", "role", "rolebinding", "deployment"):
@@ -122,13 +278,28 @@ class EndpointStack(Stack):
                 timeout=60,
                 what=f"{kind}/{rname}",
             )
-        ip = self.cluster.wait_for(self.router_pod_ip, timeout=60, what="the router pod's IP")
+        pod = self.cluster.wait_for(self.router_pod, timeout=60, what="the router pod's IP")
+        self.kubeconfig_router = sa_kubeconfig(self.cluster, self.ns, rname, self.tmp)
+        self._launch_router(pod)
+        if via_service:
+            self.service = ServiceProxy()
+            self.wait_router_ready()
+            self.endpoint = f"{self.service.url}/v1"
+        else:
+            self.endpoint = f"{self.router_url}/v1"
+        return self.endpoint
+
+    def _launch_router(self, pod: dict) -> None:
+        """Run the router as `pod` would: the Deployment's flags, listening on the pod's IP."""
+        ip = pod["status"]["podIP"]
         if ipaddress.ip_address(ip) not in LOOPBACK:
             missing_prerequisite(
                 f"a local cluster with loopback pod IPs, not {ip} (hack/cluster.sh down && up)"
             )
-        dep = self.cluster.get_json("deployment", rname, "-n", self.ns)
-        args = list(dep["spec"]["template"]["spec"]["containers"][0]["args"])
+        dep = self.cluster.get_json("deployment", f"{self.name}-router", "-n", self.ns)
+        container = dep["spec"]["template"]["spec"]["containers"][0]
+        self.router_probe = container.get("readinessProbe") or {}
+        args = list(container["args"])
         for flag, value in (
             ("--host", ip),
             ("--port", str(routers.ROUTER_HTTP_PORT)),
@@ -137,14 +308,9 @@ class EndpointStack(Stack):
         ):
             args[args.index(flag) + 1] = value
         self.router_args = args
-        self.kubeconfig_router = sa_kubeconfig(self.cluster, self.ns, rname, self.tmp)
-        self.endpoint = f"http://{ip}:{routers.ROUTER_HTTP_PORT}/v1"
-        self.restart_router()
-        return self.endpoint
-
-    def restart_router(self) -> None:
-        if self.router is not None:
-            self.router.stop()
+        self.router_pod_name = pod["metadata"]["name"]
+        self.router_ip = ip
+        self.router_url = f"http://{ip}:{routers.ROUTER_HTTP_PORT}"
         p = routers.preset(self.engine)
         env = dict(self.cluster.env(), KUBECONFIG=self.kubeconfig_router)
         n = len(list(self.tmp.glob("router*.log")))
@@ -154,8 +320,55 @@ class EndpointStack(Stack):
             env,
         )
 
+    def router_passes_probe(self) -> bool:
+        """The router pod's readinessProbe, as the kubelet would run it against the process."""
+        probe = self.router_probe
+        if "httpGet" in probe:
+            status, _ = http_json(f"{self.router_url}{probe['httpGet'].get('path', '/')}", timeout=2)
+            return 200 <= status < 400
+        try:
+            socket.create_connection((self.router_ip, routers.ROUTER_HTTP_PORT), timeout=2).close()
+        except OSError:
+            return False
+        return True
+
+    def wait_router_ready(self, timeout: float = 90) -> int:
+        """Wait until the router passes its readiness probe; then (with the ServiceProxy) the
+        Service sends it new connections. Returns the wall-clock time (ns) it became Ready."""
+        wait_until(self.router_passes_probe, timeout, "the router to pass its readiness probe")
+        ready_ns = time.time_ns()
+        if self.service is not None:
+            self.service.backend = (self.router_ip, routers.ROUTER_HTTP_PORT)
+        return ready_ns
+
+    def delete_router_pod(self) -> int:
+        """Delete the router pod mid-load, as a user or an eviction would: the Service stops sending
+        it new connections and the kubelet sends its process SIGTERM. Returns the wall-clock time
+        (ns) of the kill."""
+        assert self.router is not None
+        kill_ns = time.time_ns()
+        if self.service is not None:
+            self.service.backend = None
+        self.cluster.kubectl("delete", "pod", self.router_pod_name, "-n", self.ns, "--wait=false")
+        # SIGTERM without waiting: the old router shuts down (finishing its in-flight requests)
+        # while the Deployment's new pod starts, as on a node; close() reaps it.
+        self.router.p.terminate()
+        self.stopped_routers.append(self.router)
+        self.router = None
+        return kill_ns
+
+    def replace_router(self, timeout: float = 120) -> int:
+        """The router pod the Deployment creates in place of the deleted one: run it and wait until
+        it is Ready. Returns the wall-clock time (ns) it became Ready."""
+        old = self.router_pod_name
+        pod = self.cluster.wait_for(
+            lambda: self.router_pod(exclude=old), timeout=timeout, what="the replacement router pod"
+        )
+        self._launch_router(pod)
+        return self.wait_router_ready(timeout)
+
     def router_workers(self) -> list[dict]:
-        status, body = http_json(f"{self.endpoint[: -len('/v1')]}/workers", timeout=3)
+        status, body = http_json(f"{self.router_url}/workers", timeout=3)
         return body.get("workers", []) if status == 200 and isinstance(body, dict) else []
 
     def wait_router_workers(self, n: int, timeout: float = 90) -> None:
@@ -171,9 +384,12 @@ class EndpointStack(Stack):
     def close(self) -> None:
         for run in self.loads:
             run.stop()
-        if self.router is not None:
-            self.router.stop()
-            self.router = None
+        for proc in [*self.stopped_routers, *([self.router] if self.router else [])]:
+            proc.stop()
+        self.router = None
+        if self.service is not None:
+            self.service.close()
+            self.service = None
 
     def debug(self) -> str:
         out = [super().debug()]
@@ -182,4 +398,12 @@ class EndpointStack(Stack):
         return "\n----\n".join(out)
 
 
-__all__ = ["DRAIN_TIMEOUT_S", "EndpointStack", "LoadRun", "endpoint_spec", "needs_tools"]
+__all__ = [
+    "DRAIN_TIMEOUT_S",
+    "EndpointStack",
+    "LoadRun",
+    "ServiceProxy",
+    "endpoint_spec",
+    "needs_tools",
+    "retrying_openai_request",
+]

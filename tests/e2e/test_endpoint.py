@@ -2,7 +2,8 @@
 the operator's router (the real binary) to the HTTP emulated fleet, while the operator sizes the
 pools from what a real Prometheus scrapes and drains pods before it removes them.
 
-Checked at the client, for every request of the run: no failure (HTTP error, refused or reset
+Checked at the client, for every request of the run (a router restart: of every request that
+started once the new router was Ready): no failure (HTTP error, refused or reset
 connection, timeout), no truncated stream (each ends with a usage chunk reporting exactly the
 output tokens asked for); and the client's TTFT and inter-token latency percentiles against the
 ones the emulated engines recorded. Checked at the cluster: the load step grows the pools to the
@@ -11,12 +12,20 @@ planner's sizes, the fall drains them, every drain ends (removed or re-admitted)
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 from e2e_stack import planned
-from endpoint_stack import DRAIN_TIMEOUT_S, EndpointStack, endpoint_spec, needs_tools
+from endpoint_stack import (
+    DRAIN_TIMEOUT_S,
+    EndpointStack,
+    LoadRun,
+    endpoint_spec,
+    needs_tools,
+    retrying_openai_request,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -38,6 +47,12 @@ ITL_TOLERANCE_S = 0.015
 #: this on few workers (docs/router.md, Benchmark). (The worker start-up check every second, which
 #: KWOK pods need since they turn Ready before the emulator listens, is the operator's default.)
 ROUTER_ARGS = ["--policy", "round_robin"]
+
+
+ENGINES = ["vllm", "sglang"]
+#: The openai SDK's retries for the request sent while the router restarts: back-off from 0.5 s
+#: doubling to 8 s (with up to 25 % jitter off), so 8 retries wait about 30 s in all at the least.
+SDK_MAX_RETRIES = 8
 
 
 @pytest.fixture
@@ -65,7 +80,7 @@ def reached(stack, want: dict[str, int], run=None) -> bool:
     return all(cur.get(k, 0) >= v for k, v in want.items())
 
 
-def start(stack: EndpointStack, engine: str, **autoscaling) -> dict:
+def start(stack: EndpointStack, engine: str, via_service: bool = False, **autoscaling) -> dict:
     needs_tools(engine)
     obj = endpoint_spec(stack.prom.url, engine, **autoscaling)
     obj["spec"]["router"] = {"extraArgs": ROUTER_ARGS}
@@ -73,9 +88,29 @@ def start(stack: EndpointStack, engine: str, **autoscaling) -> dict:
     stack.start_operator()
     stack.wait_routable()
     stack.start_serving_emulator()
-    stack.start_router(engine)
+    stack.start_router(engine, via_service=via_service)
     stack.wait_router_workers(2)
     return obj
+
+
+def wait_grown(stack: EndpointStack, run: LoadRun, want: dict[str, int], after_load_start_s: float) -> None:
+    """The pools reach `want` within `after_load_start_s` of the load's clock (which starts once
+    aiperf is up, LOADGEN_START_S after its process)."""
+    stack.cluster.wait_for(
+        lambda: reached(stack, want, run),
+        timeout=LOADGEN_START_S + after_load_start_s,
+        interval=1,
+        what=f"pools at {want}\n{stack.debug()}\n{run.tail()}",
+    )
+
+
+def finish(stack: EndpointStack, run: LoadRun, load_s: float) -> tuple[dict, dict]:
+    """The client's results once the load ends; then every drain ends (the pod removed, or
+    re-admitted at its deadline) while the engines still report their in-flight work, and the
+    emulator stops and writes what the engines recorded."""
+    client = run.wait(timeout=LOADGEN_START_S + load_s + 120)
+    stack.wait_settled(timeout=DRAIN_TIMEOUT_S + 30)
+    return client, stack.stop_emulator()
 
 
 def check_client_against_engines(client: dict, summary: dict) -> None:
@@ -99,7 +134,7 @@ def check_client_against_engines(client: dict, summary: dict) -> None:
     assert abs(ci["p90"] - ei["p90"]) <= 2 * ITL_TOLERANCE_S, (ci, ei)
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_load_step_through_the_endpoint_grows_then_drains_with_no_failed_response(endpoint_stack, engine):
     stack = endpoint_stack
     step_at, fall_at, load_s = 20, 80, 150
@@ -115,13 +150,8 @@ def test_load_step_through_the_endpoint_grows_then_drains_with_no_failed_respons
         prompt_tokens=PROMPT,
         output_tokens=OUTPUT,
     )
-    # (a) the step: the pools reach the planner's sizes (the schedule's clock starts once aiperf is up).
-    stack.cluster.wait_for(
-        lambda: reached(stack, want_high, run),
-        timeout=LOADGEN_START_S + step_at + WINDOW + 3 * INTERVAL + 20,
-        interval=1,
-        what=f"pools at {want_high}\n{stack.debug()}\n{run.tail()}",
-    )
+    # (a) the step: the pools reach the planner's sizes.
+    wait_grown(stack, run, want_high, step_at + WINDOW + 3 * INTERVAL + 20)
     grown_at = time.monotonic() - t0
     # (b) the fall: pools drain back towards the low plan while the load goes on.
     stack.cluster.wait_for(
@@ -133,11 +163,7 @@ def test_load_step_through_the_endpoint_grows_then_drains_with_no_failed_respons
         interval=2,
         what=f"both pools shrunk towards {want_low}\n{stack.debug()}\n{run.tail()}",
     )
-    client = run.wait(timeout=LOADGEN_START_S + load_s + 120)
-    # Every drain ends (the pod removed, or re-admitted at its deadline) while the engines still
-    # report their in-flight work; then the emulator stops and writes what the engines recorded.
-    stack.wait_settled(timeout=DRAIN_TIMEOUT_S + 30)
-    summary = stack.stop_emulator()
+    client, summary = finish(stack, run, load_s)
     reasons = [e["reason"] for e in stack.events()]
     print(
         f"{engine}: grown to {want_high} after {grown_at:.0f} s; client {client}; "
@@ -147,11 +173,12 @@ def test_load_step_through_the_endpoint_grows_then_drains_with_no_failed_respons
     check_client_against_engines(client, summary)
 
 
-def test_operator_killed_mid_drain_through_the_endpoint_loses_no_response(endpoint_stack):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_operator_killed_mid_drain_through_the_endpoint_loses_no_response(endpoint_stack, engine):
     """The operator dies while a pod drains under live traffic; the restarted one finishes the drain."""
     stack = endpoint_stack
     fall_at, load_s = 40, 110
-    obj = start(stack, "vllm")
+    obj = start(stack, engine)
     want = planned(obj, HIGH, PROMPT, OUTPUT)
     run = stack.start_load(
         schedule=f"0:{HIGH:g},{fall_at}:{LOW:g}",
@@ -159,12 +186,7 @@ def test_operator_killed_mid_drain_through_the_endpoint_loses_no_response(endpoi
         prompt_tokens=PROMPT,
         output_tokens=OUTPUT,
     )
-    stack.cluster.wait_for(
-        lambda: reached(stack, want, run),
-        timeout=LOADGEN_START_S + WINDOW + 3 * INTERVAL + 20,
-        interval=1,
-        what=f"grown to {want}\n{stack.debug()}\n{run.tail()}",
-    )
+    wait_grown(stack, run, want, WINDOW + 3 * INTERVAL + 20)
 
     def draining():
         run.check()
@@ -184,21 +206,20 @@ def test_operator_killed_mid_drain_through_the_endpoint_loses_no_response(endpoi
         interval=1,
         what=f"drained pods {victims} removed by the restarted operator\n{stack.debug()}",
     )
-    client = run.wait(timeout=LOADGEN_START_S + load_s + 120)
-    stack.wait_settled(timeout=DRAIN_TIMEOUT_S + 30)
-    summary = stack.stop_emulator()
-    print(f"operator restart: victims {victims}; client {client}; engines http {summary['http']}")
+    client, summary = finish(stack, run, load_s)
+    print(f"{engine} operator restart: victims {victims}; client {client}; engines http {summary['http']}")
     check_client_against_engines(client, summary)
 
 
-def test_gpu_budget_below_the_plan_holds_while_every_response_completes(endpoint_stack):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_gpu_budget_below_the_plan_holds_while_every_response_completes(endpoint_stack, engine):
     """The planner's split under a GPU budget smaller than the plan: never more GPUs than the
     budget, the pools rebalanced within it, and every response through the endpoint completes."""
     stack = endpoint_stack
     budget, load_s = 3, 90
-    unlimited = planned(endpoint_spec("http://x", "vllm"), HIGH, PROMPT, OUTPUT)
+    unlimited = planned(endpoint_spec("http://x", engine), HIGH, PROMPT, OUTPUT)
     assert sum(unlimited.values()) > budget, "the test needs a load the budget cannot cover"
-    obj = start(stack, "vllm", gpuBudget=budget)
+    obj = start(stack, engine, gpuBudget=budget)
     run = stack.start_load(rate=HIGH, duration_s=load_s, prompt_tokens=PROMPT, output_tokens=OUTPUT)
     peak = 0
 
@@ -221,12 +242,72 @@ def test_gpu_budget_below_the_plan_holds_while_every_response_completes(endpoint
     while run.proc.poll() is None:
         peak = max(peak, stack.gpus_in_use())
         time.sleep(1)
-    client = run.wait(timeout=10)
-    stack.wait_settled(timeout=DRAIN_TIMEOUT_S + 30)
-    summary = stack.stop_emulator()
-    print(f"budget {budget}: peak {peak} GPUs; targets {decision['outputs']['targets']}; client {client}")
+    client, summary = finish(stack, run, load_s)
+    print(
+        f"{engine} budget {budget}: peak {peak} GPUs; targets {decision['outputs']['targets']}; client {client}"
+    )
     assert peak <= budget, f"{peak} GPUs requested with a budget of {budget}"
     assert decision["outputs"]["budgetLimited"] is True
     assert sum(decision["outputs"]["targets"].values()) <= budget
     assert sum(planned(obj, HIGH, PROMPT, OUTPUT).values()) <= budget
     check_client_against_engines(client, summary)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_router_restart_mid_load_fails_no_request_started_once_the_new_router_is_ready(
+    endpoint_stack, engine
+):
+    """The router pod is deleted under load; the Deployment's new pod takes over behind the Service.
+
+    What a client sees, counted and reported per window: requests in flight through the old
+    router at the kill (it gets SIGTERM; whether it finishes them or cuts them is the router's
+    shutdown behaviour, reported); requests started while no router is Ready find no endpoint
+    behind the Service, and aiperf retries none of them (each is one failed record). Asserted:
+    zero failed or truncated responses among the requests started once the new router passes its
+    readiness probe, none among those that ended before the kill, and a client that retries (the
+    openai SDK with max_retries, sending right at the kill) gets a complete response.
+    """
+    stack = endpoint_stack
+    rate, load_s, kill_after_s = 2.0, 90, 20
+    start(stack, engine, via_service=True)
+    assert stack.service is not None
+    run = stack.start_load(rate=rate, duration_s=load_s, prompt_tokens=PROMPT, output_tokens=OUTPUT)
+    # aiperf is sending once connections come through the Service; kill the router kill_after_s later.
+    stack.cluster.wait_for(
+        lambda: run.check() or stack.service.forwarded > 0,
+        timeout=LOADGEN_START_S + 30,
+        interval=0.5,
+        what=f"the first request through the Service\n{run.tail()}",
+    )
+    time.sleep(kill_after_s)
+    run.check()
+    old_pod = stack.router_pod_name
+    kill_ns = stack.delete_router_pod()
+    sdk: dict = {}
+    sdk_thread = threading.Thread(
+        target=lambda: sdk.update(retrying_openai_request(stack.endpoint, 200, 20, SDK_MAX_RETRIES)),
+        daemon=True,
+    )
+    sdk_thread.start()
+    ready_ns = stack.replace_router()
+    outage_s = (ready_ns - kill_ns) / 1e9
+    old_router = stack.stopped_routers[-1].p
+    old_router_exit = old_router.poll()  # None: still finishing its responses
+    sdk_thread.join(timeout=180)
+    client, summary = finish(stack, run, load_s)
+    windows = run.results_by_window(kill_ns, ready_ns)
+    report = {k: {f: w[f] for f in ("requests", "ok", "failed", "truncated")} for k, w in windows.items()}
+    print(
+        f"{engine} router restart: pod {old_pod} -> {stack.router_pod_name}; outage {outage_s:.1f} s; "
+        f"old router exit status when the new one was Ready: {old_router_exit}; "
+        f"client {report}; closed without a router {stack.service.closed_without_router}; "
+        f"openai SDK (max_retries={SDK_MAX_RETRIES}) {sdk}; engines {summary['requests']} http {summary['http']}"
+    )
+    assert stack.router_pod_name != old_pod
+    assert sum(w["requests"] for w in windows.values()) == client["requests"]
+    after = windows["after"]
+    assert after["requests"] >= rate * (load_s - kill_after_s - outage_s) / 2, (report, outage_s)
+    assert after["failed"] == 0 and after["truncated"] == 0, after
+    # Requests that ended before the kill were untouched by it.
+    assert windows["before"]["failed"] == 0 and windows["before"]["truncated"] == 0, windows["before"]
+    assert sdk.get("ok"), f"the retrying openai client: {sdk} (outage {outage_s:.1f} s)"

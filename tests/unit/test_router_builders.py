@@ -185,3 +185,13 @@ def test_the_pinned_router_parses_the_operator_args(engine: str):
 def test_endpoint_is_the_router_service_url_and_absent_without_a_router():
     assert builders.router_endpoint(OWNER, spec()) == "http://llama-router.serving:8000/v1"
     assert builders.router_endpoint(OWNER, spec(enabled=False)) is None
+
+
+def test_router_is_ready_only_once_its_readiness_endpoint_says_it_can_route():
+    """Not a TCP probe: the routers listen before discovery adds a worker (and answer 503 until
+    then), so a replaced router pod would take requests it cannot serve."""
+    c = objects(spec())["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    probe = c["readinessProbe"]
+    assert probe["httpGet"] == {"path": "/readiness", "port": "http"}
+    assert "tcpSocket" not in probe
+    assert {"name": "http", "containerPort": routers.ROUTER_HTTP_PORT, "protocol": "TCP"} in c["ports"]
