@@ -394,6 +394,29 @@ async def list_deployments(
 # ---------------------------------------------------------------------------- drains
 
 
+#: Draining pods this process has taken out of routing (the gate False, and the worker removed
+#: from the routers that ignore Ready: routerclient). A drain this process did not start (an
+#: operator restart) is taken out once more at its first drain step: the previous process may
+#: have died between writing the drain record and calling the router, and the router would go
+#: on sending the pod new requests until it is deleted.
+OUT_OF_ROUTING: set[str] = set()
+
+
+def _pod_key(pod: Mapping[str, Any]) -> str:
+    meta = pod["metadata"]
+    return meta.get("uid") or f"{meta['namespace']}/{meta['name']}"
+
+
+async def take_out_of_routing(kube: Kube, pod: Mapping[str, Any]) -> None:
+    """The routable gate False (if it is not yet) and the worker removed from routers that ignore Ready."""
+    if status.pod_condition(pod, names.READINESS_GATE) != "False":
+        await reconcile.set_routable(
+            kube, pod, False, names.GATE_DRAINING, "being drained by disagg-operator"
+        )
+    await routerclient.set_worker_routable(kube, pod, False)  # routers that ignore Ready
+    OUT_OF_ROUTING.add(_pod_key(pod))
+
+
 async def set_drain(
     kube: Kube, pod: Mapping[str, Any], record: drain.DrainRecord | None, cost: str | None = None
 ) -> None:
@@ -405,15 +428,15 @@ async def set_drain(
     except NotFound:
         return
     if record is None:
+        OUT_OF_ROUTING.discard(_pod_key(pod))
         await reconcile.set_routable(
             kube, pod, True, names.GATE_READMITTED, "drain cancelled; routable again"
         )
         await routerclient.set_worker_routable(kube, pod, True)
-    elif record.removing is None and status.pod_condition(pod, names.READINESS_GATE) != "False":
-        await reconcile.set_routable(
-            kube, pod, False, names.GATE_DRAINING, "being drained by disagg-operator"
-        )
-        await routerclient.set_worker_routable(kube, pod, False)  # routers that ignore Ready
+    elif record.removing is not None:
+        OUT_OF_ROUTING.discard(_pod_key(pod))  # being deleted: nothing more to remember
+    elif status.pod_condition(pod, names.READINESS_GATE) != "False":
+        await take_out_of_routing(kube, pod)
 
 
 async def readmit(kube: Kube, body: Mapping[str, Any], pod: Mapping[str, Any], why: str) -> None:
@@ -467,6 +490,8 @@ async def drain_step(
         for pod in draining:
             rec = drain.DrainRecord.from_pod(pod)
             assert rec is not None
+            if rec.removing is None and _pod_key(pod) not in OUT_OF_ROUTING:
+                await take_out_of_routing(kube, pod)  # a drain resumed after an operator restart
             work = metrics.pod_in_flight_fresh(snap, pool, pod["metadata"]["name"], scrape)
             act = drain.next_action(pod, rec, work, now)
             if act.action == "verify":
