@@ -7,6 +7,7 @@ import random
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,22 @@ class Stack:
             return True
 
         self.cluster.wait_for(settled, timeout=timeout, interval=1, what=f"pods settled\n{self.debug()}")
+
+    def release(self) -> None:
+        """After a test: stop the emulator, delete the DisaggDeployments and wait (at most a
+        minute) until their pods are gone, freeing the simulated GPUs for the next test."""
+        if self.emulator and self.emulator.poll() is None:
+            self.emulator.terminate()
+            try:
+                self.emulator.wait(10)
+            except subprocess.TimeoutExpired:
+                self.emulator.kill()
+        self.cluster.kubectl(
+            "delete", "disaggdeployment", "--all", "-n", self.ns, "--wait=false", check=False
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and self.pods():
+            time.sleep(0.5)
 
     def debug(self) -> str:
         out = [json.dumps(self.dd().get("status"), indent=1)[:4000]]

@@ -64,13 +64,7 @@ def endpoint_stack(
         yield s
     finally:
         s.close()
-        if s.emulator and s.emulator.poll() is None:
-            s.emulator.terminate()
-            s.emulator.wait(15)
-        cluster.kubectl("delete", "disaggdeployment", "--all", "-n", namespace, "--wait=false", check=False)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and s.pods():
-            time.sleep(0.5)
+        s.release()
 
 
 def reached(stack, want: dict[str, int], run=None) -> bool:
@@ -91,6 +85,11 @@ def start(stack: EndpointStack, engine: str, via_service: bool = False, **autosc
     stack.start_router(engine, via_service=via_service)
     stack.wait_router_workers(2)
     return obj
+
+
+def send(stack: EndpointStack, **load) -> LoadRun:
+    """aiperf through the endpoint: streamed chat completions of PROMPT tokens asking for OUTPUT."""
+    return stack.start_load(prompt_tokens=PROMPT, output_tokens=OUTPUT, **load)
 
 
 def wait_grown(stack: EndpointStack, run: LoadRun, want: dict[str, int], after_load_start_s: float) -> None:
@@ -144,12 +143,7 @@ def test_load_step_through_the_endpoint_grows_then_drains_with_no_failed_respons
     assert want_high["prefill"] > want_low["prefill"] and want_high["decode"] > want_low["decode"]
 
     t0 = time.monotonic()
-    run = stack.start_load(
-        schedule=f"0:{LOW:g},{step_at}:{HIGH:g},{fall_at}:{LOW:g}",
-        duration_s=load_s,
-        prompt_tokens=PROMPT,
-        output_tokens=OUTPUT,
-    )
+    run = send(stack, schedule=f"0:{LOW:g},{step_at}:{HIGH:g},{fall_at}:{LOW:g}", duration_s=load_s)
     # (a) the step: the pools reach the planner's sizes.
     wait_grown(stack, run, want_high, step_at + WINDOW + 3 * INTERVAL + 20)
     grown_at = time.monotonic() - t0
@@ -180,12 +174,7 @@ def test_operator_killed_mid_drain_through_the_endpoint_loses_no_response(endpoi
     fall_at, load_s = 40, 110
     obj = start(stack, engine)
     want = planned(obj, HIGH, PROMPT, OUTPUT)
-    run = stack.start_load(
-        schedule=f"0:{HIGH:g},{fall_at}:{LOW:g}",
-        duration_s=load_s,
-        prompt_tokens=PROMPT,
-        output_tokens=OUTPUT,
-    )
+    run = send(stack, schedule=f"0:{HIGH:g},{fall_at}:{LOW:g}", duration_s=load_s)
     wait_grown(stack, run, want, WINDOW + 3 * INTERVAL + 20)
 
     def draining():
@@ -229,7 +218,7 @@ def test_gpu_budget_below_the_plan_holds_while_every_response_completes(endpoint
     unlimited = planned(endpoint_spec("http://x", engine), HIGH, PROMPT, OUTPUT)
     assert sum(unlimited.values()) > budget, "the test needs a load the budget cannot cover"
     obj = start(stack, engine, gpuBudget=budget)
-    run = stack.start_load(rate=HIGH, duration_s=load_s, prompt_tokens=PROMPT, output_tokens=OUTPUT)
+    run = send(stack, rate=HIGH, duration_s=load_s)
     peak = 0
 
     def limited():
@@ -280,7 +269,7 @@ def test_router_restart_mid_load_fails_no_request_started_once_the_new_router_is
     rate, load_s, kill_after_s = 2.0, 90, 20
     start(stack, engine, via_service=True)
     assert stack.service is not None
-    run = stack.start_load(rate=rate, duration_s=load_s, prompt_tokens=PROMPT, output_tokens=OUTPUT)
+    run = send(stack, rate=rate, duration_s=load_s)
     # aiperf is sending once connections come through the Service; kill the router kill_after_s later.
     stack.cluster.wait_for(
         lambda: run.check() or stack.service.forwarded > 0,
