@@ -11,9 +11,11 @@ from disagg import loop, reconcile
 
 @pytest.fixture
 def fresh_loop_memory() -> Iterator[None]:
-    """The loop's trackers and the desired sizes start and end empty (a fresh operator per test)."""
+    """The loop's trackers, the pods it took out of routing and the desired sizes start and end empty (a fresh operator per test)."""
     loop.TRACKERS.clear()
+    loop.OUT_OF_ROUTING.clear()
     reconcile.DESIRED.clear()
     yield
     loop.TRACKERS.clear()
+    loop.OUT_OF_ROUTING.clear()
     reconcile.DESIRED.clear()

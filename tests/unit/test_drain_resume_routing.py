@@ -25,9 +25,7 @@ def router_calls(monkeypatch) -> list[tuple[str, bool]]:
         return 1
 
     monkeypatch.setattr(loop.routerclient, "set_worker_routable", record)
-    loop.OUT_OF_ROUTING.clear()
-    yield calls
-    loop.OUT_OF_ROUTING.clear()
+    return calls
 
 
 def test_a_resumed_drain_sets_the_gate_and_removes_the_worker_once(router_calls):
