@@ -685,20 +685,26 @@ def kv_room_batch(
     the cache runs alone on an empty worker).
     """
 
+    var, erfc, sqrt = std * std, math.erfc, math.sqrt
+
     def overflow(n: int) -> float:
         out = 0.0
         for w, f_mean, f_var in arrivals:
-            sd = math.sqrt(n * std * std + f_var)
+            sd = sqrt(2.0 * (n * var + f_var))  # x sqrt(2): erfc's scale
             gap = capacity - n * mean - f_mean
             if sd <= 0.0:
                 out += w if gap < 0 else 0.0
             else:
-                out += w * 0.5 * math.erfc(gap / (sd * math.sqrt(2.0)))
+                out += 0.5 * w * erfc(gap / sd)
         return out
 
     lo, hi = 0, max(0, slots - 1)  # overflow(n) grows with n: bisect for the largest n within the tail
     if overflow(hi) <= tail:
         return hi + 1
+    if tail < 0.5 and mean > 0:
+        # beyond this n even the smallest newcomer's mean does not fit: overflow >= 1/2 > tail
+        fits = (capacity - min(a[1] for a in arrivals)) / mean
+        hi = max(0, min(hi, math.floor(fits)))
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if overflow(mid) <= tail:
