@@ -212,8 +212,14 @@ class Observation:
     queued: dict[str, float] = field(default_factory=dict)  # waiting requests per pool
     running: dict[str, float] = field(default_factory=dict)  # running requests per pool
     # The back (decode or colocated) pool's KV usage summed over its pods (each 0..1, as
-    # vllm:kv_cache_usage_perc / sglang:token_usage): x kvCacheTokens, the tokens it holds.
+    # vllm:kv_cache_usage_perc / sglang:token_usage), each averaged over the metric window:
+    # x kvCacheTokens, the tokens it holds on average. `kv_running` is the same pool's running
+    # sequences averaged over the same window: their ratio is the time-weighted footprint of
+    # one sequence (`observed_kv_footprint`). Window averages, not the instantaneous gauges:
+    # the ratio of two instantaneous sums over a few dozen heavy-tailed sequences swings by
+    # a factor of several between scrapes (docs/planner.md, "Decode KV capacity").
     kv_usage_sum: float | None = None
+    kv_running: float | None = None
     in_flight: dict[str, dict[str, float]] = field(default_factory=dict)  # pool -> pod -> work
     ttft_observed_s: float | None = None  # at the SLO percentile
     itl_observed_s: float | None = None  # mean
@@ -557,14 +563,17 @@ def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInpu
     return SizingInputs(sizes=sizes, dispersion=disp, auto_headroom=auto)
 
 
-def observed_kv_footprint(obs: Observation, back: str, kv_cache_tokens: float) -> float | None:
+def observed_kv_footprint(obs: Observation, kv_cache_tokens: float) -> float | None:
     """KV tokens one running sequence of the back pool holds, from the engines' own gauges:
-    summed KV usage x capacity / running sequences. None with too few sequences to tell.
+    window-averaged summed KV usage x capacity / window-averaged running sequences, i.e.
+    the footprint weighted by how long each sequence holds it (Little's law: the time
+    average of the pool's KV over the time average of its sequences). None with too few
+    sequences to tell, or without both window averages (missing: the last reading holds).
 
     It sees what the token means cannot: how prompt and output lengths go together (long
     prompts with short outputs hold less than independent lengths say).
     """
-    used, running = obs.kv_usage_sum, obs.running.get(back)
+    used, running = obs.kv_usage_sum, obs.kv_running
     if used is None or running is None or not (math.isfinite(used) and math.isfinite(running)):
         return None
     if running < MIN_FOOTPRINT_SEQUENCES or used <= 0 or not math.isfinite(kv_cache_tokens):
@@ -741,7 +750,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         )
         plan_rate = rate
         try:
-            footprint = observed_kv_footprint(obs, back_pool(pools), models.decode.kv_cache_tokens)
+            footprint = observed_kv_footprint(obs, models.decode.kv_cache_tokens)
             plan = config.planning.plan(demand_for(obs, rate, shape, inputs, footprint), models)
             planned = _pooled(plan, pools)
             # What the current load needs: a budget rebalance never shrinks a donor below it.

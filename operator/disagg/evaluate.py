@@ -296,10 +296,12 @@ class Obs:
     sizes: SizeDistribution | None = None  # the window's requests' sizes
     arrival_counts: tuple[float, ...] | None = None  # per scrape-resolution sub-window, oldest first
     count_interval_s: float | None = None
-    # The back pool's running sequences and KV usage summed over its workers (the engines'
-    # gauges: num_requests_running, kv_cache_usage_perc); None where not read
+    # The back pool's running sequences now (num_requests_running), and its KV usage summed
+    # over its workers (kv_cache_usage_perc) and running sequences, both averaged over the
+    # metric window as the operator's avg_over_time queries read them; None where not read
     back_running: float | None = None
     kv_usage_sum: float | None = None
+    kv_running: float | None = None
 
     def demand(self, rate: float | None = None) -> Demand:
         return Demand(
@@ -562,6 +564,7 @@ def observation_from(o: Obs, startup_s: float, pools: tuple[str, ...] = POOLS) -
         queued={pools[0]: float(o.queued)},
         running={} if o.back_running is None else {back_pool(pools): o.back_running},
         kv_usage_sum=o.kv_usage_sum,
+        kv_running=o.kv_running,
         ttft_observed_s=o.ttft_p,
         startups={"simulated": startup_s},
         sizes=o.sizes,
@@ -791,6 +794,10 @@ class _Loop:
         self.busy_prev: dict[Any, float] = {}
         self.t_prev_util = 0.0
         self.queue_samples: list[tuple[float, int]] = []
+        # The back pool's time integrals at each scrape: (t, KV usage-seconds, sequence-seconds),
+        # cumulative over every worker it ever had (`kv_integrals`), for the window averages.
+        self.kv_samples: list[tuple[float, float, float]] = []
+        self.kv_retired = (0.0, 0.0)  # the integrals of removed back workers
 
     def queued(self) -> int:
         cl = self.cl
@@ -887,6 +894,10 @@ class _Loop:
 
     def _remove(self, w: Any, now: float) -> None:
         self._integrate(now)
+        if w.role == back_pool(self.pools) and math.isfinite(w.kv_tokens):
+            w._account(now)
+            u, n = self.kv_retired
+            self.kv_retired = (u + w.kv_area / w.kv_tokens, n + w.slot_area)
         lost = self.cl.remove_worker(w, now)
         self.lost_removed += len(lost)
         self.alloc[w.role] -= 1
@@ -905,14 +916,33 @@ class _Loop:
         self._admit_waiting(now)
 
     # ---- utilisation since the last decision (HPA signal)
-    def kv_gauges(self) -> dict[str, float]:
-        """The back pool's running sequences and summed KV usage now (what its pods' gauges say)."""
+    def kv_integrals(self, now: float) -> tuple[float, float, float]:
+        """(now, KV usage-seconds, sequence-seconds) of the back pool since the start: the time
+        integrals of its workers' summed kv_cache_usage_perc and num_requests_running gauges."""
+        u, n = self.kv_retired
+        for w in self.cl.pools[back_pool(self.pools)]:
+            if math.isfinite(w.kv_tokens):
+                w._account(now)
+                u += w.kv_area / w.kv_tokens
+                n += w.slot_area
+        return now, u, n
+
+    def kv_gauges(self, lo: float, hi: float) -> dict[str, float]:
+        """The back pool's running sequences now, and its summed KV usage and running sequences
+        averaged over the scrapes in [lo, hi] (the operator's avg_over_time over its window)."""
         ws = self.serving(back_pool(self.pools))
         if not ws:
             return {}
-        running = float(sum(len(w.batch) for w in ws))
-        usage = sum(w.kv_used / w.kv_tokens for w in ws if math.isfinite(w.kv_tokens))
-        return {"back_running": running, "kv_usage_sum": usage}
+        out = {"back_running": float(sum(len(w.batch) for w in ws))}
+        inside = [x for x in self.kv_samples if x[0] <= hi + 1e-9]
+        if inside:
+            end = inside[-1]
+            start = next((x for x in reversed(inside) if x[0] <= lo + 1e-9), self.kv_samples[0])
+            span = end[0] - start[0]
+            if span > 0:
+                out["kv_usage_sum"] = (end[1] - start[1]) / span
+                out["kv_running"] = (end[2] - start[2]) / span
+        return out
 
     def utilisation(self, now: float) -> dict[str, float]:
         out = {}
@@ -1017,6 +1047,9 @@ def run_policy(
                 lp._poll_drains(t)
         elif kind == "scrape":
             lp.queue_samples = [*lp.queue_samples[-3:], (t, lp.queued())]
+            lp.kv_samples.append(lp.kv_integrals(t))
+            if len(lp.kv_samples) > s.window_s / s.scrape_s + 4:  # a window's worth is enough
+                del lp.kv_samples[0]
             if i < n or cl.next_event_time() != INF:
                 lp.push(t + s.scrape_s, "scrape")
         elif kind == "tick":
@@ -1049,7 +1082,7 @@ def run_policy(
                 queued=next((q for tq, q in reversed(lp.queue_samples) if tq <= ts + 1e-9), 0),
                 media_fraction=media_fraction,
                 items_per_request=items_per_request,
-                **lp.kv_gauges(),
+                **lp.kv_gauges(lo, ts),
             )
             count_s = getattr(pol, "sizing_interval_s", None)
             if count_s is not None:

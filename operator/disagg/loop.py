@@ -162,6 +162,7 @@ def observation(
         queued={p: v[f"queue.{p}"] for p in config.pools if f"queue.{p}" in v},
         running={p: v[f"running.{p}"] for p in config.pools if f"running.{p}" in v},
         kv_usage_sum=val("kv_usage_sum"),
+        kv_running=val("kv_running_avg"),
         in_flight={p: dict(snap.in_flight(p)) for p in config.pools},
         ttft_observed_s=val("ttft_p"),
         itl_observed_s=val("itl_mean"),

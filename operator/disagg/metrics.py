@@ -338,8 +338,28 @@ def build_queries(
     if p.kv_usage:
         sel = pool_selector(namespace, deployment, back)
         q.append(Query("kv_usage_max", f"max({p.kv_usage}{{{sel}}})", "scalar", required=False, pool=back))
-        # summed over the pods: x kvCacheTokens, the KV tokens the pool holds (observed footprint)
-        q.append(Query("kv_usage_sum", f"sum({p.kv_usage}{{{sel}}})", "scalar", required=False, pool=back))
+        # Each pod's usage averaged over the window, summed over the pods: x kvCacheTokens, the
+        # KV tokens the pool holds on average; over the running sequences averaged over the same
+        # window it is one sequence's time-weighted footprint (autoscaler.observed_kv_footprint).
+        # Window averages: the instantaneous ratio swings too much to size a pool by.
+        q.append(
+            Query(
+                "kv_usage_sum",
+                f"sum(avg_over_time({p.kv_usage}{{{sel}}}[{w}]))",
+                "scalar",
+                required=False,
+                pool=back,
+            )
+        )
+        q.append(
+            Query(
+                "kv_running_avg",
+                f"sum(avg_over_time({p.running}{{{sel}}}[{w}]))",
+                "scalar",
+                required=False,
+                pool=back,
+            )
+        )
     if custom:
         names = {x.name for x in q}
         for name, promql in custom.items():
@@ -741,7 +761,8 @@ _RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "media_items_rps": ("sum", ("media_items",)),
     "prefill_time_mean": ("ratio", ("prefill_sum", "prefill_count")),
     "kv_usage_max": ("max", ("kv_usage",)),
-    "kv_usage_sum": ("sum", ("kv_usage",)),
+    "kv_usage_sum": ("sum", ("kv_usage_avg",)),
+    "kv_running_avg": ("sum", ("running_avg",)),
 }
 _BY_POD_RECIPES = {
     "running_by_pod": "running",
@@ -798,6 +819,11 @@ def _fleet_promql(p: Preset, role: str, ns: str, window_s: int, short_window_s: 
         "prefill_count": rate(f"{p.prefill_time}_count" if p.prefill_time else None),
         "kv_usage": f"max by (namespace, pod) ({p.kv_usage}{{{ns}}})" if p.kv_usage else None,
         "running": f"sum by (namespace, pod) ({p.running}{{{ns}}})",
+        # window averages of the KV usage and the running sequences (the observed footprint)
+        "kv_usage_avg": f"max by (namespace, pod) (avg_over_time({p.kv_usage}{{{ns}}}[{w}]))"
+        if p.kv_usage
+        else None,
+        "running_avg": f"sum by (namespace, pod) (avg_over_time({p.running}{{{ns}}}[{w}]))",
         "waiting": f"sum by (namespace, pod) ({p.waiting}{{{ns}}})",
         "sample_time": f"max by (namespace, pod) (timestamp({p.running}{{{ns}}}))",
     }

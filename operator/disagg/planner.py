@@ -46,7 +46,6 @@ from disagg.model import (
     TransferModel,
     check_itl_statistic,
     gap_p99_rank,
-    kv_batch,
 )
 from disagg.names import PLACEMENTS, POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 from disagg.queueing import erlang_b_stride, poisson_cdf, poisson_quantile, summed_wait_tail
@@ -519,7 +518,7 @@ class _Ctx:
         "chunked",
         "fast",
         "itl_ok",
-        "kv_z",
+        "kv_tail",
         "m",
         "shapes",
         "slo",
@@ -541,8 +540,8 @@ class _Ctx:
         self.b_eff = max(1, b_eff)
         self.step_cap_ms = float(m.decode.step_ms(self.b_eff))
         self.step1_ms = float(m.decode.step_ms(1))
-        # the resident KV of a full batch stays within the cache at the SLO percentile (`_with_kv`)
-        self.kv_z = _z(slo.percentile)
+        # a newcomer finds room for its KV beside the residents' at the SLO percentile (`_with_kv`)
+        self.kv_tail = 1.0 - slo.percentile
         self.shapes: dict[tuple[float, ...], _Setup] = {}
 
     def step_ms(self, batch: float) -> float:
@@ -616,7 +615,8 @@ def kv_footprint(d: Demand) -> tuple[float, float]:
     deviations otherwise. Cached prefix tokens count: the decode worker holds the
     whole prompt's KV. A measured `Demand.kv_footprint_tokens` replaces the mean (it
     sees how prompt and output lengths go together: long prompts with short outputs
-    hold less than independent marginals say); the spread stays the marginals'.
+    hold less than independent marginals say) and scales the spread with it (the
+    marginals' coefficient of variation kept).
     """
     if d.sizes is not None:
         sz = d.sizes
@@ -631,8 +631,87 @@ def kv_footprint(d: Demand) -> tuple[float, float]:
         o_mean = d.output_tokens_mean
         o_second = o_mean * o_mean + d.output_tokens_std**2
     o_var = max(0.0, o_second - o_mean * o_mean)
-    mean = d.kv_footprint_tokens if d.kv_footprint_tokens > 0 else p_mean + o_second / o_mean
-    return mean, math.sqrt(p_var + o_var)
+    mean = p_mean + o_second / o_mean
+    std = math.sqrt(p_var + o_var)
+    if d.kv_footprint_tokens > 0:
+        # the measured footprint sets the scale, the marginals the shape (their coefficient of
+        # variation): a spread in tokens taken from the marginals beside a measured mean a
+        # fraction of theirs would size for spreads the resident sequences do not have
+        std *= d.kv_footprint_tokens / mean
+        mean = d.kv_footprint_tokens
+    return mean, std
+
+
+def kv_arrivals(d: Demand) -> tuple[tuple[float, float, float], ...]:
+    """(weight, mean, variance) of the KV footprint of an ARRIVING decode sequence, per prompt class.
+
+    Unlike the residents' footprint (`kv_footprint`, weighted by how long each is held),
+    a newcomer is drawn from the requests as they come: its prompt class's tokens plus
+    the output tokens, independent. One class (the prompt's mean and spread) without sizes.
+    """
+    if d.sizes is not None:
+        sz = d.sizes
+        wo, to, vo = np.asarray(sz.output_weight), np.asarray(sz.output_tokens), np.asarray(sz.output_var)
+        o_mean = float(wo @ to)
+        o_var = max(0.0, float(wo @ (to * to + vo)) - o_mean * o_mean)
+        return tuple(
+            (float(w), float(t) + o_mean, float(v) + o_var)
+            for w, t, v in zip(sz.prompt_weight, sz.prompt_tokens, sz.prompt_var, strict=True)
+            if w > 0
+        )
+    return (
+        (1.0, d.prompt_tokens_mean + d.output_tokens_mean, d.prompt_tokens_std**2 + d.output_tokens_std**2),
+    )
+
+
+def kv_room_batch(
+    capacity: float,
+    slots: int,
+    mean: float,
+    std: float,
+    arrivals: tuple[tuple[float, float, float], ...],
+    tail: float,
+) -> int:
+    """Sequences a decode worker holds with room for one more: the KV bound on its batch.
+
+    A sequence joins a worker at once when the KV its n residents hold plus its own
+    footprint fits the cache (the engine admits FCFS: one that does not fit also holds
+    back the ones behind it). The residents' sum is normal, n x `mean` with variance
+    n x `std`^2 (a sum of many footprints concentrates near its mean); the newcomer's
+    footprint is drawn from `arrivals` (`kv_arrivals`: its prompt class, normal within
+    it), so the rare long prompt is weighed by how rare it is, never taken at a
+    quantile of its own. The answer is 1 + the largest n <= slots - 1 with
+    P(residents + newcomer > capacity) <= `tail` (at least 1: a sequence larger than
+    the cache runs alone on an empty worker).
+    """
+
+    var, erfc, sqrt = std * std, math.erfc, math.sqrt
+
+    def overflow(n: int) -> float:
+        out = 0.0
+        for w, f_mean, f_var in arrivals:
+            sd = sqrt(2.0 * (n * var + f_var))  # x sqrt(2): erfc's scale
+            gap = capacity - n * mean - f_mean
+            if sd <= 0.0:
+                out += w if gap < 0 else 0.0
+            else:
+                out += 0.5 * w * erfc(gap / sd)
+        return out
+
+    lo, hi = 0, max(0, slots - 1)  # overflow(n) grows with n: bisect for the largest n within the tail
+    if overflow(hi) <= tail:
+        return hi + 1
+    if tail < 0.5 and mean > 0:
+        # beyond this n even the smallest newcomer's mean does not fit: overflow >= 1/2 > tail
+        fits = (capacity - min(a[1] for a in arrivals)) / mean
+        hi = max(0, min(hi, math.floor(fits)))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if overflow(mid) <= tail:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo + 1
 
 
 def measured_kv_footprint(prompt_tokens: Any, output_tokens: Any) -> float:
@@ -650,18 +729,18 @@ def measured_kv_footprint(prompt_tokens: Any, output_tokens: Any) -> float:
 def _with_kv(st: _Setup, d: Demand, ctx: _Ctx) -> _Setup:
     """The setup with the decode worker's KV capacity applied (docs/planner.md, "Decode KV capacity").
 
-    A decode worker holds at most `DecodeModel.kv_slots` sequences of this mix
-    (their footprints within its `kv_cache_tokens` at the SLO percentile). When
-    that is below the batch the slots and the ITL target allow, it becomes the
-    servers per decode replica, and the step (and slot hold) are those of the
-    smaller batch: the pool is then sized by KV memory.
+    A decode worker holds at most `kv_room_batch` sequences of this mix: with one
+    fewer resident, a newcomer still finds room for its KV at the SLO percentile
+    (residents' footprints `kv_footprint`, the newcomer's `kv_arrivals`). When that
+    is below the batch the slots and the ITL target allow, it becomes the servers
+    per decode replica (Erlang's count of busy servers is the count of residents:
+    the count's variation is the queue's, the footprints' the KV bound's), and the
+    step (and slot hold) are those of the smaller batch: the pool is then sized by
+    KV memory.
     """
     dec = ctx.m.decode
     mean, std = kv_footprint(d)
-    if ctx.fast:
-        kv = kv_batch(dec.kv_cache_tokens, dec.slots, mean, std, ctx.kv_z)
-    else:
-        kv = dec.kv_slots(mean, std, ctx.kv_z)
+    kv = kv_room_batch(dec.kv_cache_tokens, dec.slots, mean, std, kv_arrivals(d), ctx.kv_tail)
     slot_bound = "itl" if ctx.b_eff < dec.slots else "slots"
     if kv >= st.b_eff:  # the common case: the setup with its last three (KV) fields set, no _replace
         return tuple.__new__(_Setup, (*st[:_KV_FIELDS_AT], mean, kv, slot_bound))

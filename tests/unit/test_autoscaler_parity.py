@@ -45,10 +45,11 @@ class Row:
     prompt_buckets: list[tuple[float, float]] | None = None
     output_buckets: list[tuple[float, float]] | None = None
     counts: list[float] | None = None
-    # the back pool's engines: running sequences per pod and KV usage summed over its pods
-    # (None: the KV gauge answers nothing)
+    # the back pool's engines: running sequences per pod now, and KV usage and running
+    # sequences summed over its pods, each averaged over the window (None: no answer)
     running: float = 1.0
     kv_used: float | None = None
+    kv_running: float | None = None
 
 
 def _row_cluster(kube: FakeKube, prom: FakePrometheus, row: Row, now: float, pools: tuple[str, ...]) -> None:
@@ -94,6 +95,7 @@ def _row_cluster(kube: FakeKube, prom: FakePrometheus, row: Row, now: float, poo
         ("output_tokens_mean", row.output),
         ("ttft_p", row.ttft),
         ("kv_usage_sum", row.kv_used),
+        ("kv_running_avg", row.kv_running),
     ):
         if v is not None:
             prom.scalars[key] = v
@@ -135,6 +137,7 @@ def _obs(row: Row, now: float, pools: tuple[str, ...]) -> Obs:
         count_interval_s=None if row.counts is None else autoscaler.COUNT_SCRAPES * SETTINGS.scrape_s,
         back_running=row.running * (row.replicas[pools[-1]] - row.pending.get(pools[-1], 0)),
         kv_usage_sum=row.kv_used,
+        kv_running=row.kv_running,
     )
 
 
@@ -223,8 +226,9 @@ SIZED = [
 ]
 # Long prompts with short outputs: from the token means a decode sequence holds 30,200 KV
 # tokens (7 per worker); the engines' KV gauges show 8,000 (the long prompts have the shortest
-# outputs): 12 sequences on 3 workers holding 0.403 x 237,984 tokens. The footprint is kept
-# through a window whose gauge answers nothing.
+# outputs): 12 sequences on 3 workers holding 0.403 x 237,984 tokens, both averaged over the
+# window. The footprint is kept through a window whose gauges answer nothing, and through one
+# with too few sequences to tell.
 KV_FOOTPRINT = 8000.0
 KV = [
     Row(2.0, PD, prompt=30000.0, output=200.0),
@@ -235,9 +239,18 @@ KV = [
         output=200.0,
         running=4.0,
         kv_used=12 * KV_FOOTPRINT / 237_984,
+        kv_running=12.0,
     ),
     Row(3.0, {"prefill": 2, "decode": 3}, short=3.0, prompt=30000.0, output=200.0, running=4.0),
-    Row(3.0, {"prefill": 2, "decode": 3}, prompt=30000.0, output=200.0, running=1.0, kv_used=0.1),
+    Row(
+        3.0,
+        {"prefill": 2, "decode": 3},
+        prompt=30000.0,
+        output=200.0,
+        running=1.0,
+        kv_used=0.1,
+        kv_running=3.0,
+    ),
 ]
 ALL_SIZING = {"requestSizes": True, "burstiness": True, "autoHeadroom": True}
 NO_SIZING = {"requestSizes": False, "burstiness": False, "autoHeadroom": False}

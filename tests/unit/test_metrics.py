@@ -31,6 +31,34 @@ def test_queries_select_pools_by_pod_name_and_use_the_window():
     assert "running_by_pod.decode" in qs and "pending_kv_by_pod.prefill" in qs
 
 
+@pytest.mark.parametrize(
+    ("engine", "usage", "running"),
+    [
+        ("vllm", "vllm:kv_cache_usage_perc", "vllm:num_requests_running"),
+        ("sglang", "sglang:token_usage", "sglang:num_running_reqs"),
+    ],
+)
+def test_kv_footprint_gauges_are_averaged_over_the_window(engine, usage, running):
+    """The observed footprint is the back pool's window-averaged KV over its window-averaged
+    running sequences (autoscaler.observed_kv_footprint), on one object and on the fleet."""
+    qs = {q.name: q for q in m.build_queries(engine, "n", "d", ["prefill", "decode"], 300, 0.9)}
+    for name, metric in (("kv_usage_sum", usage), ("kv_running_avg", running)):
+        q = qs[name]
+        assert q.promql.startswith(f"sum(avg_over_time({metric}{{") and q.promql.endswith("[300s]))")
+        assert 'pod=~"d-decode-' in q.promql and q.pool == "decode" and not q.required
+    roles = m.fleet_roles(list(qs.values()))
+    assert {"kv_usage_avg", "running_avg"} <= roles
+    fleet = {q.name: q.promql for q in m.fleet_queries(engine, ["n"], 300, None, roles)}
+    assert (
+        fleet[m.FLEET_PREFIX + "kv_usage_avg"]
+        == f'max by (namespace, pod) (avg_over_time({usage}{{namespace=~"n"}}[300s]))'
+    )
+    assert (
+        fleet[m.FLEET_PREFIX + "running_avg"]
+        == f'sum by (namespace, pod) (avg_over_time({running}{{namespace=~"n"}}[300s]))'
+    )
+
+
 def test_pending_kv_reads_real_engine_series():
     vllm = {q.name: q.promql for q in m.build_queries("vllm", "n", "d", ["prefill", "decode"], 60, 0.9)}
     # vLLM exports no count of pending NIXL sends: a prefill pod holds KV blocks until its sends

@@ -132,6 +132,7 @@ def test_snapshot_from_the_split_equals_the_per_object_one():
         "prefill_time_mean": own(a_pre, 1.0),
         "kv_usage_max": own(a_dec, 0.3),
         "kv_usage_sum": own(a_dec, 0.4),
+        "kv_running_avg": own(a_dec, 0.4),  # the fake fleet's window averages are its values
         # histogram_quantile(0.5) of le 0.5 -> 2, +Inf -> 4: rank 2 is the 0.5 bucket's top
         "ttft_p": own(a_dec, 0.5),
     }
