@@ -1184,17 +1184,17 @@ def evaluate(
     for p in run_names:
         if progress is not None:
             progress(f"running {p} ...")
-        res[p] = run_policy(p, w, s, progress)
+        if p == "oracle":  # the oracle's search also finds the best fixed fleet (its floor)
+            hindsight = yardstick.hindsight_oracle(w, s, progress=progress)
+            res[p] = hindsight.oracle
+        else:
+            res[p] = run_policy(p, w, s, progress)
     om = res["oracle"].metrics
     oracle_h = om["gpu_hours"]
     references: dict[str, Any] = {"oracle": _reference(om)}
     if best_static:
-        if progress is not None:
-            progress("searching the best fixed fleet ...")
-        guess = {q: math.ceil(n) for q, n in om["replicas_mean"].items()}  # search up or down from the mean
-        sizes, stats = yardstick.best_static(w, s, guess=guess, progress=progress)
-        bm = yardstick.fixed_fleet_metrics(w, s, sizes)
-        references["best_static"] = {**_reference(bm), **stats.to_dict()}
+        references["best_static"] = {**_reference(hindsight.fixed_metrics), **hindsight.fixed_stats.to_dict()}
+    references["fluid_bound"] = yardstick.fluid_bound(w, s)
     points: dict[str, list[dict[str, Any]]] = {}
     for p in run_names:
         knob, values = yardstick.KNOBS.get(p, (None, ()))
@@ -1247,7 +1247,17 @@ def evaluate(
 def _reference(m: dict[str, Any]) -> dict[str, Any]:
     keys = ("slo_attainment", "gpu_hours", "lost_requests", "rejected_requests", "target_attainment")
     ref = {k: m[k] for k in keys if k in m}
-    for k in ("replicas", "replicas_mean", "replicas_max", "simulations", "search_wall_s"):
+    for k in (
+        "replicas",
+        "replicas_mean",
+        "replicas_max",
+        "simulations",
+        "search_wall_s",
+        "target_reached",
+        "replays",
+        "short_intervals",
+        "schedule_source",
+    ):
         if k in m:
             ref[k] = m[k]
     return ref
