@@ -129,6 +129,7 @@ def test_media_oracle_and_best_static_size_the_encoder(media_doc: dict) -> None:
     print_equal_attainment(media_doc, text)
     r = fixed["replicas"]
     assert f"best fixed fleet: {r['encoder']}E+{r['prefill']}P+{r['decode']}D," in text.getvalue()
+    assert "fluid bound (no schedule needs less):" in text.getvalue()
 
 
 def test_media_baselines_size_the_encoder(media_doc: dict) -> None:
