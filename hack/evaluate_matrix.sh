@@ -40,14 +40,17 @@ curves=()
 mkdir -p "$OUT"
 
 run_case() {  # run_case NAME WORKLOAD SCALE STARTUP HEADROOM FILE
-  local name=$1 wl=$2 k=$3 st=$4 hr=$5 f=$6 t0 rc=0 line
+  local name=$1 wl=$2 k=$3 st=$4 hr=$5 f=$6 t0 rc=0 line cpu="?" timer=()
+  # CPU seconds beside wall time: on the shared machine wall time mostly measures the load
+  [[ -x /usr/bin/time ]] && timer=(/usr/bin/time -f "%U %S" -o "${f%.json}.cpu")
   t0=$(date +%s)
   echo "[start $(date -u +%H:%M:%S)] $name $wl x$k start-up ${st}s headroom $hr" >&2
   # shellcheck disable=SC2086  # DISAGG may be a command with arguments
-  $DISAGG evaluate --trace "$TRACES/${FILE[$name]}" --workload "$wl" --rate-scale "$k" \
+  "${timer[@]}" $DISAGG evaluate --trace "$TRACES/${FILE[$name]}" --workload "$wl" --rate-scale "$k" \
     --startup-seconds "$st" --headroom "$hr" "${curves[@]}" --output json >"$f.tmp" 2>"${f%.json}.log" || rc=$?
   if ((rc == 0)); then mv "$f.tmp" "$f"; else rm -f "$f.tmp"; fi
-  line="$name $wl x$k start-up ${st}s headroom $hr: $(($(date +%s) - t0)) s wall, exit $rc, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  [[ -s ${f%.json}.cpu ]] && cpu=$(tail -n 1 "${f%.json}.cpu" | awk '{printf "%.0f", $1 + $2}')
+  line="$name $wl x$k start-up ${st}s headroom $hr: $(($(date +%s) - t0)) s wall, $cpu s CPU, exit $rc, load $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "[done  $(date -u +%H:%M:%S)] $line" >&2
   echo "$line" >>"$OUT/times.txt"
   return "$rc"
