@@ -1166,7 +1166,9 @@ def evaluate(
     """Run every policy on `w`; JSON-ready result measured against the hindsight references.
 
     The hindsight oracle always runs (``references.oracle``); the best fixed fleet
-    unless `best_static` is False (``references.best_static``). With `curves`, every
+    unless `best_static` is False (``references.best_static``; without it the oracle
+    has no fixed-fleet floor, see `yardstick.hindsight_oracle`). The fluid bound
+    always (``references.fluid_bound``). With `curves`, every
     policy also runs at each setting of its knob (`disagg.yardstick.KNOBS`):
     ``policies.<name>.curve``; ``gpu_hours_at`` reads the GPU-hours for 95 % and
     99 % attainment off the curve (off the default run alone without `curves`).
@@ -1185,7 +1187,7 @@ def evaluate(
         if progress is not None:
             progress(f"running {p} ...")
         if p == "oracle":  # the oracle's search also finds the best fixed fleet (its floor)
-            hindsight = yardstick.hindsight_oracle(w, s, progress=progress)
+            hindsight = yardstick.hindsight_oracle(w, s, progress=progress, fixed_floor=best_static)
             res[p] = hindsight.oracle
         else:
             res[p] = run_policy(p, w, s, progress)

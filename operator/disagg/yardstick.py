@@ -741,6 +741,7 @@ def hindsight_oracle(
     s: EvalSettings,
     target: float | None = None,
     progress: Callable[[str], None] | None = None,
+    fixed_floor: bool = True,
 ) -> Hindsight:
     """The hindsight oracle with the guarantees the yardstick states, and the best fixed fleet.
 
@@ -755,6 +756,8 @@ def hindsight_oracle(
     3. A fixed fleet is a schedule too: if it reaches the target and the pass does
        not, or reaches it for fewer GPU-hours, the oracle's schedule becomes that
        fleet at every interval (``schedule_source: best-static``).
+
+    Without `fixed_floor` steps 2 and 3 are skipped (faster; no guarantee; `fixed` is empty).
 
     So the oracle reaches the target whenever the best fixed fleet does and never
     costs more GPU-hours than it (both replays through the same loop). It is not a
@@ -788,12 +791,15 @@ def hindsight_oracle(
         if _better(res2.metrics, res.metrics, target):
             sched, res = padded, res2
             total.source = f"search+{pad:g}"
-    guess = {p: math.ceil(sum(x[p] for x in sched) / len(sched)) for p in sched[0]}
-    if progress is not None:
-        progress("searching the best fixed fleet ...")
-    fixed, fst = best_static(w, s_t, target, guess=guess, progress=progress)
-    fm = fixed_fleet_metrics(w, s_t, fixed)
-    if _better(fm, res.metrics, target):
+    fixed: dict[str, int] = {}
+    fst, fm = SearchStats(), {}
+    if fixed_floor:
+        guess = {p: math.ceil(sum(x[p] for x in sched) / len(sched)) for p in sched[0]}
+        if progress is not None:
+            progress("searching the best fixed fleet ...")
+        fixed, fst = best_static(w, s_t, target, guess=guess, progress=progress)
+        fm = fixed_fleet_metrics(w, s_t, fixed)
+    if fixed_floor and _better(fm, res.metrics, target):
         total.source = "best-static"
         sched = [dict(fixed)]
         res = replay(sched)
