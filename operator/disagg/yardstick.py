@@ -751,8 +751,8 @@ def hindsight_oracle(
        target flip (Mooncake conversation x1: 98.96 % in the search, 97.9 % in the
        replay). Then every interval's pools are grown by `ORACLE_REPAIR_PADS` in turn
        (each a replay) until one reaches the target.
-    2. The best fixed fleet (`best_static`, searched from that schedule's mean sizes)
-       and its replay.
+    2. The best fixed fleet (`best_static`, searched from the schedule's mean sizes,
+       before and after a repair when one was kept: the cheaper replay) and its replay.
     3. A fixed fleet is a schedule too: if it reaches the target and the pass does
        not, or reaches it for fewer GPU-hours, the oracle's schedule becomes that
        fleet at every interval (``schedule_source: best-static``).
@@ -794,11 +794,23 @@ def hindsight_oracle(
     fixed: dict[str, int] = {}
     fst, fm = SearchStats(), {}
     if fixed_floor:
-        guess = {p: math.ceil(sum(x[p] for x in sched) / len(sched)) for p in sched[0]}
-        if progress is not None:
-            progress("searching the best fixed fleet ...")
-        fixed, fst = best_static(w, s_t, target, guess=guess, progress=progress)
-        fm = fixed_fleet_metrics(w, s_t, fixed)
+        # the local search depends on its start: from the searched schedule's mean sizes, and
+        # from the repaired one's too when a repair was kept (the cheaper replay wins)
+        guesses: list[dict[str, int]] = []
+        for cand in (searched, sched):
+            guess = {p: math.ceil(sum(x[p] for x in cand) / len(cand)) for p in cand[0]}
+            if guess not in guesses:
+                guesses.append(guess)
+        for guess in guesses:
+            if progress is not None:
+                progress(f"searching the best fixed fleet from {_label(guess)} ...")
+            f2, fst2 = best_static(w, s_t, target, guess=guess, progress=progress)
+            sims, wall = fst.simulations + fst2.simulations, fst.wall_s + fst2.wall_s
+            if f2 != fixed:
+                fm2 = fixed_fleet_metrics(w, s_t, f2)
+                if not fm or _better(fm2, fm, target):
+                    fixed, fst, fm = f2, fst2, fm2
+            fst.simulations, fst.wall_s = sims, wall  # the cost of every search run
     if fixed_floor and _better(fm, res.metrics, target):
         total.source = "best-static"
         sched = [dict(fixed)]
