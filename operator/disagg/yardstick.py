@@ -3,16 +3,21 @@
 Pure (numpy and the simulator). Three references answer "how many GPU-hours does
 a policy need to meet the SLO, compared with what I would otherwise do":
 
-* `oracle_schedule` - the **hindsight oracle**. Every decision interval it picks
-  the fewest workers per pool such that the requests arriving in that interval
-  meet the SLO at the target attainment, by search through the simulator itself,
-  starting from the simulated state at the interval's start (queues carried
-  over), and applies them with no start-up delay. Misses left unspent by earlier
-  intervals may be spent later; it aims a little above the target
-  (`ORACLE_AIM_MARGIN`). It approximates the least GPU-hours for that
-  attainment: greedy (one interval at a time), local (a fleet passes when one
-  worker fewer in any pool fails), and blind to what its choice does to
-  requests still in flight from earlier intervals (the replay counts them).
+* `oracle_schedule` - the per-interval search of the **hindsight oracle**. Every
+  decision interval it picks the fewest workers per pool such that the requests
+  it judges (the interval's arrivals and earlier ones still undecided) meet the
+  SLO at the target attainment, by search through the simulator itself, starting
+  from the simulated state at the interval's start (queues carried over), and
+  applies them with no start-up delay. Misses left unspent by earlier intervals
+  may be spent later; it aims a little above the target (`ORACLE_AIM_MARGIN`).
+  Greedy (one interval at a time) and local (a fleet passes when one worker
+  fewer in any pool fails).
+* `hindsight_oracle` - the oracle `evaluate` reports: that schedule replayed,
+  repaired (`ORACLE_REPAIR_PADS`) while its replay misses the target, and
+  replaced by the best fixed fleet where that reaches the target and the
+  schedule does not, or costs less: it reaches the target whenever the best
+  fixed fleet does and never costs more. Not a proof that nothing is cheaper;
+  `fluid_bound` is a true (loose) lower bound.
 * `best_static` - the **best fixed fleet in hindsight**: the fewest workers per
   pool (encoder too for media workloads), fixed for the whole trace, that reach the target attainment;
   found by the same local search over whole-trace simulations. An
