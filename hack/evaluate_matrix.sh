@@ -8,12 +8,16 @@
 #   STARTUPS="60" CASES="azure:diurnal:10:0.5" hack/evaluate_matrix.sh   # disagg with --headroom 0.5
 #   CURVES=0 hack/evaluate_matrix.sh             # default settings only (no knob sweep; faster)
 #   DISAGG="python3 -m disagg.cli" hack/evaluate_matrix.sh   # e.g. with PYTHONPATH=$PWD/operator
+#   JOBS=2 hack/evaluate_matrix.sh               # two cases at once (one simulator process each)
 #
 # One JSON per case in $OUT (an existing file is reused: delete it to re-run), then
 # $OUT/equal.md (the equal-attainment table: GPU-hours each policy needs for 99 % and
 # 95 % attainment, x the hindsight oracle), $OUT/matrix.md (every policy at its default
 # setting) and $OUT/summary.md (attainment / GPU-h vs oracle per policy).
-# Cases run one at a time (one simulator process).
+# Cases run $JOBS at a time (default 1; each case is one single-threaded simulator process).
+# A line per case on stderr when it starts and when it ends, with its wall time and exit
+# status; $OUT/times.txt collects the end lines. A failed case leaves no JSON (its stderr
+# is in $OUT/<case>.log) and the script exits 1 after the tables are rebuilt.
 set -euo pipefail
 # `disagg` and `python3` come from the Makefile's virtual environment when there is one.
 VENV_BIN="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv/bin"
@@ -30,9 +34,30 @@ declare -A FILE=(
   [mconv]=mooncake_fast25/conversation_trace.0-40min.jsonl
   [msyn]=mooncake_fast25/synthetic_trace.jsonl
 )
+JOBS=${JOBS:-1}
 curves=()
 [[ $CURVES == 0 ]] || curves=(--curves)
 mkdir -p "$OUT"
+
+run_case() {  # run_case NAME WORKLOAD SCALE STARTUP HEADROOM FILE
+  local name=$1 wl=$2 k=$3 st=$4 hr=$5 f=$6 t0 rc=0 line cpu="?" timer=()
+  # CPU seconds beside wall time: on the shared machine wall time mostly measures the load
+  [[ -x /usr/bin/time ]] && timer=(/usr/bin/time -f "%U %S" -o "${f%.json}.cpu")
+  t0=$(date +%s)
+  echo "[start $(date -u +%H:%M:%S)] $name $wl x$k start-up ${st}s headroom $hr" >&2
+  # shellcheck disable=SC2086  # DISAGG may be a command with arguments
+  "${timer[@]}" $DISAGG evaluate --trace "$TRACES/${FILE[$name]}" --workload "$wl" --rate-scale "$k" \
+    --startup-seconds "$st" --headroom "$hr" "${curves[@]}" --output json >"$f.tmp" 2>"${f%.json}.log" || rc=$?
+  if ((rc == 0)); then mv "$f.tmp" "$f"; else rm -f "$f.tmp"; fi
+  [[ -s ${f%.json}.cpu ]] && cpu=$(tail -n 1 "${f%.json}.cpu" | awk '{printf "%.0f", $1 + $2}')
+  line="$name $wl x$k start-up ${st}s headroom $hr: $(($(date +%s) - t0)) s wall, $cpu s CPU, exit $rc, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "[done  $(date -u +%H:%M:%S)] $line" >&2
+  echo "$line" >>"$OUT/times.txt"
+  return "$rc"
+}
+
+failed=0
+running=0
 for st in $STARTUPS; do
   for c in $CASES; do
     IFS=: read -r name wl k hr <<<"$c"
@@ -40,12 +65,21 @@ for st in $STARTUPS; do
     f="$OUT/$name-$wl-x$k-s$st.json"
     [[ $hr == 0 ]] || f="$OUT/$name-$wl-x$k-s$st-h$hr.json"
     [[ -s $f ]] && continue
-    echo "== $name $wl x$k start-up $st s headroom $hr" >&2
-    # shellcheck disable=SC2086  # DISAGG may be a command with arguments
-    $DISAGG evaluate --trace "$TRACES/${FILE[$name]}" --workload "$wl" --rate-scale "$k" \
-      --startup-seconds "$st" --headroom "$hr" "${curves[@]}" --output json >"$f.tmp"
-    mv "$f.tmp" "$f"
+    if ((JOBS <= 1)); then
+      run_case "$name" "$wl" "$k" "$st" "$hr" "$f" || failed=1
+      continue
+    fi
+    if ((running >= JOBS)); then  # wait for one case to end before starting another
+      wait -n || failed=1
+      running=$((running - 1))
+    fi
+    run_case "$name" "$wl" "$k" "$st" "$hr" "$f" &
+    running=$((running + 1))
   done
+done
+while ((running > 0)); do
+  wait -n || failed=1
+  running=$((running - 1))
 done
 python3 - "$OUT" <<'PY'
 import glob, json, os, sys
@@ -70,9 +104,9 @@ def at(m, key, ref):
 
 
 present = [p for p in pols if any(p in d["policies"] for _, d in rows)]
-eq = ["| trace | scale | start-up s | headroom | oracle GPU-h @99 % | best fixed fleet | "
+eq = ["| trace | scale | start-up s | headroom | oracle GPU-h @99 % | fluid bound GPU-h | best fixed fleet | "
       + " | ".join(present) + " |",
-      "|---|---|--:|--:|--:|---|" + "--:|" * len(present)]
+      "|---|---|--:|--:|--:|--:|---|" + "--:|" * len(present)]
 full = ["| trace | workload | scale | start-up s | headroom | policy | attainment | TTFT p90 s | TTFT p99 s | GPU-h | vs oracle | GPU-h @95 % | GPU-h @99 % | actions | drains | lost | rejected |",
         "|---|---|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
 summ = ["| trace | scale | start-up s | headroom | " + " | ".join(present) + " | oracle |",
@@ -92,7 +126,9 @@ for (_, name, diur, k, st, hr), d in rows:
         m = d["policies"].get(p)
         cells.append("-" if m is None else f"{at(m, '0.99', oat.get('0.99'))} / {at(m, '0.95', oat.get('0.95'))}")
     oc = f"{oat.get('0.99') or o.get('gpu_hours', 0):.1f} ({pct(o.get('slo_attainment'))})"
-    eq.append(f"| {name}{' diurnal' if diur else ''} | x{k} | {st:g} | {hr:g} | {oc} | {bcell} | " + " | ".join(cells) + " |")
+    fb = refs.get("fluid_bound", {}).get("gpu_hours")
+    fcell = "-" if fb is None else f"{fb:.1f}"
+    eq.append(f"| {name}{' diurnal' if diur else ''} | x{k} | {st:g} | {hr:g} | {oc} | {fcell} | {bcell} | " + " | ".join(cells) + " |")
     scells = []
     for p in present:
         m = d["policies"].get(p)
@@ -106,10 +142,14 @@ for (_, name, diur, k, st, hr), d in rows:
                     f"{m['scaling_actions']} | {m['drains']} | {m['lost_requests']} | {m.get('rejected_requests', 0)} |")
     summ.append(f"| {name}{' diurnal' if diur else ''} | x{k} | {st:g} | {hr:g} | " + " | ".join(scells)
                 + f" | {pct(o.get('slo_attainment'))} / {o.get('gpu_hours', 0):.1f} GPU-h |")
+predictors = sorted({d["settings"].get("dynamo_predictor", "constant") for _, d in rows})
 note = ("GPU-hours each policy needs for 99 % / 95 % attainment, x the hindsight oracle's for the same "
-        "attainment (interpolated on the policy's knob curve; 'not reached' where no setting gets there).\n\n")
+        "attainment (interpolated on the policy's knob curve; 'not reached' where no setting gets there). "
+        f"`dynamo` load predictor: {', '.join(predictors) or '-'}. The fluid bound is a true lower bound "
+        "on any schedule's GPU-hours at 99 % (docs/evaluation.md).\n\n")
 open(os.path.join(out, "equal.md"), "w").write(note + "\n".join(eq) + "\n")
 open(os.path.join(out, "matrix.md"), "w").write("\n".join(full) + "\n")
 open(os.path.join(out, "summary.md"), "w").write("\n".join(summ) + "\n")
 print(f"{len(rows)} cases -> {out}/equal.md, {out}/matrix.md, {out}/summary.md")
 PY
+exit "$failed"

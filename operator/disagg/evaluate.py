@@ -1199,7 +1199,9 @@ def evaluate(
     """Run every policy on `w`; JSON-ready result measured against the hindsight references.
 
     The hindsight oracle always runs (``references.oracle``); the best fixed fleet
-    unless `best_static` is False (``references.best_static``). With `curves`, every
+    unless `best_static` is False (``references.best_static``; without it the oracle
+    has no fixed-fleet floor, see `yardstick.hindsight_oracle`). The fluid bound
+    always (``references.fluid_bound``). With `curves`, every
     policy also runs at each setting of its knob (`disagg.yardstick.KNOBS`):
     ``policies.<name>.curve``; ``gpu_hours_at`` reads the GPU-hours for 95 % and
     99 % attainment off the curve (off the default run alone without `curves`).
@@ -1217,17 +1219,17 @@ def evaluate(
     for p in run_names:
         if progress is not None:
             progress(f"running {p} ...")
-        res[p] = run_policy(p, w, s, progress)
+        if p == "oracle":  # the oracle's search also finds the best fixed fleet (its floor)
+            hindsight = yardstick.hindsight_oracle(w, s, progress=progress, fixed_floor=best_static)
+            res[p] = hindsight.oracle
+        else:
+            res[p] = run_policy(p, w, s, progress)
     om = res["oracle"].metrics
     oracle_h = om["gpu_hours"]
     references: dict[str, Any] = {"oracle": _reference(om)}
     if best_static:
-        if progress is not None:
-            progress("searching the best fixed fleet ...")
-        guess = {q: math.ceil(n) for q, n in om["replicas_mean"].items()}  # search up or down from the mean
-        sizes, stats = yardstick.best_static(w, s, guess=guess, progress=progress)
-        bm = yardstick.fixed_fleet_metrics(w, s, sizes)
-        references["best_static"] = {**_reference(bm), **stats.to_dict()}
+        references["best_static"] = {**_reference(hindsight.fixed_metrics), **hindsight.fixed_stats.to_dict()}
+    references["fluid_bound"] = yardstick.fluid_bound(w, s)
     points: dict[str, list[dict[str, Any]]] = {}
     for p in run_names:
         knob, values = yardstick.KNOBS.get(p, (None, ()))
@@ -1280,7 +1282,17 @@ def evaluate(
 def _reference(m: dict[str, Any]) -> dict[str, Any]:
     keys = ("slo_attainment", "gpu_hours", "lost_requests", "rejected_requests", "target_attainment")
     ref = {k: m[k] for k in keys if k in m}
-    for k in ("replicas", "replicas_mean", "replicas_max", "simulations", "search_wall_s"):
+    for k in (
+        "replicas",
+        "replicas_mean",
+        "replicas_max",
+        "simulations",
+        "search_wall_s",
+        "target_reached",
+        "replays",
+        "short_intervals",
+        "schedule_source",
+    ):
         if k in m:
             ref[k] = m[k]
     return ref

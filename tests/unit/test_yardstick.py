@@ -81,7 +81,7 @@ def test_best_static_is_the_fewest_fixed_workers(bursty: Workload) -> None:
 
 def test_json_references_and_equal_attainment(doc: dict) -> None:
     refs = doc["references"]
-    assert set(refs) == {"oracle", "best_static"}
+    assert set(refs) == {"oracle", "best_static", "fluid_bound"}
     assert set(refs["best_static"]["replicas"]) == {"prefill", "decode"}
     for m in doc["policies"].values():
         assert set(m["gpu_hours_at"]) == {"0.95", "0.99"}
@@ -129,6 +129,7 @@ def test_media_oracle_and_best_static_size_the_encoder(media_doc: dict) -> None:
     print_equal_attainment(media_doc, text)
     r = fixed["replicas"]
     assert f"best fixed fleet: {r['encoder']}E+{r['prefill']}P+{r['decode']}D," in text.getvalue()
+    assert "fluid bound (no schedule needs less):" in text.getvalue()
 
 
 def test_media_baselines_size_the_encoder(media_doc: dict) -> None:

@@ -250,8 +250,16 @@ def print_equal_attainment(doc: dict[str, Any], out: Any = None) -> None:
     out.write(
         f"  oracle (target {100 * o.get('target_attainment', 0.99):g} %): {o['gpu_hours']:.2f} GPU-h at "
         f"{100 * o['slo_attainment']:.2f} %, peak {_fleet(o['replicas_max'])}, "
-        f"{o.get('simulations', 0)} simulations\n"
+        f"{o.get('simulations', 0)} simulations"
+        + (f", schedule from {o['schedule_source']}" if o.get("schedule_source") else "")
+        + "\n"
     )
+    fb = refs.get("fluid_bound")
+    if fb and fb.get("gpu_hours"):
+        out.write(
+            f"  fluid bound (no schedule needs less): {fb['gpu_hours']:.2f} GPU-h "
+            f"(the oracle is {o['gpu_hours'] / fb['gpu_hours']:.2f}x it)\n"
+        )
     b = refs.get("best_static")
     if b:
         out.write(
