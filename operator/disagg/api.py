@@ -668,7 +668,9 @@ class Router(_Model):
     extra_args: list[str] = Field(
         default_factory=list,
         max_length=64,
-        description="Arguments appended to the router's command line (e.g. --prefill-policy round_robin).",
+        description="Arguments appended to the router's command line (e.g. --prefill-policy round_robin); "
+        "a flag given here overrides the operator's value for it (e.g. --worker-startup-check-interval, 1 s "
+        "by default).",
     )
 
 
