@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from disagg import api, autoscaler, drain, metrics, names, opmetrics, reconcile, routerclient, shard, status
-from disagg.cache import WatchCache
+from disagg.cache import CachedKube, WatchCache
 from disagg.kube import Kube, NotFound
 from disagg.promclient import client_for
 from disagg.sizes import SizeDistribution
@@ -371,6 +371,14 @@ class FleetBatch:
             results = {q.name: exc for q in queries}
         if not self.future.done():
             self.future.set_result(results)
+
+
+def cached(kube: Kube, opts: LoopOptions) -> Kube:
+    """`kube` reading the object and its pools from the watch cache (disagg.cache.CachedKube),
+    when the loop has one: a decision then sends no GET and no LIST."""
+    if opts.cache is None or isinstance(kube, CachedKube):
+        return kube
+    return CachedKube(kube, opts.cache)  # type: ignore[return-value]
 
 
 async def read_pods(kube: Kube, opts: LoopOptions, namespace: str, name: str) -> list[dict]:
@@ -744,6 +752,7 @@ async def step(
 ) -> None:
     """One tick for one DisaggDeployment. `due`: whether a decision is due (`tick` schedules
     it); None decides when `intervalSeconds` have passed since the last decision."""
+    kube = cached(kube, opts)
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
     tr = tracker(body)
@@ -887,6 +896,7 @@ async def tick(kube: Kube, opts: LoopOptions, now: float, wait: bool = False) ->
     else:
         objs = await kube.list(api.KIND, None, opts.shard_selector)
     prune({(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objs}, opts.namespaces)
+    kube = cached(kube, opts)
     started = time.monotonic()
     tasks: list[asyncio.Task] = []
     batches: dict[tuple, FleetBatch] = {}

@@ -14,6 +14,8 @@ def fresh_loop_memory() -> Iterator[None]:
     """The loop's trackers and the desired sizes start and end empty (a fresh operator per test)."""
     loop.TRACKERS.clear()
     reconcile.DESIRED.clear()
+    reconcile.NO_ROUTER.clear()
     yield
     loop.TRACKERS.clear()
     reconcile.DESIRED.clear()
+    reconcile.NO_ROUTER.clear()
