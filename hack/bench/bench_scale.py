@@ -438,6 +438,12 @@ class Run:
             self.start_operator()
             self.converge()
             self.steady()
+            # The figures before the namespace's deletion (minutes at a large N) in close().
+            print(
+                f"N={self.n} measured: {json.dumps({k: fmt(v) for k, v in self.figures.items() if not k.startswith('_')})}",
+                file=sys.stderr,
+                flush=True,
+            )
         finally:
             self.close()
         # The machine is shared: its load while this run went on (1-minute averages).
