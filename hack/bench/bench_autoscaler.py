@@ -40,7 +40,18 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchlib import (
+    ROOT,
+    disagg_deployment,
+    free_port,
+    kubeconfig,
+    kubectl,
+    operator_cmd,
+    rss_mib,
+    stop,
+    tools_bin,
+)
+
 BENCH_LABEL = "disagg.dev/bench-node"
 TAINT_KEY = "disagg.dev/bench"
 STEP_AT = 30.0
@@ -53,22 +64,6 @@ FIRST_RISE = 1.5  # Prometheus' first visible rise above the pre-step 1 req/s
 # --------------------------------------------------------------------------- helpers
 
 
-def sh(
-    *args: str, input: str | None = None, check: bool = True, timeout: float = 120
-) -> subprocess.CompletedProcess:
-    return subprocess.run(args, input=input, capture_output=True, text=True, check=check, timeout=timeout)
-
-
-TOOLS = sh(str(ROOT / "hack/tools.sh"), "--print").stdout.strip()
-
-
-def kubeconfig() -> str:
-    """The shared cluster's kubeconfig; starts the cluster only when none runs (never restarts it)."""
-    if sh(str(ROOT / "hack/cluster.sh"), "status", check=False).returncode == 0:
-        return sh(str(ROOT / "hack/cluster.sh"), "kubeconfig").stdout.strip()
-    return sh(str(ROOT / "hack/cluster.sh"), "up", timeout=300).stdout.strip().splitlines()[-1]
-
-
 class Kubectl:
     def __init__(self, kc: str) -> None:
         self.kc = kc
@@ -76,18 +71,10 @@ class Kubectl:
     def __call__(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
     ) -> subprocess.CompletedProcess:
-        return sh(
-            f"{TOOLS}/kubectl", f"--kubeconfig={self.kc}", *args, input=input, check=check, timeout=timeout
-        )
+        return kubectl(self.kc, *args, input=input, check=check, timeout=timeout)
 
     def json(self, *args: str) -> dict:
         return json.loads(self("get", "-o", "json", *args).stdout)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(pred, timeout: float, what: str, interval: float = 0.5):
@@ -110,18 +97,6 @@ def wait_port(port: float, timeout: float = 30) -> float:
         except OSError:
             time.sleep(0.02)
     raise TimeoutError(f"port {port} did not open within {timeout} s")
-
-
-def stop(proc: subprocess.Popen | None, timeout: float = 15) -> None:
-    """Stop one process we started, by its PID."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def med(xs: list[float]) -> float | None:
@@ -186,28 +161,22 @@ def dd_spec(
     def sized(r: tuple[int, int, int]) -> dict:
         return {**pool, "replicas": r[0], "minReplicas": r[1], "maxReplicas": r[2]}
 
-    return {
-        "apiVersion": "disagg.dev/v1alpha1",
-        "kind": "DisaggDeployment",
-        "metadata": {"name": name},
-        "spec": {
-            "engine": "vllm",
-            "model": "emulated-70b",
-            "placement": {"mode": "disaggregated"},
-            "pools": {"prefill": sized(prefill), "decode": sized(decode)},
-            "slo": {"ttftSeconds": 0.6, "itlSeconds": 0.15, "percentile": 0.9},
-            "autoscaling": {
-                "enabled": True,
-                "intervalSeconds": interval,
-                "scrapeIntervalSeconds": 1,
-                "metricWindowSeconds": 10,
-                "scaleDownStabilizationSeconds": 10,
-                "maxScaleUpStep": 8,
-                "maxScaleDownStep": 8,
-                "prometheus": {"url": prom_url},
-            },
+    return disagg_deployment(
+        name,
+        {"prefill": sized(prefill), "decode": sized(decode)},
+        {
+            "enabled": True,
+            "intervalSeconds": interval,
+            "scrapeIntervalSeconds": 1,
+            "metricWindowSeconds": 10,
+            "scaleDownStabilizationSeconds": 10,
+            "maxScaleUpStep": 8,
+            "maxScaleDownStep": 8,
+            "prometheus": {"url": prom_url},
         },
-    }
+        model="emulated-70b",
+        slo={"ttftSeconds": 0.6, "itlSeconds": 0.15, "percentile": 0.9},
+    )
 
 
 class Bench:
@@ -215,7 +184,7 @@ class Bench:
         self.kc = kc
         self.k = Kubectl(kc)
         self.tmp = tmp
-        self.env = {**os.environ, "KUBECONFIG": kc, "PATH": f"{TOOLS}:{os.environ.get('PATH', '')}"}
+        self.env = {**os.environ, "KUBECONFIG": kc, "PATH": f"{tools_bin()}:{os.environ.get('PATH', '')}"}
         self.namespaces: list[str] = []
         self.procs: list[subprocess.Popen] = []
         self.nodes: list[str] = []
@@ -279,22 +248,7 @@ class Bench:
 
     def operator(self, ns: str, log_name: str) -> subprocess.Popen:
         return self.popen(
-            [
-                sys.executable,
-                "-m",
-                "disagg.cli",
-                "run",
-                "--kubeconfig",
-                self.kc,
-                "--namespace",
-                ns,
-                "--metrics-port",
-                "0",
-                "--dashboard-port",
-                "0",
-                "--liveness-port",
-                "0",
-            ],
+            operator_cmd(self.kc, [ns]),
             log_name,
         )
 
@@ -361,7 +315,7 @@ class DeploymentWatch:
         self.events: list[tuple[float, str, int]] = []
         self.proc = subprocess.Popen(
             [
-                f"{TOOLS}/kubectl",
+                f"{tools_bin()}/kubectl",
                 f"--kubeconfig={k.kc}",
                 "get",
                 "deployments",
@@ -526,14 +480,6 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def proc_rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def bench_scale(b: Bench, objects: int, seconds: float, rate: float, warmup: float) -> None:
     from disagg.devtools.prometheus import PrometheusServer
 
@@ -556,7 +502,7 @@ def bench_scale(b: Bench, objects: int, seconds: float, rate: float, warmup: flo
         b.apply(ns, objs)
         wait_for(lambda: b.routable_pods(ns) >= 2 * objects, 300, f"{2 * objects} routable pods", interval=2)
         print(f"  {2 * objects} pods routable {time.monotonic() - t:.1f} s after applying", flush=True)
-        rss_idle = proc_rss_mib(op.pid)
+        rss_idle = rss_mib(op.pid)
         emu = b.emulator(
             ns,
             port,
@@ -577,10 +523,10 @@ def bench_scale(b: Bench, objects: int, seconds: float, rate: float, warmup: flo
         cpu0, w0 = proc_cpu_s(op.pid), time.monotonic()
         rss = []
         while time.monotonic() - w0 < seconds:
-            rss.append(proc_rss_mib(op.pid))
+            rss.append(rss_mib(op.pid))
             time.sleep(1.0)
         cpu1, w1 = proc_cpu_s(op.pid), time.monotonic()
-        rss.append(proc_rss_mib(op.pid))
+        rss.append(rss_mib(op.pid))
         metrics_ok = decided = 0
         for d in b.k.json("disaggdeployments", "-n", ns)["items"]:
             st = d.get("status") or {}

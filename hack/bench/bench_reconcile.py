@@ -17,26 +17,12 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def sh(*args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(args, input=input, capture_output=True, text=True, check=check)
-
-
-def kubeconfig() -> str:
-    return sh(str(ROOT / "hack/cluster.sh"), "up").stdout.strip().splitlines()[-1]
-
-
-def kubectl(kc: str, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    binp = sh(str(ROOT / "hack/tools.sh"), "--print").stdout.strip()
-    return sh(f"{binp}/kubectl", f"--kubeconfig={kc}", *args, input=input, check=check)
+from benchlib import ROOT, disagg_deployment, kubeconfig, kubectl, operator_cmd, rss_mib
 
 
 def dd(name: str, replicas: int = 1) -> dict:
@@ -48,45 +34,11 @@ def dd(name: str, replicas: int = 1) -> dict:
         "gpusPerReplica": 1,
         "template": {"spec": {"containers": [c]}},
     }
-    return {
-        "apiVersion": "disagg.dev/v1alpha1",
-        "kind": "DisaggDeployment",
-        "metadata": {"name": name},
-        "spec": {
-            "engine": "vllm",
-            "model": "bench",
-            "placement": {"mode": "disaggregated"},
-            "pools": {"prefill": pool, "decode": pool},
-            "autoscaling": {"enabled": False},
-        },
-    }
+    return disagg_deployment(name, {"prefill": pool, "decode": pool})
 
 
 def start_operator(kc: str, nss: list[str], log: Path) -> subprocess.Popen:
-    args = [
-        sys.executable,
-        "-m",
-        "disagg.cli",
-        "run",
-        "--kubeconfig",
-        kc,
-        "--metrics-port",
-        "0",
-        "--dashboard-port",
-        "0",
-        "--liveness-port",
-        "0",
-    ]
-    for ns in nss:
-        args += ["--namespace", ns]
-    return subprocess.Popen(args, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    return subprocess.Popen(operator_cmd(kc, nss), stdout=open(log, "wb"), stderr=subprocess.STDOUT)
 
 
 def get(kc: str, ns: str, kind: str, name: str = "") -> dict:

@@ -39,8 +39,6 @@ import argparse
 import json
 import math
 import os
-import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,10 +48,8 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
+from benchlib import ROOT, code_env, disagg_deployment, free_port, kubectl, operator_cmd, rss_mib, sh, stop
 from prometheus_client.parser import text_string_to_metric_families
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "operator"))
 
 WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION")
 #: The (resource, verbs) the operator sends; the rest of apiserver_request_total is the cluster's
@@ -82,10 +78,6 @@ INTERVAL_S = 10
 PODS_PER_OBJECT = 2
 
 
-def sh(*args: str, input: str | None = None, check: bool = True, env: dict | None = None):
-    return subprocess.run(args, input=input, capture_output=True, text=True, check=check, env=env)
-
-
 class Cluster:
     def __init__(self, n_max: int) -> None:
         env = dict(os.environ)
@@ -95,14 +87,9 @@ class Cluster:
         env["DISAGG_GPUS_PER_NODE"] = str(max(int(env.get("DISAGG_GPUS_PER_NODE", "8")), 100))
         up = sh(str(ROOT / "hack/cluster.sh"), "up", env=env)
         self.kubeconfig = up.stdout.strip().splitlines()[-1]
-        self.bin = sh(str(ROOT / "hack/tools.sh"), "--print").stdout.strip()
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True):
-        # kubectl's discovery cache goes next to the cluster's kubeconfig, never to ~/.kube
-        env = {**os.environ, "KUBECACHEDIR": str(Path(self.kubeconfig).parent / "kube-cache")}
-        return sh(
-            f"{self.bin}/kubectl", f"--kubeconfig={self.kubeconfig}", *args, input=input, check=check, env=env
-        )
+        return kubectl(self.kubeconfig, *args, input=input, check=check, timeout=None)
 
     def wait_namespaces_gone(self, timeout: float = 300) -> None:
         """Wait until no namespace is being deleted: the namespace controller LISTs every kind
@@ -135,24 +122,6 @@ class Cluster:
         return dict(out)
 
 
-def free_port() -> int:
-    for port in random.sample(range(20000, 32000), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free loopback port")
-
-
-def code_env(kubeconfig: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT / "operator") + os.pathsep + env.get("PYTHONPATH", "")
-    env["KUBECONFIG"] = kubeconfig
-    return env
-
-
 # ---------------------------------------------------------------------------- objects
 
 
@@ -173,21 +142,14 @@ def dd(name: str, prom_url: str | None, router: bool = False) -> dict:
             "metricWindowSeconds": 10,
             "prometheus": {"url": prom_url},
         }
-    return {
-        "apiVersion": "disagg.dev/v1alpha1",
-        "kind": "DisaggDeployment",
-        "metadata": {"name": name},
-        "spec": {
-            "engine": "vllm",
-            "model": "bench",
-            "placement": {"mode": "disaggregated"},
-            "pools": {"prefill": {**pool, "maxReplicas": 4}, "decode": {**pool, "maxReplicas": 8}},
-            "slo": {"ttftSeconds": 0.6, "itlSeconds": 0.15, "percentile": 0.9},
-            "autoscaling": autoscaling,
-            # Off by default: two pods and two Services per object (with it: three of each).
-            "router": {"enabled": router},
-        },
-    }
+    return disagg_deployment(
+        name,
+        {"prefill": {**pool, "maxReplicas": 4}, "decode": {**pool, "maxReplicas": 8}},
+        autoscaling,
+        slo={"ttftSeconds": 0.6, "itlSeconds": 0.15, "percentile": 0.9},
+        # Off by default: two pods and two Services per object (with it: three of each).
+        router={"enabled": router},
+    )
 
 
 def ready_count(cluster: Cluster, ns: str) -> int:
@@ -262,13 +224,6 @@ def max_bound(h: dict) -> float:
     return float("inf")
 
 
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 # ---------------------------------------------------------------------------- one run
 
 
@@ -286,11 +241,8 @@ class Run:
         self.step_after = args.step_after or int(60 + 0.6 * n + args.settle_seconds + args.steady_seconds)
 
     def start_operator(self) -> None:
-        cmd = [sys.executable, "-m", "disagg.cli", "run", "--kubeconfig", self.cluster.kubeconfig]
-        cmd += ["--namespace", self.ns, "--metrics-port", str(self.port)]
-        cmd += ["--dashboard-port", "0", "--liveness-port", "0"]
-        if self.prom is not None:
-            cmd += ["--allow-prometheus-url", self.prom.url]
+        extra = ["--allow-prometheus-url", self.prom.url] if self.prom is not None else []
+        cmd = operator_cmd(self.cluster.kubeconfig, [self.ns], self.port, *extra)
         log = open(self.tmp / f"operator-{self.n}.log", "ab")  # noqa: SIM115 - owned by the child
         self.op = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=code_env(self.cluster.kubeconfig)
@@ -306,13 +258,7 @@ class Run:
         raise RuntimeError(f"the operator did not serve metrics; see {self.tmp}/operator-{self.n}.log")
 
     def stop_operator(self) -> None:
-        if self.op and self.op.poll() is None:
-            self.op.terminate()
-            try:
-                self.op.wait(20)
-            except subprocess.TimeoutExpired:
-                self.op.kill()
-                self.op.wait()
+        stop(self.op, 20)
 
     def start_autoscaling_stack(self, rate: float) -> None:
         from disagg.devtools.prometheus import PrometheusServer
@@ -337,12 +283,7 @@ class Run:
 
     def close(self) -> None:
         self.stop_operator()
-        if self.emulator and self.emulator.poll() is None:
-            self.emulator.terminate()
-            try:
-                self.emulator.wait(15)
-            except subprocess.TimeoutExpired:
-                self.emulator.kill()
+        stop(self.emulator, 15)
         if self.prom is not None:
             self.prom.close()
         self.cluster.kubectl("delete", "namespace", self.ns, "--wait=false", check=False)
@@ -378,7 +319,11 @@ class Run:
         )
         self.figures["reconciles per object (converging)"] = rec["count"] / self.n
         self.figures["mean reconcile (s)"] = rec["sum"] / rec["count"] if rec["count"] else float("nan")
-        self.figures["loop tick p50 / max (s), converging"] = (quantile(tick, 0.5), max_bound(tick))
+        self.figures["loop tick p50 / p99 / max (s), converging"] = (
+            quantile(tick, 0.5),
+            quantile(tick, 0.99),
+            max_bound(tick),
+        )
 
     def steady(self) -> None:
         time.sleep(self.args.settle_seconds)
@@ -393,12 +338,18 @@ class Run:
         ):
             time.sleep(1)
         m0, a0 = scrape(self.port), self.cluster.apiserver_requests()
+        w0 = time.time()
         time.sleep(s)
         m1, a1 = scrape(self.port), self.cluster.apiserver_requests()
+        w1 = time.time()
         assert self.op is not None
         self.figures["steady RSS (MiB)"] = rss_mib(self.op.pid)
         tick = delta(m1, m0, "disagg_operator_loop_tick_seconds")
-        self.figures["loop tick p50 / max (s), steady"] = (quantile(tick, 0.5), max_bound(tick))
+        self.figures["loop tick p50 / p99 / max (s), steady"] = (
+            quantile(tick, 0.5),
+            quantile(tick, 0.99),
+            max_bound(tick),
+        )
         if self.prom is not None:
             gap = delta(m1, m0, "disagg_operator_decision_gap_seconds")
             self.figures["decision gap p50 / p99 (s)"] = (quantile(gap, 0.5), quantile(gap, 0.99))
@@ -415,11 +366,32 @@ class Run:
             v = (with_op - without) * 60 / s
             if abs(v) >= 0.5 and key[0] in OPERATOR_REQUESTS.get(key[1], ()):
                 per_min[key] = v
+        # POST events is shared with the cluster's controllers (the Endpoints controller's
+        # FailedToCreateEndpoint for the simulated pods' loopback IPs follows the Services the
+        # operator created, so it does not cancel out): count the operator's own Events instead.
+        per_min.pop(("POST", "events"), None)
+        own = self.operator_events(w0, w1) * 60 / s
+        if own >= 0.5:
+            per_min[("POST", "events (the operator's)")] = own
         self.figures["API requests/min (operator)"] = sum(per_min.values())
         self.figures["API writes/min (operator)"] = sum(
             v for (verb, _), v in per_min.items() if verb in WRITE_VERBS
         )
         self.figures["_requests"] = per_min
+
+    def operator_events(self, t0: float, t1: float) -> int:
+        """Events the operator recorded in the bench namespace between wall times t0 and t1."""
+        from disagg.status import parse_time
+
+        n = 0
+        for e in self.cluster.get_json("events", "-n", self.ns)["items"]:
+            if (e.get("source") or {}).get("component") != "disagg-operator":
+                continue
+            stamp = e.get("firstTimestamp") or e.get("eventTime")
+            when = parse_time(stamp) if stamp else None
+            if when is not None and t0 <= when < t1:
+                n += int(e.get("count") or 1)
+        return n
 
     def load_step(self) -> None:
         """Wait for the emulator's rate step, then time each object's decode scale-up."""
@@ -458,6 +430,7 @@ class Run:
         )
 
     def run(self) -> dict[str, object]:
+        load_start = os.getloadavg()[0]
         self.cluster.kubectl("create", "namespace", self.ns)
         try:
             if self.args.autoscaling:
@@ -465,8 +438,16 @@ class Run:
             self.start_operator()
             self.converge()
             self.steady()
+            # The figures before the namespace's deletion (minutes at a large N) in close().
+            print(
+                f"N={self.n} measured: {json.dumps({k: fmt(v) for k, v in self.figures.items() if not k.startswith('_')})}",
+                file=sys.stderr,
+                flush=True,
+            )
         finally:
             self.close()
+        # The machine is shared: its load while this run went on (1-minute averages).
+        self.figures["load average, start / end"] = (load_start, os.getloadavg()[0])
         return self.figures
 
 

@@ -143,3 +143,91 @@ class WatchCache:
 
     def count(self, kind: str) -> int:
         return len(self._objects[kind])
+
+
+class CachedKube:
+    """A Kube (disagg.kube) whose reads of cached kinds come from a primed watch cache, and whose
+    writes are written through to it.
+
+    * `get` of a cached kind answers from the cache (a missing object falls through to the API
+      server: created a moment ago, its event not delivered yet, or gone: NotFound);
+    * `list` of pool Deployments or Pods of one owner (`disagg.dev/deployment=<name>`, the
+      selector reconcile and the loop use) answers from the cache's owner index;
+    * the objects the API server returns from `apply` and `patch` (the operator's own writes)
+      are stored at once, so the next read sees them before the watch delivers them (an older
+      answer never replaces a newer cached version: resourceVersions decide);
+    * everything else goes to the wrapped client unchanged.
+
+    Until the cache is primed (`WatchCache.primed`, the loop's start-up LIST) every read goes
+    to the API server: a cache still filling would miss children and reconcile would recreate
+    them.
+    """
+
+    def __init__(self, kube: Any, cache: WatchCache) -> None:
+        self.kube = kube
+        self.cache = cache
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kube, name)
+
+    async def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any]:
+        if self.cache.primed and kind in KINDS:
+            obj = self.cache.get(kind, namespace or "", name)
+            if obj is not None:
+                return dict(obj)
+        return await self.kube.get(kind, namespace, name)
+
+    async def get_or_none(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        if self.cache.primed and kind in KINDS:
+            obj = self.cache.get(kind, namespace or "", name)
+            if obj is not None:
+                return dict(obj)
+        return await self.kube.get_or_none(kind, namespace, name)
+
+    async def list(
+        self, kind: str, namespace: str | None = None, selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        owner = _owner_selector(selector)
+        if self.cache.primed and kind in KINDS and kind != api.KIND and namespace and owner:
+            return self.cache.children(kind, namespace, owner)
+        return await self.kube.list(kind, namespace, selector)
+
+    async def apply(self, obj: dict, subresource: str | None = None, force: bool = True) -> dict:
+        result = await self.kube.apply(obj, subresource=subresource, force=force)
+        self._write_through(obj.get("kind", ""), result)
+        return result
+
+    async def patch(
+        self,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        patch: dict,
+        subresource: str | None = None,
+        patch_type: str = "merge",
+    ) -> dict:
+        result = await self.kube.patch(
+            kind, namespace, name, patch, subresource=subresource, patch_type=patch_type
+        )
+        self._write_through(kind, result)
+        return result
+
+    def _write_through(self, kind: str, result: Any) -> None:
+        if kind not in KINDS or not isinstance(result, Mapping) or "metadata" not in result:
+            return
+        if kind != api.KIND and owner_of(result) is None:
+            return  # not a pool child (a router's Deployment): the watches do not keep it either
+        meta = result["metadata"]
+        if self.cache.get(kind, meta.get("namespace") or "", meta["name"]) is None and kind == api.KIND:
+            return  # not (or no longer) this operator's object: only its watch adds it
+        self.cache.prime(kind, [result])  # only over an older cached version
+
+
+def _owner_selector(selector: str | None) -> str | None:
+    """The owner named by a selector that is exactly `disagg.dev/deployment=<name>`, else None."""
+    if not selector or "," in selector:
+        return None
+    key, eq, value = selector.partition("=")
+    if eq != "=" or key.strip() != names.LABEL_DEPLOYMENT or value.startswith("="):
+        return None
+    return value.strip() or None

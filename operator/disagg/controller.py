@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from disagg import api, opmetrics, reconcile
-from disagg.cache import WatchCache, owner_of
+from disagg.cache import CachedKube, WatchCache, owner_of
 from disagg.kube import Kube, NotFound
 from disagg.workqueue import WorkQueue
 
@@ -96,11 +96,14 @@ class Controller:
 
     async def _reconcile_locked(self, key: Key) -> None:
         ns, name = key
+        # The object and its pool Deployments and Pods come from the watch cache once it is
+        # primed (disagg.cache.CachedKube); the operator's own writes are written through to it.
+        kube = CachedKube(self._kube(), self.cache)
         async with reconcile.lock_for(ns, name):
             try:
-                body = await self._kube().get(api.KIND, ns, name)
+                body = await kube.get(api.KIND, ns, name)
             except NotFound:
                 return
             self.reconciles += 1
-            await reconcile.reconcile(self._kube(), body)  # raises after reporting a refused write
+            await reconcile.reconcile(kube, body)  # raises after reporting a refused write
             self.reconciled[key] = reconcile_key(body)

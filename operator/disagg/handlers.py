@@ -29,7 +29,7 @@ from disagg import api, health, loop, names, shard
 from disagg.controller import Controller
 from disagg.health import Health
 from disagg.kube import Kube, login_settings
-from disagg.leader import LeaderElector
+from disagg.leader import LeaderElector, ShardOverlapCheck
 
 log = logging.getLogger("disagg.handlers")
 
@@ -85,9 +85,20 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     election = State.options.get("leader_election")
     if election:
         # Watches start only after this handler returns: a standby does nothing at all.
-        elector = LeaderElector(State.kube, namespace=election[0], name=election[1])
+        # The Lease records what this shard owns; the shards compare their scopes (disjoint?).
+        scope = shard.Scope(election[1], State.shard, frozenset(State.options.get("namespaces") or ()))
+        elector = LeaderElector(
+            State.kube,
+            namespace=election[0],
+            name=election[1],
+            annotations={shard.SCOPE_ANNOTATION: scope.to_annotation()},
+        )
         await elector.acquire()
         State.tasks.append(asyncio.create_task(elector.hold(lambda: os._exit(1)), name="disagg-leader"))
+        check = ShardOverlapCheck(
+            State.kube, election[0], scope, owned=State.controller.cache.disagg_deployments
+        )
+        State.tasks.append(asyncio.create_task(check.run_forever(), name="disagg-shard-check"))
     hook = State.options.get("on_startup")
     if hook:
         await hook(State)

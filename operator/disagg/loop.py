@@ -30,14 +30,15 @@ import logging
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from disagg import api, autoscaler, drain, metrics, names, opmetrics, reconcile, routerclient, shard, status
-from disagg.cache import WatchCache
+from disagg.cache import CachedKube, WatchCache
 from disagg.kube import Kube, NotFound
+from disagg.policy import PolicyState
 from disagg.promclient import client_for
 from disagg.sizes import SizeDistribution
 
@@ -49,6 +50,12 @@ WRONG_VICTIM_AFTER_S = 30.0
 
 #: DisaggDeployments worked on at once by the loop (deciding, draining).
 DEFAULT_CONCURRENCY = 16
+
+#: `status.scalerState` is rewritten at least this often while the object is decided, even when
+#: nothing a restart decides from changed (`state_write_reason`): it bounds what a restart loses
+#: of the slowly accumulating parts (calibration samples, start-up figures, token shape, the
+#: forecast's rate samples) to this long, at one write per object per this long.
+SCALER_STATE_REFRESH_S = 300.0
 
 
 class MetricsSource(Protocol):
@@ -70,6 +77,11 @@ class Tracker:
     # The parsed spec of generation `spec_generation` (parsing every object every tick is costly).
     spec_generation: int | None = None
     spec: api.DisaggDeploymentSpec | None = None
+    # The policy state last written to (or read back from) status.scalerState, and when.
+    saved_policy: PolicyState | None = None
+    saved_at: float | None = None
+    # Read back from status.scalerState and not yet extended to the restart (`extend_restored`).
+    restored: bool = False
 
 
 @dataclass
@@ -101,9 +113,62 @@ def tracker(body: Mapping[str, Any]) -> Tracker:
     tr = TRACKERS.get(key)
     if tr is None or tr.uid != meta.get("uid"):
         saved = (body.get("status") or {}).get("scalerState")
-        tr = Tracker(uid=meta.get("uid"), state=autoscaler.ScalerState.from_dict(saved))
+        state = autoscaler.ScalerState.from_dict(saved)
+        tr = Tracker(uid=meta.get("uid"), state=state)
+        if saved is not None:
+            tr.saved_policy, tr.restored = state.policy, True
         TRACKERS[key] = tr
     return tr
+
+
+def extend_restored(tr: Tracker, now: float) -> None:
+    """After a restart: the recommendation read back from status.scalerState held until just now.
+
+    The loop writes scalerState whenever the recommendation changes (`state_write_reason`), so
+    every decision since the last write recommended exactly the last recommendation on record;
+    only their times are missing. The stabilization window reads the latest time of each value,
+    so the read-back history gets that recommendation once more, just before the restart's first
+    decision. A scale-down it holds may then come at most one interval (plus the downtime) later
+    than without the restart, never earlier."""
+    if not tr.restored:
+        return
+    tr.restored = False
+    pol = tr.state.policy
+    if not pol.recommendations:
+        return
+    last_t, last_rec = pol.recommendations[-1]
+    at = math.nextafter(now, -math.inf)
+    if at > last_t:
+        pol = replace(pol, recommendations=(*pol.recommendations, (at, dict(last_rec))))
+        tr.state = replace(tr.state, policy=pol)
+
+
+def state_write_reason(tr: Tracker, new: PolicyState, now: float) -> str | None:
+    """Why this decision writes status.scalerState, or None: a steady object writes nothing.
+
+    Written when what a restarted operator would decide from it changed: the latest
+    recommendation (a restart extends it to the restart: `extend_restored`), the start of the
+    stabilization window (`firstSeen`), the last action and its targets, a new backlog-driven
+    recommendation (the window skips those later); and at least every SCALER_STATE_REFRESH_S
+    for the rest (calibration samples, start-ups, shape, rate samples)."""
+    old = tr.saved_policy
+    if old is None or tr.saved_at is None:
+        return "first decision"
+    latest = new.recommendations[-1][1] if new.recommendations else None
+    latest_saved = old.recommendations[-1][1] if old.recommendations else None
+    if latest != latest_saved:
+        return "recommendation changed"
+    if (new.first_seen, new.last_action, new.last_targets) != (
+        old.first_seen,
+        old.last_action,
+        old.last_targets,
+    ):
+        return "action or window start changed"
+    if new.backlog_times and max(new.backlog_times) > max(old.backlog_times, default=-math.inf):
+        return "backlog-driven recommendation"
+    if now - tr.saved_at >= SCALER_STATE_REFRESH_S:
+        return "refresh"
+    return None
 
 
 def forget(namespace: str, name: str) -> None:
@@ -329,25 +394,29 @@ def object_queries(spec: api.DisaggDeploymentSpec, namespace: str, name: str) ->
     )
 
 
-def fleet_key(spec: api.DisaggDeploymentSpec) -> tuple | None:
-    """Objects with equal keys share the tick's fleet queries: the operator's own Prometheus,
-    the same engine and windows. None: the object asks its own (its own Prometheus URL)."""
+def fleet_key(spec: api.DisaggDeploymentSpec, namespace: str) -> tuple:
+    """Objects with equal keys share the tick's fleet queries: the same Prometheus, engine and
+    windows. The operator's Prometheus serves every namespace; a Prometheus of the spec
+    (`spec.autoscaling.prometheus`: URL, token and CA Secrets read in the object's namespace) is
+    shared by the objects of one namespace that configure it identically."""
     a = spec.autoscaling
-    if a.prometheus is not None:
-        return None
-    return (
+    windows = (
         spec.engine,
         a.metric_window_seconds,
         autoscaler.SHORT_WINDOW_SCRAPES * a.scrape_interval_seconds,
     )
+    if a.prometheus is None:
+        return (*windows, None, None)
+    return (*windows, namespace, a.prometheus.model_dump_json())
 
 
 class FleetBatch:
     """The objects of one tick that share a fleet key: their namespaces and series, then one
     query per series for them all (`start`), awaited by each object's step."""
 
-    def __init__(self, key: tuple) -> None:
+    def __init__(self, key: tuple, prometheus: api.PrometheusConfig | None = None) -> None:
         self.key = key
+        self.prometheus = prometheus  # the spec's (None: the operator's --prometheus-url)
         self.namespaces: set[str] = set()
         self.roles: set[str] = set()
         self.future: asyncio.Future | None = None
@@ -362,16 +431,26 @@ class FleetBatch:
         return self.future
 
     async def run(self, kube: Kube, opts: LoopOptions) -> None:
-        engine, window_s, short_s = self.key
+        engine, window_s, short_s, namespace, _ = self.key
         assert self.future is not None
         queries = metrics.fleet_queries(engine, sorted(self.namespaces), window_s, short_s, self.roles)
         try:
-            source = opts.metrics_source or await client_for(kube, "", None, opts.prometheus_url)
+            source = opts.metrics_source or await client_for(
+                kube, namespace or "", self.prometheus, opts.prometheus_url
+            )
             results = await source.run(queries)
         except Exception as exc:
             results = {q.name: exc for q in queries}
         if not self.future.done():
             self.future.set_result(results)
+
+
+def cached(kube: Kube, opts: LoopOptions) -> Kube:
+    """`kube` reading the object and its pools from the watch cache (disagg.cache.CachedKube),
+    when the loop has one: a decision then sends no GET and no LIST."""
+    if opts.cache is None or isinstance(kube, CachedKube):
+        return kube
+    return CachedKube(kube, opts.cache)  # type: ignore[return-value]
 
 
 async def read_pods(kube: Kube, opts: LoopOptions, namespace: str, name: str) -> list[dict]:
@@ -661,14 +740,18 @@ async def write_decision_status(
         and (prev.get("outputs") or {}).get("targets") == record["outputs"]["targets"]
         and _close((prev.get("inputs") or {}).get("arrivalRps"), record["inputs"].get("arrivalRps"))
     )
-    new_status: dict[str, Any] = {
-        "conditions": status.merge_conditions(old.get("conditions"), conds),
-        "scalerState": outcome.state.to_dict(),
-    }
+    new_status: dict[str, Any] = {"conditions": status.merge_conditions(old.get("conditions"), conds)}
+    persist = state_write_reason(tr, outcome.state.policy, outcome.record.time)
+    if persist is not None:
+        new_status["scalerState"] = outcome.state.to_dict()
     if not same or not status.conditions_equal(old.get("conditions"), new_status["conditions"]):
-        new_status["lastDecision"] = record
+        # A merge patch keeps the keys it does not mention: the fields of the previous decision
+        # this one lacks (e.g. the arrival rate when the metrics are missing) are cleared.
+        new_status["lastDecision"] = replacing(prev, record)
         new_status["calibration"] = outcome.calibration
     await reconcile.write_status(kube, body, new_status)
+    if persist is not None:
+        tr.saved_policy, tr.saved_at = outcome.state.policy, outcome.record.time
     if outcome.changed or tr.metrics_ok != snap.ok:
         detail = "; ".join(outcome.notes) or snap.reason()
         await kube.event(
@@ -679,6 +762,17 @@ async def write_decision_status(
             action="Autoscale",
         )
     tr.metrics_ok = snap.ok
+
+
+def replacing(old: Any, new: Any) -> Any:
+    """`new` as a merge patch over `old` that leaves exactly `new`: keys of `old` that `new`
+    lacks are set to null (maps recursively; other values replace whole)."""
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return new
+    out: dict[str, Any] = {k: None for k in old if k not in new}
+    for k, v in new.items():
+        out[k] = replacing(old.get(k), v)
+    return out
 
 
 def _close(a: float | None, b: float | None, rel: float = 0.1) -> bool:
@@ -770,6 +864,7 @@ async def step(
 ) -> None:
     """One tick for one DisaggDeployment. `due`: whether a decision is due (`tick` schedules
     it); None decides when `intervalSeconds` have passed since the last decision."""
+    kube = cached(kube, opts)
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
     tr = tracker(body)
@@ -803,6 +898,7 @@ async def step(
         opmetrics.DECISION_GAP.observe(now - tr.last_decision_at)
     tr.last_decision_at = now
     config = autoscaler.config_from_spec(spec)
+    extend_restored(tr, now)
     deployments = await list_deployments(kube, ns, name, opts)
     sizing = await read_sizing(kube, body, spec, opts)
     outcome = autoscaler.decide(config, observation(config, snap, deployments, pods, now, sizing), tr.state)
@@ -913,6 +1009,7 @@ async def tick(kube: Kube, opts: LoopOptions, now: float, wait: bool = False) ->
     else:
         objs = await kube.list(api.KIND, None, opts.shard_selector)
     prune({(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objs}, opts.namespaces)
+    kube = cached(kube, opts)
     started = time.monotonic()
     tasks: list[asyncio.Task] = []
     batches: dict[tuple, FleetBatch] = {}
@@ -934,9 +1031,10 @@ async def tick(kube: Kube, opts: LoopOptions, now: float, wait: bool = False) ->
             and spec.autoscaling.enabled
             and not spec.autoscaling.paused
         ):
-            fk = fleet_key(spec)
-            if fk is not None:
-                fleet = batches.setdefault(fk, FleetBatch(fk)).add(spec, *key)
+            fk = fleet_key(spec, key[0])
+            if fk not in batches:
+                batches[fk] = FleetBatch(fk, spec.autoscaling.prometheus)
+            fleet = batches[fk].add(spec, *key)
         task = asyncio.create_task(
             _step_in_task(kube, body, opts, now, due, started, fleet), name=f"disagg-step-{key[0]}/{key[1]}"
         )

@@ -145,3 +145,11 @@ DECISION_GAP = Histogram(
     buckets=_SECONDS_BUCKETS,
     registry=REGISTRY,
 )
+SHARD_OVERLAPS = Gauge(
+    "disagg_operator_shard_overlaps",
+    "Overlap of this shard with another shard (disagg.leader.ShardOverlapCheck): kind=selectors is 1 when "
+    "both selectors can match one object in a shared namespace; kind=objects counts existing "
+    "DisaggDeployments both own.",
+    ["other_shard", "kind"],
+    registry=REGISTRY,
+)

@@ -30,6 +30,9 @@ _locks: dict[tuple[str, str], asyncio.Lock] = {}
 
 # The autoscaler's latest targets per DisaggDeployment (shown as status.pools.*.desiredReplicas).
 DESIRED: dict[tuple[str, str], dict[str, int]] = {}
+# Objects (namespace, name, uid) without a router whose last reconcile found no router object:
+# their next reconciles skip the router's LISTs (five kinds). A restart lists once again.
+NO_ROUTER: set[tuple[str, str, str | None]] = set()
 
 
 def lock_for(namespace: str, name: str) -> asyncio.Lock:
@@ -40,6 +43,8 @@ def lock_for(namespace: str, name: str) -> asyncio.Lock:
 def forget(namespace: str, name: str) -> None:
     """Drop what is held in memory for a DisaggDeployment that is gone (its lock only when free)."""
     DESIRED.pop((namespace, name), None)
+    for key in [k for k in NO_ROUTER if k[:2] == (namespace, name)]:
+        NO_ROUTER.discard(key)
     lock = _locks.get((namespace, name))
     if lock is not None and not lock.locked():
         del _locks[(namespace, name)]
@@ -308,6 +313,11 @@ async def reconcile_router(
     logged; the pools are reconciled regardless.
     """
     sel = f"{names.LABEL_ROUTER}={owner.name}"
+    wanted = builders.router_objects(owner, spec)
+    memo = (owner.namespace, owner.name, body["metadata"].get("uid"))
+    if not wanted and memo in NO_ROUTER:
+        return  # no router, and none was left the last time it was looked for
+    NO_ROUTER.discard(memo)
     try:
         found = await asyncio.gather(*(kube.list(k, owner.namespace, sel) for k in builders.ROUTER_KINDS))
         existing = {
@@ -315,7 +325,9 @@ async def reconcile_router(
             for k, objs in zip(builders.ROUTER_KINDS, found, strict=True)
             for o in objs
         }
-        for obj in builders.router_objects(owner, spec):
+        if not wanted and not existing:
+            NO_ROUTER.add(memo)
+        for obj in wanted:
             with_hash(obj)
             key = (obj["kind"], obj["metadata"]["name"])
             cur = existing.pop(key, None)

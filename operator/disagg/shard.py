@@ -16,6 +16,7 @@ Pure: no Kubernetes client, no Kopf.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -165,3 +166,113 @@ def check_shard_name(name: str) -> str:
 def lease_name(base: str, shard: str | None) -> str:
     """The Lease of a shard: `<base>-<shard>`; without a shard, `base` itself."""
     return f"{base}-{shard}" if shard else base
+
+
+# ---------------------------------------------------------------------------- overlap between shards
+
+#: The Lease annotation on which a shard records what it owns (`Scope.to_annotation`).
+SCOPE_ANNOTATION = "disagg.dev/shard-scope"
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What one shard owns: the DisaggDeployments its selector matches in its namespaces (empty:
+    every namespace). `name` is its Lease's name."""
+
+    name: str
+    selector: Selector = Selector()
+    namespaces: frozenset[str] = frozenset()
+
+    def to_annotation(self) -> str:
+        return json.dumps(
+            {"selector": str(self.selector), "namespaces": sorted(self.namespaces)}, separators=(",", ":")
+        )
+
+    @classmethod
+    def from_annotation(cls, name: str, text: str | None) -> Scope | None:
+        """The scope another shard recorded; None when absent or unreadable (nothing decided)."""
+        if not text:
+            return None
+        try:
+            raw = json.loads(text)
+            return cls(
+                name,
+                parse_selector(raw.get("selector") or None),
+                frozenset(str(n) for n in raw.get("namespaces") or ()),
+            )
+        except (ValueError, TypeError, AttributeError):
+            return None
+
+    def owns(self, namespace: str, labels: Mapping[str, str] | None) -> bool:
+        return (not self.namespaces or namespace in self.namespaces) and self.selector.matches(labels)
+
+
+def _witness_value(reqs: list[Requirement]) -> str | bool | None:
+    """A value of one label that satisfies every requirement on it: a string, None for "absent",
+    or False when no value does (the requirements contradict)."""
+    allowed: set[str] | None = None  # None: any value
+    excluded: set[str] = set()
+    must_exist = must_be_absent = False
+    for r in reqs:
+        if r.op in ("=", "in"):
+            allowed = set(r.values) if allowed is None else allowed & set(r.values)
+            must_exist = True
+        elif r.op in ("!=", "notin"):
+            excluded |= set(r.values)
+        elif r.op == "exists":
+            must_exist = True
+        else:  # "!"
+            must_be_absent = True
+    if must_be_absent:
+        return False if must_exist else None
+    if allowed is not None:
+        left = sorted(allowed - excluded)
+        return left[0] if left else False
+    if not must_exist:
+        return None
+    # Any value outside a finite exclusion will do.
+    return next(v for v in (f"x{i}" for i in range(len(excluded) + 1)) if v not in excluded)
+
+
+def common_labels(a: Selector, b: Selector) -> dict[str, str] | None:
+    """A label set that both selectors match (only the labels they name: absent ones are left
+    out), or None when none exists: the two selectors are then disjoint for every object.
+
+    Each key is decided on its own, so for the selector syntax parsed here this is exact: None
+    means no object can ever match both; a label set means an object labelled so would match
+    both. It does not mean that such an object exists (selectors on different keys, `team=a`
+    and `tier=gold`, always have one: an object carrying both labels)."""
+    by_key: dict[str, list[Requirement]] = {}
+    for r in (*a.requirements, *b.requirements):
+        by_key.setdefault(r.key, []).append(r)
+    labels: dict[str, str] = {}
+    for key, reqs in sorted(by_key.items()):
+        v = _witness_value(reqs)
+        if v is False:
+            return None
+        if v is not None:
+            labels[key] = v
+    return labels
+
+
+def overlap(a: Scope, b: Scope) -> str | None:
+    """Why shards `a` and `b` may both own one object, or None when they cannot (their
+    namespace sets are disjoint, or their selectors contradict on some key)."""
+    if a.namespaces and b.namespaces and not (a.namespaces & b.namespaces):
+        return None
+    labels = common_labels(a.selector, b.selector)
+    if labels is None:
+        return None
+    where = (
+        sorted(a.namespaces & b.namespaces)
+        if a.namespaces and b.namespaces
+        else sorted(a.namespaces | b.namespaces)
+    )
+    in_ns = f" in namespace {', '.join(where)}" if where else ""
+    if a.selector == b.selector:
+        return f"the same selector {str(a.selector) or '(every object)'!r}{in_ns}"
+    shown = ",".join(f"{k}={v}" for k, v in labels.items()) or "(no labels)"
+    return (
+        f"selectors {str(a.selector) or '(every object)'!r} and {str(b.selector) or '(every object)'!r} "
+        f"both match an object labelled {shown}{in_ns}"
+    )

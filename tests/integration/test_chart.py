@@ -332,7 +332,8 @@ def test_leader_election_role_grants_only_its_own_lease(helm_bin: str) -> None:
     (rb,) = [d for d in docs if d["kind"] == "RoleBinding" and is_leader_election(d)]
     assert role["metadata"]["namespace"] == rb["metadata"]["namespace"]
     by_verbs = {tuple(r["verbs"]): r for r in role["rules"]}
-    assert set(by_verbs) == {("create",), ("get", "patch")}
+    # list (no names): the shards read each other's recorded scopes (disagg.leader.ShardOverlapCheck)
+    assert set(by_verbs) == {("create", "list"), ("get", "patch")}
     assert by_verbs[("get", "patch")]["resourceNames"] == ["disagg-operator-leader"]
     assert all(
         r["resources"] == ["leases"] and r["apiGroups"] == ["coordination.k8s.io"] for r in role["rules"]

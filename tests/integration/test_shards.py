@@ -11,6 +11,8 @@ import time
 import pytest
 from samples import fixed
 
+from disagg.shard import SCOPE_ANNOTATION, Scope, parse_selector
+
 pytestmark = pytest.mark.cluster
 
 SHARD_LABEL = "disagg.dev/shard"
@@ -69,6 +71,14 @@ def test_two_shards_side_by_side(cluster, namespace, operator_factory, monkeypat
         for shard in ops
     }
     assert leases["a"].startswith("operator-a-") and leases["b"].startswith("operator-b-"), leases
+    # Each Lease records its shard's scope; the two selectors are disjoint: no overlap reported.
+    for shard in ops:
+        lease = cluster.get_json("lease", f"{LEASE_BASE}-{shard}", "-n", namespace)
+        scope = Scope.from_annotation(
+            lease["metadata"]["name"], lease["metadata"]["annotations"][SCOPE_ANNOTATION]
+        )
+        assert scope is not None and scope.selector == parse_selector(f"{SHARD_LABEL}={shard}")
+        assert scope.namespaces == frozenset({namespace})
 
     objs = {"one-a": "a", "two-b": "b"}
     for name, shard in objs.items():
@@ -99,6 +109,7 @@ def test_two_shards_side_by_side(cluster, namespace, operator_factory, monkeypat
             what=f"events of {name}",
         )
 
+    assert not [op for op in ops.values() if "overlaps shard" in op.log()]
     for name, shard in objs.items():
         # Every Event on the object comes from its own shard's operator.
         assert events_by_instance(cluster, namespace, name) == {f"operator-{shard}"}

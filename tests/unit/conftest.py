@@ -15,7 +15,9 @@ def fresh_loop_memory() -> Iterator[None]:
     loop.TRACKERS.clear()
     loop.OUT_OF_ROUTING.clear()
     reconcile.DESIRED.clear()
+    reconcile.NO_ROUTER.clear()
     yield
     loop.TRACKERS.clear()
     loop.OUT_OF_ROUTING.clear()
     reconcile.DESIRED.clear()
+    reconcile.NO_ROUTER.clear()

@@ -422,3 +422,83 @@ def test_paused_autoscaling_holds_and_writes_a_typed_decision_record_once():
         ).to_status()
     )
     assert [e["reason"] for e in w.kube.events].count(names.EVENT_PAUSED) == 1
+
+
+# ---------------------------------------------------------------------------- steady state: few requests
+
+
+def _status_writes(kube) -> int:
+    return kube.calls[("patch", api.KIND)]
+
+
+def test_a_steady_decision_sends_no_request_and_writes_nothing():
+    """The object, its pools and pods come from the watch cache; a decision that changes
+    nothing a user or a restart needs writes nothing (scalerState included)."""
+    w = World(prefill=1, decode=2)
+    w.load(2.0)
+    for _ in range(3):  # the first decisions record the window's start and the recommendation
+        w.step()
+    saved = w.status()["scalerState"]
+    before = len(loop.TRACKERS[(NS, NAME)].state.policy.recommendations)
+    w.kube.calls.clear()
+    for _ in range(4):
+        out = w.step()
+        assert out is not None and not out.changed
+    assert dict(w.kube.calls) == {}, w.kube.calls  # no GET, no LIST, no write
+    assert w.status()["scalerState"] == saved
+    # the decisions went on in memory
+    assert len(loop.TRACKERS[(NS, NAME)].state.policy.recommendations) == before + 4
+
+
+def test_the_scaler_state_is_written_when_the_recommendation_changes_and_refreshed_at_most_every_interval(
+    monkeypatch,
+):
+    monkeypatch.setattr(loop, "SCALER_STATE_REFRESH_S", 120.0)
+    w = World(prefill=1, decode=2)
+    w.load(2.0)
+    for _ in range(3):
+        w.step()
+    w.kube.calls.clear()
+    for _ in range(8):  # 240 s of the same load: two refreshes
+        w.step()
+    assert _status_writes(w.kube) == 2
+    w.kube.calls.clear()
+    w.load(8.0, short=8.0)
+    out = w.step()  # a new recommendation (and targets)
+    assert out is not None and out.changed
+    rec = w.status()["scalerState"]["policy"]["recommendations"][-1]
+    assert rec["t"] == w.now
+
+
+def _steady_high_then_drop(restart_at: int | None) -> float:
+    """Up at t = 30, the same load until t = 150 (steady decisions: no scalerState written),
+    then the load is gone; a restart (no memory) before decision number `restart_at`. Returns
+    the time of the scale-down."""
+    _restart()
+    w = World(spec=sample_spec(scaleDownStabilizationSeconds=300), prefill=1, decode=2)
+    w.load(8.0, short=8.0)
+    out = w.step()
+    assert out is not None and out.reason == "ScaleUp"
+    w.pods(**{p: w.replicas(p) for p in ("prefill", "decode")})
+    for i in range(2, 60):
+        if i == restart_at:
+            _restart()
+        w.load(8.0, short=8.0) if i <= 5 else w.load(0.5)
+        saved = w.status()["scalerState"]
+        out = w.step()
+        assert out is not None
+        if 3 <= i <= 5 and i != restart_at:
+            assert out.reason == "Hold" and w.status()["scalerState"] == saved  # steady: unwritten
+        if out.reason == "ScaleDown":
+            return w.now - T0
+    raise AssertionError("never scaled down")
+
+
+def test_a_restart_after_unwritten_steady_decisions_does_not_scale_down_early():
+    """The steady decisions of t = 90 .. 150 wrote no scalerState; a restart reads back the
+    recommendation of t = 60 and extends it to the restart, so the stabilization window holds
+    as long as without the restart (at most one interval longer), never shorter."""
+    continuous = _steady_high_then_drop(None)
+    for restart_at in (5, 6, 8):
+        restarted = _steady_high_then_drop(restart_at)
+        assert continuous <= restarted <= continuous + 30, (restart_at, continuous, restarted)

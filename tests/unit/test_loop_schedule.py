@@ -170,14 +170,26 @@ class FleetProm:
         return out
 
 
-def test_one_query_per_metric_per_tick_for_every_due_object():
+@pytest.mark.parametrize(
+    ("urls", "batches_expected"),
+    [
+        ([None], 1),  # the operator's Prometheus
+        (["http://127.0.0.1:9090"], 1),  # the spec's, the same for every object of the namespace
+        (["http://127.0.0.1:9090", "http://127.0.0.2:9090"], 2),  # two Prometheus: two batches
+    ],
+)
+def test_one_query_per_metric_per_tick_for_every_due_object(urls: list[str | None], batches_expected: int):
     kube = FakeKube()
     prom = FleetProm(kube, T0)
     _, opts = fleet(0)
     opts.metrics_source, opts.cache = prom, watch_cache(kube)
     for i in range(8):
         name = f"llm-{i:04d}"
-        kube.put(disagg_deployment(name, spec(), NS))
+        s = spec()
+        url = urls[i % len(urls)]
+        if url is not None:
+            s["autoscaling"]["prometheus"] = {"url": url}
+        kube.put(disagg_deployment(name, s, NS))
         for pool in ("prefill", "decode"):
             kube.put(deployment(name, pool, 1))
             kube.put(pod(name, pool, 0, created=T0 - 600, admitted=T0 - 540))
@@ -191,12 +203,13 @@ def test_one_query_per_metric_per_tick_for_every_due_object():
             await task
 
     asyncio.run(main())
-    # The decision's metrics: one batch for the eight objects, each series once. (The optional
-    # sizing inputs, a range query per object, are still asked per object.)
+    # The decision's metrics: one batch per Prometheus for the eight objects, each series once.
+    # (The optional sizing inputs, a range query per object, are still asked per object.)
     batches = [c for c in prom.calls if any(n.startswith(metrics.FLEET_PREFIX) for n in c)]
-    assert len(batches) == 1 and len(batches[0]) == len(set(batches[0]))
-    assert all(n.startswith(metrics.FLEET_PREFIX) for n in batches[0])
-    assert all(c == ["arrival_counts_horizon"] for c in prom.calls if c is not batches[0])
+    assert len(batches) == batches_expected
+    for batch in batches:
+        assert len(batch) == len(set(batch)) and all(n.startswith(metrics.FLEET_PREFIX) for n in batch)
+    assert all(c == ["arrival_counts_horizon"] for c in prom.calls if c not in batches)
     for i in range(8):
         snap = loop.TRACKERS[(NS, f"llm-{i:04d}")].last_snapshot
         assert snap is not None and snap.ok, snap and snap.reason()

@@ -139,3 +139,94 @@ def test_run_refuses_bad_shard_flags(capsys, args, message):
     err = capsys.readouterr().err.strip()
     assert err.startswith("disagg run: error: "), err
     assert message in err
+
+
+# ---------------------------------------------------------------------------- overlap between shards
+
+S = "disagg.dev/shard"
+
+
+def _scope(name: str, selector: str, *namespaces: str) -> shard.Scope:
+    return shard.Scope(name, shard.parse_selector(selector), frozenset(namespaces))
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "overlaps"),
+    [
+        ((f"{S}=a",), (f"{S}=a",), "the same selector"),
+        ((f"{S}=a",), (f"{S}=b",), None),  # the same key with another value: disjoint
+        ((f"{S}=a",), (f"{S}!=a",), None),
+        ((f"{S}=a",), (f"{S} notin (a,b)",), None),  # the chart's catch-all shard
+        ((f"{S}=a",), (f"!{S}",), None),
+        ((f"{S} in (a,b)",), (f"{S} in (b,c)",), f"{S}=b"),
+        ((f"{S}=a",), ("team=x",), f"{S}=a,team=x"),  # different keys: an object may carry both
+        ((f"{S}",), (f"{S}!=a",), f"{S}=x0"),
+        ((f"{S}=a", "ns1"), (f"{S}=a", "ns2"), None),  # disjoint namespace sets
+        ((f"{S}=a", "ns1", "ns2"), (f"{S}=a", "ns2"), "in namespace ns2"),
+        (("", "ns1"), ("",), "the same selector"),  # every object of ns1, and every object
+    ],
+)
+def test_overlap_is_decided_exactly_on_the_selectors(a, b, overlaps):
+    why = shard.overlap(_scope("x", a[0], *a[1:]), _scope("y", b[0], *b[1:]))
+    if overlaps is None:
+        assert why is None
+    else:
+        assert why is not None and overlaps in why, why
+
+
+def test_a_scope_round_trips_through_its_lease_annotation():
+    s = _scope("disagg-operator-leader-a", f"{S}=a,team in (x,y)", "ns2", "ns1")
+    back = shard.Scope.from_annotation(s.name, s.to_annotation())
+    assert back == s
+    assert shard.Scope.from_annotation("x", "{not json") is None
+    assert shard.Scope.from_annotation("x", None) is None
+
+
+def _lease(name: str, scope: shard.Scope | None) -> dict:
+    ann = {shard.SCOPE_ANNOTATION: scope.to_annotation()} if scope else {}
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": "ops", "annotations": ann},
+        "spec": {},
+    }
+
+
+def test_the_elector_records_the_scope_and_the_check_reports_overlaps():
+    from fakes import FakeKube, disagg_deployment
+
+    from disagg import opmetrics
+    from disagg.leader import LeaderElector, ShardOverlapCheck
+
+    kube = FakeKube()
+    mine = _scope("lease-a", f"{S}=a")
+    elector = LeaderElector(
+        kube, "ops", "lease-a", annotations={shard.SCOPE_ANNOTATION: mine.to_annotation()}
+    )
+    assert asyncio.run(elector.try_acquire())
+    recorded = kube.obj("Lease", "ops", "lease-a")["metadata"]["annotations"][shard.SCOPE_ANNOTATION]
+    assert shard.Scope.from_annotation("lease-a", recorded) == mine
+    kube.put(_lease("lease-b", _scope("lease-b", f"{S}=b")))  # disjoint
+    kube.put(_lease("lease-old", None))  # records nothing: not judged
+    obj = disagg_deployment("llm", {}, "ns")
+    obj["metadata"]["labels"] = {S: "a", "team": "x"}
+    owned = [kube.put(obj)]
+    check = ShardOverlapCheck(kube, "ops", mine, owned=lambda: owned)
+    assert asyncio.run(check.check()) == []
+    assert not kube.events
+
+    def gauge(other: str, kind: str) -> float | None:
+        return opmetrics.REGISTRY.get_sample_value(
+            "disagg_operator_shard_overlaps", {"other_shard": other, "kind": kind}
+        )
+
+    assert gauge("lease-b", "selectors") == 0
+    kube.put(_lease("lease-c", _scope("lease-c", "team=x")))  # another key: overlaps
+    found = asyncio.run(check.check())
+    assert any("lease-c" in f and "team=x" in f for f in found)
+    assert any(f.startswith("ns/llm is owned by shards lease-a and lease-c") for f in found)
+    assert gauge("lease-c", "selectors") == 1 and gauge("lease-c", "objects") == 1
+    warnings = [e for e in kube.events if e["type"] == "Warning" and e["reason"] == "ShardOverlap"]
+    assert len(warnings) == 2  # one on this shard's Lease (the selectors), one on the object
+    asyncio.run(check.check())
+    assert len([e for e in kube.events if e["reason"] == "ShardOverlap"]) == 2  # reported once

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from fakes import deployment, disagg_deployment, pod
+import asyncio
 
-from disagg import api
-from disagg.cache import WatchCache
+from fakes import FakeKube, deployment, disagg_deployment, pod
+
+from disagg import api, names
+from disagg.cache import CachedKube, WatchCache
 
 
 def _rv(obj: dict, rv: int) -> dict:
@@ -51,3 +53,32 @@ def test_managed_fields_are_not_kept():
     obj["metadata"]["managedFields"] = [{"manager": "x" * 1000}]
     c.observe("Pod", None, obj)
     assert "managedFields" not in c.get("Pod", "ns", obj["metadata"]["name"])["metadata"]
+
+
+def test_cached_kube_reads_the_primed_cache_and_writes_through():
+    kube = FakeKube()
+    kube.put(deployment("a", "decode", 1))
+    kube.put(pod("a", "decode", 0, created=0, admitted=0))
+    wc = WatchCache()
+    ck = CachedKube(kube, wc)
+    sel = f"{names.LABEL_DEPLOYMENT}=a"
+    # not primed yet: everything goes to the API server
+    assert len(asyncio.run(ck.list("Pod", "ns", sel))) == 1 and kube.calls[("list", "Pod")] == 1
+    wc.prime("Pod", [kube.obj("Pod", "ns", "a-decode-5f7c9-00000")])
+    wc.prime("Deployment", [kube.obj("Deployment", "ns", "a-decode")])
+    wc.primed_done()
+    kube.calls.clear()
+    assert [p["metadata"]["name"] for p in asyncio.run(ck.list("Pod", "ns", sel))] == ["a-decode-5f7c9-00000"]
+    assert asyncio.run(ck.get("Deployment", "ns", "a-decode"))["spec"]["replicas"] == 1
+    asyncio.run(ck.list("Pod", "ns", f"{sel},x=y"))  # another selector: the API server's answer
+    assert dict(kube.calls) == {("list", "Pod"): 1}
+    # the operator's own write is seen at once, before any watch event
+    asyncio.run(ck.patch("Deployment", "ns", "a-decode", {"spec": {"replicas": 3}}))
+    assert wc.get("Deployment", "ns", "a-decode")["spec"]["replicas"] == 3
+    # an older answer (a slow write's) never replaces a newer cached version
+    newer = kube.obj("Deployment", "ns", "a-decode")
+    ck._write_through(
+        "Deployment",
+        {**newer, "metadata": {**newer["metadata"], "resourceVersion": "1"}, "spec": {"replicas": 9}},
+    )
+    assert wc.get("Deployment", "ns", "a-decode")["spec"]["replicas"] == 3

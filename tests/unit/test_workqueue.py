@@ -9,9 +9,9 @@ import itertools
 from collections.abc import Callable
 
 import pytest
-from fakes import FakeKube, disagg_deployment, pod
+from fakes import FakeKube, disagg_deployment, pod, watch_cache
 
-from disagg import api, controller, names, opmetrics, workqueue
+from disagg import api, cache, controller, names, opmetrics, workqueue
 from disagg.kube import ApiError
 
 pytestmark = pytest.mark.usefixtures("fresh_loop_memory")
@@ -195,3 +195,36 @@ def test_one_object_converges_in_a_handful_of_reconciles():
     # one for the object, one for its new children, then per pool one for its pods starting
     # and one for their admission (the operator's pod writes) -- not one per event
     assert reconciles <= 2 + 2 * len(st["pools"]), reconciles
+
+
+def test_a_steady_reconcile_reads_the_cache_and_writes_nothing():
+    """A converged object reconciled again (a child event, say): the object, its pool
+    Deployments and Pods come from the watch cache, the router's kinds are not listed again
+    when it has none, and nothing is written."""
+
+    async def main() -> FakeKube:
+        kube = FakeKube()
+        spec = _sample_spec()
+        spec["router"] = {"enabled": False}
+        c = controller.Controller(lambda: kube, cache=watch_cache(kube))
+        kube.watchers.append(lambda t, obj: obj["kind"] in cache.KINDS and c.on_event(obj["kind"], t, obj))
+        runner = asyncio.create_task(c.queue.run())
+        kube.put(disagg_deployment("llm", spec))
+        settled = lambda: c.queue.pending() == 0 and not c.queue._running  # noqa: E731
+        for _ in range(3):  # creation, then its children's events
+            await asyncio.sleep(controller.CHILD_EVENT_DELAY_S * 2)
+            await until(settled)
+        assert c.reconciles >= 1
+        kube.calls.clear()
+        before = c.reconciles
+        c.queue.request(("ns", "llm"))
+        await until(lambda: c.reconciles == before + 1 and settled())
+        runner.cancel()
+        return kube
+
+    kube = asyncio.run(main())
+    assert not [k for k in kube.calls if k[0] in ("apply", "patch", "delete")], kube.calls  # no write
+    assert kube.calls[("get", api.KIND)] == 0
+    assert kube.calls[("list", "Deployment")] == kube.calls[("list", "Pod")] == 0
+    # only the kinds the watches do not keep: the pool Services and PodDisruptionBudgets
+    assert dict(kube.calls) == {("list", "Service"): 1, ("list", "PodDisruptionBudget"): 1}
