@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import functools
 import os
-import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,9 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT / "operator") not in sys.path:
     sys.path.insert(0, str(ROOT / "operator"))  # this checkout's `disagg`, not an installed one
 
-#: Ports handed to servers started later, below Linux's ephemeral range (32768-60999): a port the
-#: kernel picks for bind(0) can be taken by an outgoing connection before the server binds it.
-SERVER_PORTS = range(20000, 32000)
+# the benches' free_port; imported after the path above puts this checkout first
+from disagg.devtools.prometheus import free_port  # noqa: E402, F401
 
 
 def sh(
@@ -76,18 +73,6 @@ def code_env(kc: str) -> dict[str, str]:
     env["PYTHONPATH"] = str(ROOT / "operator") + os.pathsep + env.get("PYTHONPATH", "")
     env["KUBECONFIG"] = kc
     return env
-
-
-def free_port() -> int:
-    """A loopback port free now, from SERVER_PORTS."""
-    for port in random.sample(SERVER_PORTS, 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free loopback port in {SERVER_PORTS}")
 
 
 def operator_cmd(kc: str, namespaces: list[str], metrics_port: int = 0, *extra: str) -> list[str]:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
-import socket
 import subprocess
 import sys
 import time
@@ -12,22 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from disagg import api, planner
-
-#: Ports handed to servers started later, below Linux's ephemeral range (32768-60999): a port
-#: the kernel picks for bind(0) can be taken by any outgoing connection before the server binds it.
-SERVER_PORTS = range(20000, 32000)
-
-
-def free_port() -> int:
-    for port in random.sample(SERVER_PORTS, 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free loopback port in {SERVER_PORTS}")
-
+from disagg.devtools.prometheus import free_port
 
 #: Drain deadline of the closed-loop deployments (then the pod is re-admitted).
 DRAIN_TIMEOUT_S = 120

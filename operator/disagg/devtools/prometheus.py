@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -23,11 +24,21 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+#: Ports handed to servers started later, below Linux's ephemeral range (32768-60999): a port
+#: the kernel picks for bind(0) can be taken by any outgoing connection before the server binds it.
+SERVER_PORTS = range(20000, 32000)
+
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, from SERVER_PORTS."""
+    for port in random.sample(SERVER_PORTS, 200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {SERVER_PORTS}")
 
 
 def find_prometheus() -> str:
