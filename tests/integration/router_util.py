@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from disagg import routers
+from disagg.devtools.prometheus import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,12 +29,6 @@ def router_binary(engine: str) -> Path | None:
     p = routers.preset(engine)
     b = routers_dir() / f"{p.package}-{p.version}" / "bin" / p.binary
     return b if b.exists() else None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def http_json(url: str, method: str = "GET", body: dict | None = None, timeout: float = 10.0):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -23,18 +22,13 @@ from typing import Any
 import pytest
 from samples import fixed
 
+from disagg.devtools.prometheus import free_port
 from prereqs import chromium
 
 pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = chromium()  # a missing one fails the test with the install command (tests/conftest.py)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get(url: str, timeout: float = 2) -> bytes:

@@ -29,16 +29,16 @@ from pathlib import Path
 SERVER_PORTS = range(20000, 32000)
 
 
-def free_port() -> int:
-    """A loopback port free now, from SERVER_PORTS."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now on `host` (a loopback address), from SERVER_PORTS."""
     for port in random.sample(SERVER_PORTS, 200):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
-                s.bind(("127.0.0.1", port))
+                s.bind((host, port))
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"no free loopback port in {SERVER_PORTS}")
+    raise RuntimeError(f"no free port on {host} in {SERVER_PORTS}")
 
 
 def find_prometheus() -> str:
