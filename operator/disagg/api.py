@@ -661,7 +661,15 @@ class Router(_Model):
         description="Router container image. Default: a pinned Python image that installs the pinned router "
         "wheel from PyPI at start; an image that already has the router binary runs it directly.",
     )
-    replicas: int = Field(1, ge=0, le=64, description="Router replicas.")
+    replicas: int = Field(
+        1,
+        ge=0,
+        le=64,
+        description=(
+            "Router replicas. With 2 or more the endpoint keeps serving while one router pod"
+            " restarts (with 1, requests started then are refused)."
+        ),
+    )
     resources: RouterResources = Field(
         default_factory=dict, description="Resources of the router container (requests, limits)."
     )

@@ -10,7 +10,9 @@ http://<router pod IP>:8000/v1. Everything binds and targets 127.0.0.0/8.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import itertools
 import json
 import socket
 import subprocess
@@ -122,10 +124,11 @@ class LoadRun:
 
 class ServiceProxy:
     """The router's Service, as a client reaches it, on loopback: one fixed address that forwards
-    each new connection to the router pod that is Ready now (kube-proxy's job; the local cluster
-    runs none, and the router pod's IP changes when the pod is replaced). With no Ready router a
-    new connection is closed at once: the client sees a reset connection (kube-proxy would reject
-    it, so a refused one). A connection keeps the router it was forwarded to, as with conntrack."""
+    each new connection to one of the router pods that are Ready now, in turn (kube-proxy's job;
+    the local cluster runs none, and a router pod's IP changes when the pod is replaced). With no
+    Ready router a new connection is closed at once: the client sees a reset connection
+    (kube-proxy would reject it, so a refused one). A connection keeps the router it was
+    forwarded to, as with conntrack."""
 
     def __init__(self) -> None:
         self.sock = socket.socket()
@@ -134,9 +137,13 @@ class ServiceProxy:
         self.sock.listen(256)
         self.sock.settimeout(0.5)
         self.address = self.sock.getsockname()
-        self.backend: tuple[str, int] | None = None
-        self.forwarded = 0
+        #: The Ready routers' addresses: the Service's endpoints.
+        self.backends: list[tuple[str, int]] = []
+        #: Connections forwarded, per router address.
+        self.forwarded_to: dict[tuple[str, int], int] = {}
         self.closed_without_router = 0
+        self._turn = itertools.count()
+        self._count_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="service-proxy", daemon=True)
         self._thread.start()
@@ -144,6 +151,17 @@ class ServiceProxy:
     @property
     def url(self) -> str:
         return f"http://{self.address[0]}:{self.address[1]}"
+
+    @property
+    def forwarded(self) -> int:
+        return sum(self.forwarded_to.values())
+
+    def add_backend(self, address: tuple[str, int]) -> None:
+        if address not in self.backends:
+            self.backends = [*self.backends, address]
+
+    def remove_backend(self, address: tuple[str, int]) -> None:
+        self.backends = [b for b in self.backends if b != address]
 
     def _serve(self) -> None:
         while not self._stop.is_set():
@@ -156,16 +174,18 @@ class ServiceProxy:
             threading.Thread(target=self._forward, args=(conn,), daemon=True).start()
 
     def _forward(self, conn: socket.socket) -> None:
-        backend = self.backend
+        backends = self.backends  # replaced, never mutated: a consistent snapshot
         try:
-            if backend is None:
+            if not backends:
                 raise OSError("no Ready router")
+            backend = backends[next(self._turn) % len(backends)]
             upstream = socket.create_connection(backend, timeout=5)
         except OSError:
             self.closed_without_router += 1
             conn.close()
             return
-        self.forwarded += 1
+        with self._count_lock:
+            self.forwarded_to[backend] = self.forwarded_to.get(backend, 0) + 1
         upstream.settimeout(None)
         back = threading.Thread(target=self._pump, args=(upstream, conn), daemon=True)
         back.start()
@@ -223,19 +243,47 @@ def retrying_openai_request(endpoint: str, prompt_tokens: int, output_tokens: in
     return {"ok": ok, "completion_tokens": tokens, "error": None, "seconds": time.monotonic() - t0}
 
 
+@dataclasses.dataclass
+class RouterRun:
+    """One router pod's process: the real binary with the Deployment's flags, listening on the
+    pod's IP, authenticated as the router's ServiceAccount."""
+
+    pod: str
+    ip: str
+    proc: Proc
+    probe: dict
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.ip, routers.ROUTER_HTTP_PORT)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.ip}:{routers.ROUTER_HTTP_PORT}"
+
+    def passes_probe(self) -> bool:
+        """The pod's readinessProbe, as the kubelet would run it against the process."""
+        if "httpGet" in self.probe:
+            status, _ = http_json(f"{self.url}{self.probe['httpGet'].get('path', '/')}", timeout=2)
+            return 200 <= status < 400
+        try:
+            socket.create_connection(self.address, timeout=2).close()
+        except OSError:
+            return False
+        return True
+
+
 class EndpointStack(Stack):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.router: Proc | None = None
-        self.router_args: list[str] = []
+        #: The router processes that serve, in the order they started.
+        self.routers: list[RouterRun] = []
+        #: Routers whose pod was deleted (SIGTERM sent; close() reaps them).
+        self.stopped_routers: list[RouterRun] = []
         self.engine = "vllm"
         self.endpoint = ""
-        self.router_url = ""
-        self.router_ip = ""
-        self.router_pod_name = ""
-        self.router_probe: dict = {}
+        self.kubeconfig_router = ""
         self.service: ServiceProxy | None = None
-        self.stopped_routers: list[Proc] = []
         self.loads: list[LoadRun] = []
 
     def start_serving_emulator(self) -> subprocess.Popen:
@@ -251,23 +299,21 @@ class EndpointStack(Stack):
         self.emulator.terminate()
         return self.wait_emulator(timeout=60)
 
-    def router_pod(self, exclude: str = "") -> dict | None:
-        """A Running router pod with an IP that is not being deleted (and is not `exclude`)."""
+    def router_pods(self) -> list[dict]:
+        """The Running router pods with an IP that are not being deleted."""
         pods = self.cluster.get_json("pods", "-n", self.ns, "-l", f"disagg.dev/router={self.name}")["items"]
-        for p in pods:
-            if (
-                p["status"].get("phase") == "Running"
-                and p["status"].get("podIP")
-                and not p["metadata"].get("deletionTimestamp")
-                and p["metadata"]["name"] != exclude
-            ):
-                return p
-        return None
+        return [
+            p
+            for p in pods
+            if p["status"].get("phase") == "Running"
+            and p["status"].get("podIP")
+            and not p["metadata"].get("deletionTimestamp")
+        ]
 
-    def start_router(self, engine: str, via_service: bool = False) -> str:
-        """The operator's router for this deployment; returns the endpoint (…/v1): the router
-        pod's own address, or with `via_service` the ServiceProxy's, which follows the Ready router
-        pod across restarts."""
+    def start_router(self, engine: str, via_service: bool = False, replicas: int = 1) -> str:
+        """The operator's router for this deployment, as `replicas` processes (one per router pod);
+        returns the endpoint (…/v1): the first router pod's own address, or with `via_service` the
+        ServiceProxy's, which forwards to every Ready router pod across restarts."""
         self.engine = engine
         rname = f"{self.name}-router"
         for kind in ("serviceaccount", "role", "rolebinding", "deployment"):
@@ -278,18 +324,24 @@ class EndpointStack(Stack):
                 timeout=60,
                 what=f"{kind}/{rname}",
             )
-        pod = self.cluster.wait_for(self.router_pod, timeout=60, what="the router pod's IP")
+        pods = self.cluster.wait_for(
+            lambda: (p := self.router_pods()) and len(p) >= replicas and p,
+            timeout=60,
+            what=f"{replicas} router pods with an IP",
+        )
         self.kubeconfig_router = sa_kubeconfig(self.cluster, self.ns, rname, self.tmp)
-        self._launch_router(pod)
+        for pod in pods[:replicas]:
+            self._launch_router(pod)
         if via_service:
             self.service = ServiceProxy()
-            self.wait_router_ready()
+            for run in self.routers:
+                self.wait_router_ready(run)
             self.endpoint = f"{self.service.url}/v1"
         else:
-            self.endpoint = f"{self.router_url}/v1"
+            self.endpoint = f"{self.routers[0].url}/v1"
         return self.endpoint
 
-    def _launch_router(self, pod: dict) -> None:
+    def _launch_router(self, pod: dict) -> RouterRun:
         """Run the router as `pod` would: the Deployment's flags, listening on the pod's IP."""
         ip = pod["status"]["podIP"]
         if ipaddress.ip_address(ip) not in LOOPBACK:
@@ -298,7 +350,6 @@ class EndpointStack(Stack):
             )
         dep = self.cluster.get_json("deployment", f"{self.name}-router", "-n", self.ns)
         container = dep["spec"]["template"]["spec"]["containers"][0]
-        self.router_probe = container.get("readinessProbe") or {}
         args = list(container["args"])
         for flag, value in (
             ("--host", ip),
@@ -307,72 +358,61 @@ class EndpointStack(Stack):
             ("--prometheus-port", str(free_port())),
         ):
             args[args.index(flag) + 1] = value
-        self.router_args = args
-        self.router_pod_name = pod["metadata"]["name"]
-        self.router_ip = ip
-        self.router_url = f"http://{ip}:{routers.ROUTER_HTTP_PORT}"
         p = routers.preset(self.engine)
         env = dict(self.cluster.env(), KUBECONFIG=self.kubeconfig_router)
         n = len(list(self.tmp.glob("router*.log")))
-        self.router = Proc(
-            [str(router_binary(self.engine)), *p.subcommand, *self.router_args],
-            self.tmp / f"router{n}.log",
-            env,
-        )
+        proc = Proc([str(router_binary(self.engine)), *p.subcommand, *args], self.tmp / f"router{n}.log", env)
+        run = RouterRun(pod["metadata"]["name"], ip, proc, container.get("readinessProbe") or {})
+        self.routers.append(run)
+        return run
 
-    def router_passes_probe(self) -> bool:
-        """The router pod's readinessProbe, as the kubelet would run it against the process."""
-        probe = self.router_probe
-        if "httpGet" in probe:
-            status, _ = http_json(f"{self.router_url}{probe['httpGet'].get('path', '/')}", timeout=2)
-            return 200 <= status < 400
-        try:
-            socket.create_connection((self.router_ip, routers.ROUTER_HTTP_PORT), timeout=2).close()
-        except OSError:
-            return False
-        return True
-
-    def wait_router_ready(self, timeout: float = 90) -> int:
-        """Wait until the router passes its readiness probe; then (with the ServiceProxy) the
-        Service sends it new connections. Returns the wall-clock time (ns) it became Ready."""
-        wait_until(self.router_passes_probe, timeout, "the router to pass its readiness probe")
+    def wait_router_ready(self, run: RouterRun, timeout: float = 90) -> int:
+        """Wait until `run` passes its readiness probe; then (with the ServiceProxy) the Service
+        sends it new connections. Returns the wall-clock time (ns) it became Ready."""
+        wait_until(run.passes_probe, timeout, f"router {run.pod} to pass its readiness probe")
         ready_ns = time.time_ns()
         if self.service is not None:
-            self.service.backend = (self.router_ip, routers.ROUTER_HTTP_PORT)
+            self.service.add_backend(run.address)
         return ready_ns
 
-    def delete_router_pod(self) -> int:
-        """Delete the router pod mid-load, as a user or an eviction would: the Service stops sending
-        it new connections and the kubelet sends its process SIGTERM. Returns the wall-clock time
-        (ns) of the kill."""
-        assert self.router is not None
+    def delete_router_pod(self, run: RouterRun | None = None) -> int:
+        """Delete a router pod (the first by default) mid-load, as a user or an eviction would: the
+        Service stops sending it new connections and the kubelet sends its process SIGTERM.
+        Returns the wall-clock time (ns) of the kill."""
+        run = run or self.routers[0]
         kill_ns = time.time_ns()
         if self.service is not None:
-            self.service.backend = None
-        self.cluster.kubectl("delete", "pod", self.router_pod_name, "-n", self.ns, "--wait=false")
+            self.service.remove_backend(run.address)
+        self.cluster.kubectl("delete", "pod", run.pod, "-n", self.ns, "--wait=false")
         # SIGTERM without waiting: the old router shuts down (finishing its in-flight requests)
         # while the Deployment's new pod starts, as on a node; close() reaps it.
-        self.router.p.terminate()
-        self.stopped_routers.append(self.router)
-        self.router = None
+        run.proc.p.terminate()
+        self.routers.remove(run)
+        self.stopped_routers.append(run)
         return kill_ns
 
     def replace_router(self, timeout: float = 120) -> int:
-        """The router pod the Deployment creates in place of the deleted one: run it and wait until
+        """The router pod the Deployment creates in place of a deleted one: run it and wait until
         it is Ready. Returns the wall-clock time (ns) it became Ready."""
-        old = self.router_pod_name
+        known = {r.pod for r in [*self.routers, *self.stopped_routers]}
         pod = self.cluster.wait_for(
-            lambda: self.router_pod(exclude=old), timeout=timeout, what="the replacement router pod"
+            lambda: next((p for p in self.router_pods() if p["metadata"]["name"] not in known), None),
+            timeout=timeout,
+            what="the replacement router pod",
         )
-        self._launch_router(pod)
-        return self.wait_router_ready(timeout)
+        return self.wait_router_ready(self._launch_router(pod), timeout)
 
-    def router_workers(self) -> list[dict]:
-        status, body = http_json(f"{self.router_url}/workers", timeout=3)
+    def router_workers(self, run: RouterRun | None = None) -> list[dict]:
+        status, body = http_json(f"{(run or self.routers[0]).url}/workers", timeout=3)
         return body.get("workers", []) if status == 200 and isinstance(body, dict) else []
 
     def wait_router_workers(self, n: int, timeout: float = 90) -> None:
-        wait_until(lambda: len(self.router_workers()) >= n, timeout, f"the router to list {n} workers")
+        """Every running router lists at least `n` workers."""
+        wait_until(
+            lambda: all(len(self.router_workers(r)) >= n for r in self.routers),
+            timeout,
+            f"the routers to list {n} workers",
+        )
 
     def start_load(self, **kwargs) -> LoadRun:
         n = len(self.loads)
@@ -384,9 +424,9 @@ class EndpointStack(Stack):
     def close(self) -> None:
         for run in self.loads:
             run.stop()
-        for proc in [*self.stopped_routers, *([self.router] if self.router else [])]:
-            proc.stop()
-        self.router = None
+        for run in [*self.stopped_routers, *self.routers]:
+            run.proc.stop()
+        self.routers = []
         if self.service is not None:
             self.service.close()
             self.service = None
@@ -402,6 +442,7 @@ __all__ = [
     "DRAIN_TIMEOUT_S",
     "EndpointStack",
     "LoadRun",
+    "RouterRun",
     "ServiceProxy",
     "endpoint_spec",
     "needs_tools",

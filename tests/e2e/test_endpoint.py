@@ -74,15 +74,17 @@ def reached(stack, want: dict[str, int], run=None) -> bool:
     return all(cur.get(k, 0) >= v for k, v in want.items())
 
 
-def start(stack: EndpointStack, engine: str, via_service: bool = False, **autoscaling) -> dict:
+def start(
+    stack: EndpointStack, engine: str, via_service: bool = False, router_replicas: int = 1, **autoscaling
+) -> dict:
     needs_tools(engine)
     obj = endpoint_spec(stack.prom.url, engine, **autoscaling)
-    obj["spec"]["router"] = {"extraArgs": ROUTER_ARGS}
+    obj["spec"]["router"] = {"extraArgs": ROUTER_ARGS, "replicas": router_replicas}
     stack.apply(obj)
     stack.start_operator()
     stack.wait_routable()
     stack.start_serving_emulator()
-    stack.start_router(engine, via_service=via_service)
+    stack.start_router(engine, via_service=via_service, replicas=router_replicas)
     stack.wait_router_workers(2)
     return obj
 
@@ -112,15 +114,16 @@ def finish(stack: EndpointStack, run: LoadRun, load_s: float) -> tuple[dict, dic
     return client, stack.stop_emulator()
 
 
-def check_client_against_engines(client: dict, summary: dict) -> None:
-    """Zero failed or truncated responses, and the client's latencies follow the engines'."""
+def check_client_against_engines(client: dict, summary: dict, other_requests: int = 0) -> None:
+    """Zero failed or truncated responses, and the client's latencies follow the engines'.
+    `other_requests`: completed requests the test sent itself, beside the load generator's."""
     assert client["requests"] > 0
     assert client["failed"] == 0 and client["truncated"] == 0, client
     assert not client["error_summary"], client["error_summary"]
     assert summary["requests"]["lost"] == 0 and summary["requests"]["failed"] == 0, summary["requests"]
     assert summary["http"]["errors"] == 0, summary["http"]
     # Every client request reached the engines as a completed request (and nothing else did).
-    assert summary["requests"]["completed"] == client["ok"], (summary["requests"], client)
+    assert summary["requests"]["completed"] == client["ok"] + other_requests, (summary["requests"], client)
     c, e = client["ttft_s"], summary["ttft_s"]
     # The engines' TTFT starts when the prefill request arrives; the client's adds the router's
     # two hops and its own parsing: never less (beyond clock noise), at most TTFT_ADDED_MAX_S more.
@@ -279,8 +282,8 @@ def test_router_restart_mid_load_fails_no_request_started_once_the_new_router_is
     )
     time.sleep(kill_after_s)
     run.check()
-    old_pod = stack.router_pod_name
-    kill_ns = stack.delete_router_pod()
+    old = stack.routers[0]
+    kill_ns = stack.delete_router_pod(old)
     sdk: dict = {}
     sdk_thread = threading.Thread(
         target=lambda: sdk.update(retrying_openai_request(stack.endpoint, 200, 20, SDK_MAX_RETRIES)),
@@ -289,19 +292,18 @@ def test_router_restart_mid_load_fails_no_request_started_once_the_new_router_is
     sdk_thread.start()
     ready_ns = stack.replace_router()
     outage_s = (ready_ns - kill_ns) / 1e9
-    old_router = stack.stopped_routers[-1].p
-    old_router_exit = old_router.poll()  # None: still finishing its responses
+    old_router_exit = old.proc.p.poll()  # None: still finishing its responses
     sdk_thread.join(timeout=180)
     client, summary = finish(stack, run, load_s)
     windows = run.results_by_window(kill_ns, ready_ns)
     report = {k: {f: w[f] for f in ("requests", "ok", "failed", "truncated")} for k, w in windows.items()}
     print(
-        f"{engine} router restart: pod {old_pod} -> {stack.router_pod_name}; outage {outage_s:.1f} s; "
+        f"{engine} router restart: pod {old.pod} -> {stack.routers[0].pod}; outage {outage_s:.1f} s; "
         f"old router exit status when the new one was Ready: {old_router_exit}; "
         f"client {report}; closed without a router {stack.service.closed_without_router}; "
         f"openai SDK (max_retries={SDK_MAX_RETRIES}) {sdk}; engines {summary['requests']} http {summary['http']}"
     )
-    assert stack.router_pod_name != old_pod
+    assert stack.routers[0].pod != old.pod
     assert sum(w["requests"] for w in windows.values()) == client["requests"]
     after = windows["after"]
     assert after["requests"] >= rate * (load_s - kill_after_s - outage_s) / 2, (report, outage_s)
@@ -309,3 +311,51 @@ def test_router_restart_mid_load_fails_no_request_started_once_the_new_router_is
     # Requests that ended before the kill were untouched by it.
     assert windows["before"]["failed"] == 0 and windows["before"]["truncated"] == 0, windows["before"]
     assert sdk.get("ok"), f"the retrying openai client: {sdk} (outage {outage_s:.1f} s)"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_router_restart_with_two_replicas_fails_no_request(endpoint_stack, engine):
+    """`spec.router.replicas: 2`: one router pod is deleted under load while the other serves.
+
+    The Service stops sending the deleted pod new connections at once (its endpoint goes when
+    the pod terminates), the old router finishes its in-flight responses on SIGTERM, and every
+    request that starts meanwhile goes to the other replica: zero failed or truncated responses
+    for the whole run at a client that retries nothing (aiperf, and the openai SDK with
+    max_retries=0 sending right at the kill), and the client's latencies follow the engines'.
+    """
+    stack = endpoint_stack
+    rate, load_s, kill_after_s = 2.0, 90, 20
+    start(stack, engine, via_service=True, router_replicas=2)
+    assert stack.service is not None and len(stack.routers) == 2
+    run = send(stack, rate=rate, duration_s=load_s)
+    victim, survivor = stack.routers
+    # Both replicas serve before the kill (the Service alternates new connections between them).
+    stack.cluster.wait_for(
+        lambda: run.check() or all(stack.service.forwarded_to.get(r.address) for r in (victim, survivor)),
+        timeout=LOADGEN_START_S + 30,
+        interval=0.5,
+        what=f"requests through both router replicas\n{run.tail()}",
+    )
+    time.sleep(kill_after_s)
+    run.check()
+    kill_ns = stack.delete_router_pod(victim)
+    sdk = retrying_openai_request(stack.endpoint, 200, 20, max_retries=0)
+    ready_ns = stack.replace_router()
+    victim_exit = victim.proc.p.poll()  # None: still finishing its responses
+    client, summary = finish(stack, run, load_s)
+    windows = run.results_by_window(kill_ns, ready_ns)
+    report = {k: {f: w[f] for f in ("requests", "ok", "failed", "truncated")} for k, w in windows.items()}
+    print(
+        f"{engine} router restart, 2 replicas: pod {victim.pod} -> {stack.routers[-1].pod} "
+        f"(one replica down {(ready_ns - kill_ns) / 1e9:.1f} s); victim's exit status when its "
+        f"replacement was Ready: {victim_exit}; client {report}; forwarded "
+        f"{stack.service.forwarded_to}; openai SDK (max_retries=0) {sdk}; "
+        f"engines {summary['requests']} http {summary['http']}"
+    )
+    assert stack.routers[-1].pod not in (victim.pod, survivor.pod)
+    # The kill hit live traffic: requests were in flight through the routers, and requests
+    # started while only the survivor was Ready.
+    assert windows["in_flight"]["requests"] > 0 and windows["outage"]["requests"] > 0, report
+    assert stack.service.closed_without_router == 0
+    assert sdk["ok"], f"the openai SDK without retries, sent at the kill: {sdk}"
+    check_client_against_engines(client, summary, other_requests=1)
