@@ -18,6 +18,8 @@
 #   DISAGG_POD_CIDR       pod IPs; must be inside 127.0.0.0/8 (default: 127.1.0.0/16)
 #   DISAGG_SERVICE_CIDR   Service ClusterIP range (default: kwokctl's, a /24: ~250 Services,
 #                         i.e. ~125 DisaggDeployments of two pools; e.g. 10.0.0.0/16 for benchmarks)
+#   DISAGG_CLIENT_QPS     the controller-manager's API request rate (default: 200, burst twice
+#                         that; Kubernetes' default is 20)
 #   DISAGG_STATE_DIR      state (kwokctl workdir, kubeconfig)
 #                         (default: ~/.cache/disagg-operator/state)
 # The kubeconfig is written to ${DISAGG_STATE_DIR}/<name>.kubeconfig, and nowhere else:
@@ -37,6 +39,7 @@ NODE_CPU="${DISAGG_NODE_CPU:-96}"
 NODE_MEM="${DISAGG_NODE_MEMORY:-1Ti}"
 POD_CIDR="${DISAGG_POD_CIDR:-127.1.0.0/16}"
 SERVICE_CIDR="${DISAGG_SERVICE_CIDR:-}"
+CLIENT_QPS="${DISAGG_CLIENT_QPS:-200}"
 STATE="${DISAGG_STATE_DIR:-${HOME}/.cache/disagg-operator/state}"
 KUBECONFIG_PATH="${STATE}/${NAME}.kubeconfig"
 export KWOK_WORKDIR="${STATE}/kwok"
@@ -88,11 +91,24 @@ options:
   cacheDir: ${STATE}/kwok-cache
 # One instance of each: no leader election, so an API-server restart cannot make them exit
 # (kwokctl's binary runtime does not restart a component that exits).
+# The Endpoints and EndpointSlice controllers are off: the pods' loopback IPs are addresses the
+# API server refuses in both (and no kube-proxy would read them), so those controllers would
+# only retry rejected writes, which spend the controller-manager's client rate limit that the
+# Deployment, ReplicaSet and disruption controllers need when many objects are applied at once.
+# The controller-manager's client rate limit: at its default (20 requests/s) the ~12 writes per
+# DisaggDeployment of the cluster's own controllers (ReplicaSets, pods, Deployment and PDB
+# status) take ten minutes at N=1,000 (hack/bench/bench_scale.py); large clusters raise it too.
 componentsPatches:
 - name: kube-controller-manager
   extraArgs:
   - key: leader-elect
     value: "false"
+  - key: controllers
+    value: "*,-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller"
+  - key: kube-api-qps
+    value: "${CLIENT_QPS}"
+  - key: kube-api-burst
+    value: "$((2 * CLIENT_QPS))"
 - name: kube-scheduler
   extraArgs:
   - key: leader-elect

@@ -1,4 +1,4 @@
-"""The operator's watch cache: DisaggDeployments and their pools' Deployments and Pods, in memory.
+"""The operator's watch cache: DisaggDeployments and their pools' children, in memory.
 
 Fed by the operator's watch streams (the Kopf event handlers in disagg.handlers call
 `observe` for every event, including the initial listing) and primed once by one LIST per kind
@@ -19,8 +19,10 @@ from typing import Any
 
 from disagg import api, names
 
-#: The kinds kept: the custom resource and the pool children the loop reads.
-KINDS = (api.KIND, "Deployment", "Pod")
+#: The pools' children kept (reconcile and the loop read them; the operator watches each).
+CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "Pod")
+#: The kinds kept: the custom resource and the pools' children.
+KINDS = (api.KIND, *CHILD_KINDS)
 
 Key = tuple[str, str]  # (namespace, name)
 
@@ -151,7 +153,7 @@ class CachedKube:
 
     * `get` of a cached kind answers from the cache (a missing object falls through to the API
       server: created a moment ago, its event not delivered yet, or gone: NotFound);
-    * `list` of pool Deployments or Pods of one owner (`disagg.dev/deployment=<name>`, the
+    * `list` of a pool child kind of one owner (`disagg.dev/deployment=<name>`, the
       selector reconcile and the loop use) answers from the cache's owner index;
     * the objects the API server returns from `apply` and `patch` (the operator's own writes)
       are stored at once, so the next read sees them before the watch delivers them (an older

@@ -6,7 +6,8 @@ the owning DisaggDeployment only when one can change something.
   The operator's own status writes (reconcile's, the autoscaler's) come back as events that
   change none of these, so they do not reconcile again.
 * A Deployment or Pod event reconciles only its owner (the `disagg.dev/deployment` label),
-  after CHILD_EVENT_DELAY_S, so a burst of events (pods starting) becomes one reconcile.
+  after CHILD_EVENT_DELAY_S, so a burst of events (pods starting) becomes one reconcile. A pool
+  Service or PodDisruptionBudget reconciles its owner only when it is deleted.
 * Reconciles run from a coalescing work queue (disagg.workqueue) with bounded workers; a
   failed one (the API server refused a child: a quota, the Service range, a webhook) has
   already set `ReconcileFailed` with the server's message (disagg.reconcile) and is retried
@@ -31,8 +32,12 @@ log = logging.getLogger("disagg.controller")
 
 #: Child events wait this long before their owner's reconcile, so a burst coalesces into one.
 CHILD_EVENT_DELAY_S = 0.5
+#: Children whose events only feed the cache, but for a deletion (reconcile recreates them): the
+#: operator's own applies and the disruption controller's PDB status updates come back as
+#: events that reconcile would find nothing to do for.
+CACHED_ONLY_KINDS = frozenset({"Service", "PodDisruptionBudget"})
 #: Reconciles running at once (each holds one object's lock; others never wait behind it).
-RECONCILE_CONCURRENCY = 8
+RECONCILE_CONCURRENCY = 16
 
 Key = tuple[str, str]
 
@@ -85,6 +90,8 @@ class Controller:
                 return
             if self.reconciled.get(key) != reconcile_key(body):
                 self.queue.request(key, reset_backoff=True)
+            return
+        if kind in CACHED_ONLY_KINDS and event_type != "DELETED":
             return
         owner = owner_of(body)
         if owner is not None:

@@ -160,3 +160,17 @@ async def on_pool_deployment(event: dict, **_: Any) -> None:
 @kopf.on.event("", "v1", "pods", labels={names.LABEL_DEPLOYMENT: kopf.PRESENT}, when=_owner_mine)
 async def on_pool_pod(event: dict, **_: Any) -> None:
     controller().on_event("Pod", event.get("type"), event["object"])
+
+
+# The pools' Services and PodDisruptionBudgets: reconcile reads them from the watch cache (no
+# LIST per reconcile), and one deleted or edited by hand brings its owner's reconcile.
+@kopf.on.event("", "v1", "services", labels={names.LABEL_DEPLOYMENT: kopf.PRESENT}, when=_owner_mine)
+async def on_pool_service(event: dict, **_: Any) -> None:
+    controller().on_event("Service", event.get("type"), event["object"])
+
+
+@kopf.on.event(
+    "policy", "v1", "poddisruptionbudgets", labels={names.LABEL_DEPLOYMENT: kopf.PRESENT}, when=_owner_mine
+)
+async def on_pool_pdb(event: dict, **_: Any) -> None:
+    controller().on_event("PodDisruptionBudget", event.get("type"), event["object"])

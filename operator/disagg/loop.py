@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from disagg import api, autoscaler, drain, metrics, names, opmetrics, reconcile, routerclient, shard, status
-from disagg.cache import CachedKube, WatchCache
+from disagg.cache import CHILD_KINDS, CachedKube, WatchCache
 from disagg.kube import Kube, NotFound
 from disagg.policy import PolicyState
 from disagg.promclient import client_for
@@ -1057,7 +1057,7 @@ async def prime(kube: Kube, opts: LoopOptions) -> None:
     selector = names.LABEL_DEPLOYMENT  # the label is present (any owner)
     for ns in opts.namespaces or (None,):
         cache.prime(api.KIND, await kube.list(api.KIND, ns, opts.shard_selector))
-        for kind in ("Deployment", "Pod"):
+        for kind in CHILD_KINDS:
             cache.prime(kind, await kube.list(kind, ns, selector))
     cache.primed_done()
 

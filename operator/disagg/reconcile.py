@@ -207,6 +207,7 @@ async def _reconcile_valid(
     owner = builders.Owner.from_body(body)
     existing = {(o["kind"], o["metadata"]["name"]): o for k in CHILD_KINDS for o in children[k]}
 
+    writes: list[tuple[dict[str, Any], bool]] = []  # (object, created)
     for obj in builders.all_objects(owner, spec, want):
         obj.setdefault("kind", obj["kind"])
         with_hash(obj)
@@ -219,17 +220,31 @@ async def _reconcile_valid(
         )
         if cur is not None and cur_hash == obj["metadata"]["annotations"][ANNOTATION_APPLIED] and not drifted:
             continue
-        result = await kube.apply(obj)
+        writes.append((obj, cur is None))
+    # The children are independent: written at once, so a reconcile costs one round trip to the
+    # API server for all of them rather than one each.
+    results = await asyncio.gather(*(kube.apply(obj) for obj, _ in writes), return_exceptions=True)
+    done: dict[bool, list[str]] = {True: [], False: []}  # created, updated
+    for (obj, created), result in zip(writes, results, strict=True):
+        if isinstance(result, BaseException):
+            continue
         if obj["kind"] == "Deployment":
             deployments[(obj["metadata"].get("labels") or {}).get(names.LABEL_POOL, "")] = result
-        verb = "Created" if cur is None else "Updated"
         summary["applied"].append(f"{obj['kind']}/{obj['metadata']['name']}")
-        await kube.event(
-            body,
-            names.EVENT_POOL_CREATED if cur is None else names.EVENT_POOL_UPDATED,
-            f"{verb} {obj['kind']} {obj['metadata']['name']}"
-            + (f" (replicas {obj['spec']['replicas']})" if obj["kind"] == "Deployment" else ""),
+        done[created].append(
+            f"{obj['kind']} {obj['metadata']['name']}"
+            + (f" (replicas {obj['spec']['replicas']})" if obj["kind"] == "Deployment" else "")
         )
+    # One Event per verb and reconcile, naming every child it wrote.
+    for created, reason, verb in (
+        (True, names.EVENT_POOL_CREATED, "Created"),
+        (False, names.EVENT_POOL_UPDATED, "Updated"),
+    ):
+        if done[created]:
+            await kube.event(body, reason, f"{verb} " + ", ".join(done[created]))
+    failed = next((r for r in results if isinstance(r, BaseException)), None)
+    if failed is not None:
+        raise failed
 
     # Pools removed from the spec: delete their children.
     present = set(api.pool_names(spec))
@@ -249,9 +264,7 @@ async def _reconcile_valid(
     await reconcile_pod_monitor(kube, body, spec, owner, summary)
 
     # New pods become routable once running (the operator owns the readiness gate).
-    for pod in children["Pod"]:
-        if status.needs_admission(pod):
-            await admit(kube, pod)
+    await asyncio.gather(*(admit(kube, pod) for pod in children["Pod"] if status.needs_admission(pod)))
 
     desired = dict(want)
     if spec.autoscaling.enabled:

@@ -110,7 +110,7 @@ def _controller(kube: FakeKube, **queue_options) -> controller.Controller:
     c = controller.Controller(lambda: kube, **queue_options)
     kube.watchers.append(
         lambda t, obj: (
-            obj["kind"] in ("DisaggDeployment", "Deployment", "Pod") and c.on_event(obj["kind"], t, obj)
+            obj["kind"] in cache.KINDS and c.on_event(obj["kind"], t, obj)  # the kinds the operator watches
         )
     )
     return c
@@ -139,6 +139,33 @@ def test_child_events_queue_only_their_owner():
     kube.put(pod("a", "decode", 1, created=0, admitted=None))
     kube.put(pod("b", "decode", 0, created=0, admitted=None))
     assert sorted(c.queue._due) == [("ns", "a"), ("ns", "b")]
+
+
+def test_a_pool_service_or_pdb_reconciles_its_owner_only_when_deleted():
+    """Services and PodDisruptionBudgets feed the cache; their own changes (the operator's
+    applies, the disruption controller's status) reconcile nothing; a deletion brings the owner's
+    reconcile, which recreates the child."""
+    kube = FakeKube()
+    c = _controller(kube)
+    for kind in ("Service", "PodDisruptionBudget"):
+        child = {
+            "apiVersion": "v1",
+            "kind": kind,
+            "metadata": {
+                "name": f"a-decode-{kind.lower()}",
+                "namespace": "ns",
+                "labels": {names.LABEL_DEPLOYMENT: "a"},
+            },
+            "spec": {},
+        }
+        kube.put(child)  # ADDED
+        kube.put({**child, "status": {"disruptionsAllowed": 1}})  # MODIFIED
+        assert c.queue.pending() == 0, kind
+        assert c.cache.children(kind, "ns", "a"), kind  # kept in the cache all the same
+        kube.remove(kind, "ns", child["metadata"]["name"])
+        assert sorted(c.queue._due) == [("ns", "a")], kind
+        assert not c.cache.children(kind, "ns", "a"), kind
+        c.queue.forget(("ns", "a"))
 
 
 def _sample_spec() -> dict:
@@ -198,8 +225,8 @@ def test_one_object_converges_in_a_handful_of_reconciles():
 
 
 def test_a_steady_reconcile_reads_the_cache_and_writes_nothing():
-    """A converged object reconciled again (a child event, say): the object, its pool
-    Deployments and Pods come from the watch cache, the router's kinds are not listed again
+    """A converged object reconciled again (a child event, say): the object and its pools'
+    children come from the watch cache, the router's kinds are not listed again
     when it has none, and nothing is written."""
 
     async def main() -> FakeKube:
@@ -225,6 +252,6 @@ def test_a_steady_reconcile_reads_the_cache_and_writes_nothing():
     kube = asyncio.run(main())
     assert not [k for k in kube.calls if k[0] in ("apply", "patch", "delete")], kube.calls  # no write
     assert kube.calls[("get", api.KIND)] == 0
-    assert kube.calls[("list", "Deployment")] == kube.calls[("list", "Pod")] == 0
-    # only the kinds the watches do not keep: the pool Services and PodDisruptionBudgets
-    assert dict(kube.calls) == {("list", "Service"): 1, ("list", "PodDisruptionBudget"): 1}
+    # every pool child (Deployments, Services, PodDisruptionBudgets, Pods) from the cache: no
+    # request at all
+    assert dict(kube.calls) == {}, kube.calls
