@@ -376,7 +376,13 @@ async def snapshot(
         shared = await asyncio.shield(fleet)
         own = list(a.queries or {})
         results = metrics.fleet_split(
-            shared, queries, meta["namespace"], meta["name"], spec.slo.percentile, own=own
+            shared,
+            queries,
+            meta["namespace"],
+            meta["name"],
+            spec.slo.percentile,
+            own=own,
+            router_deployment=router_deployment(spec, meta["name"]),
         )
     rest = [q for q in queries if q.name not in results]
     if rest:
@@ -404,8 +410,14 @@ def object_queries(spec: api.DisaggDeploymentSpec, namespace: str, name: str) ->
         short_window_s=autoscaler.SHORT_WINDOW_SCRAPES * a.scrape_interval_seconds,
         placement=spec.placement.mode,
         # The router's per-worker in-flight counts, for the drains (pod_in_flight_fresh).
-        router_deployment=builders.router_name(name) if spec.router.enabled else None,
+        router_deployment=router_deployment(spec, name),
     )
+
+
+def router_deployment(spec: api.DisaggDeploymentSpec, name: str) -> str | None:
+    """The Deployment of the object's router, whose pods count in-flight requests per worker
+    (None when spec.router.enabled is false)."""
+    return builders.router_name(name) if spec.router.enabled else None
 
 
 def fleet_key(spec: api.DisaggDeploymentSpec, namespace: str) -> tuple:

@@ -827,6 +827,7 @@ _BY_POD_RECIPES = {
     "sample_time_by_pod": "sample_time",
 }
 _PENDING_ROLE = "pending_kv"  # fleet series "pending_kv.<pool>", one per PendingWork
+_ROUTER_ROLE = "router_in_flight"  # fleet series "router_in_flight.<pool>", per Preset.router_in_flight
 FLEET_PREFIX = "fleet."
 
 
@@ -836,6 +837,8 @@ def _recipe(name: str) -> tuple[str, tuple[str, ...]] | None:
     base, _, pool = name.partition(".")
     if base == "pending_kv_by_pod":  # each pool has its own series (PendingWork)
         return ("by_pod", (f"{_PENDING_ROLE}.{pool}",))
+    if base == "router_in_flight_by_worker":  # over the router pods, per worker URL
+        return ("by_worker", (f"{_ROUTER_ROLE}.{pool}",))
     return ("by_pod", (_BY_POD_RECIPES[base],)) if base in _BY_POD_RECIPES else None
 
 
@@ -886,6 +889,8 @@ def _fleet_promql(p: Preset, role: str, ns: str, window_s: int, short_window_s: 
     }
     for work in p.pending_kv:
         table[f"{_PENDING_ROLE}.{work.pool}"] = work.promql(ns, by="namespace, pod")
+    for pool, series in p.router_in_flight:
+        table[f"{_ROUTER_ROLE}.{pool}"] = f"sum by (namespace, pod, worker) ({series}{{{ns}}})"
     return table.get(role)
 
 
@@ -964,21 +969,24 @@ def fleet_split(
     deployment: str,
     percentile: float,
     own: Sequence[str] = (),
+    router_deployment: str | None = None,
 ) -> dict[str, Sequence[Mapping[str, Any]] | Exception]:
     """The answers of this object's built-in `queries` (except `own`), rebuilt from the fleet
     series in `results` (see fleet_queries). A failed fleet query fails every answer made of it;
-    a malformed series is left out (its answer is then missing, never zero)."""
+    a malformed series is left out (its answer is then missing, never zero). The router's
+    per-worker counts are split by the pods of `router_deployment` (as build_queries was given
+    it; None leaves them to the object's own queries)."""
     out: dict[str, Sequence[Mapping[str, Any]] | Exception] = {}
     pattern_of: dict[str, re.Pattern[str]] = {}
 
-    def pool_series(role: str, pool: str | None) -> list[Mapping[str, Any]] | Exception:
+    def pool_series(role: str, pods_of: str) -> list[Mapping[str, Any]] | Exception:
+        """The fleet series of `role` on this namespace's pods of the Deployment `pods_of`."""
         res = results.get(FLEET_PREFIX + role)
         if isinstance(res, Exception):
             return res
-        key = pool or ""
-        if key not in pattern_of:  # the PromQL pattern, its string-literal escaping undone
-            pattern_of[key] = re.compile(pod_name_regex(f"{deployment}-{key}").replace("\\\\", "\\"))
-        pat = pattern_of[key]
+        if pods_of not in pattern_of:  # the PromQL pattern, its string-literal escaping undone
+            pattern_of[pods_of] = re.compile(pod_name_regex(pods_of).replace("\\\\", "\\"))
+        pat = pattern_of[pods_of]
         return [
             s
             for s in res or []
@@ -1003,7 +1011,11 @@ def fleet_split(
         if recipe is None or q.name in own:
             continue
         how, roles = recipe
-        parts = [pool_series(r, q.pool) for r in roles]
+        if how == "by_worker" and not router_deployment:
+            continue
+        pods_of = router_deployment if how == "by_worker" else f"{deployment}-{q.pool or ''}"
+        assert pods_of is not None
+        parts = [pool_series(r, pods_of) for r in roles]
         failed = next((x for x in parts if isinstance(x, Exception)), None)
         if failed is not None:
             out[q.name] = failed
@@ -1022,6 +1034,15 @@ def fleet_split(
             a, b = total(series[0]), total(series[1])
             v = a / b if b else (math.nan if a == 0 else math.copysign(math.inf, a))
             out[q.name] = [{"metric": {}, "value": [stamp(first), _fmt(v)]}]
+        elif how == "by_worker":  # summed over the router replicas, as `sum by (worker)`
+            workers: dict[str, float] = {}
+            for s in first:
+                worker, v = (s.get("metric") or {}).get("worker"), num(s)
+                if worker and v is not None:
+                    workers[worker] = workers.get(worker, 0.0) + v
+            out[q.name] = [
+                {"metric": {"worker": w}, "value": [stamp(first), _fmt(v)]} for w, v in workers.items()
+            ]
         elif how == "by_pod":
             pods = {s["metric"]["pod"]: v for s in first if (v := num(s)) is not None}  # one per pod
             out[q.name] = [

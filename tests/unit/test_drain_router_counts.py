@@ -15,6 +15,7 @@ import pytest
 from test_loop_executor import NS, T0, World, _draining
 
 from disagg import drain, metrics, names, routerclient
+from disagg.metrics import QueryFailed
 
 NOW = 1_000_000.0
 SCRAPE = 1.0
@@ -164,3 +165,36 @@ def test_the_loop_does_not_remove_a_drained_pod_whose_router_still_counts_a_requ
     assert names.EVENT_DRAIN_COMPLETED in w.kube.reasons()
     assert w.replicas("decode") == 3
     assert ROUTER_QUERY in w.prom.asked  # the loop asked the router's count (spec.router.enabled)
+
+
+def test_one_fleet_query_per_router_series_split_by_object_and_summed_over_its_replicas():
+    qs = metrics.build_queries(
+        "sglang", "ns", "a", ["prefill", "decode"], 60, 0.9, router_deployment="a-router"
+    )
+    roles = metrics.fleet_roles(qs)
+    fleet = {q.name: q.promql for q in metrics.fleet_queries("sglang", ["ns"], 60, 30, roles)}
+    assert fleet["fleet.router_in_flight.decode"] == (
+        'sum by (namespace, pod, worker) (smg_worker_requests_active{namespace=~"ns"})'
+    )
+
+    def series(ns: str, pod: str, worker: str, v: float) -> dict:
+        return {"metric": {"namespace": ns, "pod": pod, "worker": worker}, "value": [NOW, str(v)]}
+
+    answer = [
+        series("ns", "a-router-7d9f8c6b5-abc12", WORKER, 2),  # two replicas of a's router
+        series("ns", "a-router-7d9f8c6b5-xyz34", WORKER, 1),
+        series("ns", "a-router-7d9f8c6b5-xyz34", OTHER_WORKER, 0),
+        series("ns", "b-router-7d9f8c6b5-abc12", WORKER, 5),  # another object's router
+        series("other", "a-router-7d9f8c6b5-abc12", WORKER, 7),  # another namespace
+        series("ns", "a-decode-7d9f8c6b5-abc12", WORKER, 9),  # not a router pod
+    ]
+    results = {name: [] for name in fleet} | {
+        "fleet.router_in_flight.decode": answer,
+        "fleet.router_in_flight.prefill": QueryFailed("Prometheus did not answer within 5 s"),
+    }
+    split = metrics.fleet_split(results, qs, "ns", "a", 0.9, router_deployment="a-router")
+    got = {s["metric"]["worker"]: float(s["value"][1]) for s in split[ROUTER_QUERY]}
+    assert got == {WORKER: 3.0, OTHER_WORKER: 0.0}
+    assert isinstance(split["router_in_flight_by_worker.prefill"], QueryFailed)
+    # Without the router's Deployment the split leaves the router queries to the object.
+    assert ROUTER_QUERY not in metrics.fleet_split(results, qs, "ns", "a", 0.9)
