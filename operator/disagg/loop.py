@@ -35,7 +35,19 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from disagg import api, autoscaler, drain, metrics, names, opmetrics, reconcile, routerclient, shard, status
+from disagg import (
+    api,
+    autoscaler,
+    builders,
+    drain,
+    metrics,
+    names,
+    opmetrics,
+    reconcile,
+    routerclient,
+    shard,
+    status,
+)
 from disagg.cache import CHILD_KINDS, CachedKube, WatchCache
 from disagg.kube import Kube, NotFound
 from disagg.policy import PolicyState
@@ -364,7 +376,13 @@ async def snapshot(
         shared = await asyncio.shield(fleet)
         own = list(a.queries or {})
         results = metrics.fleet_split(
-            shared, queries, meta["namespace"], meta["name"], spec.slo.percentile, own=own
+            shared,
+            queries,
+            meta["namespace"],
+            meta["name"],
+            spec.slo.percentile,
+            own=own,
+            router_deployment=router_deployment(spec, meta["name"]),
         )
     rest = [q for q in queries if q.name not in results]
     if rest:
@@ -391,7 +409,15 @@ def object_queries(spec: api.DisaggDeploymentSpec, namespace: str, name: str) ->
         a.queries,
         short_window_s=autoscaler.SHORT_WINDOW_SCRAPES * a.scrape_interval_seconds,
         placement=spec.placement.mode,
+        # The router's per-worker in-flight counts, for the drains (pod_in_flight_fresh).
+        router_deployment=router_deployment(spec, name),
     )
+
+
+def router_deployment(spec: api.DisaggDeploymentSpec, name: str) -> str | None:
+    """The Deployment of the object's router, whose pods count in-flight requests per worker
+    (None when spec.router.enabled is false)."""
+    return builders.router_name(name) if spec.router.enabled else None
 
 
 def fleet_key(spec: api.DisaggDeploymentSpec, namespace: str) -> tuple:
@@ -572,7 +598,11 @@ async def drain_step(
             assert rec is not None
             if rec.removing is None and _pod_key(pod) not in OUT_OF_ROUTING:
                 await take_out_of_routing(kube, pod)  # a drain resumed after an operator restart
-            work = metrics.pod_in_flight_fresh(snap, pool, pod["metadata"]["name"], scrape)
+            # The router's count for this pod's worker URL (how the router names it) can only
+            # lengthen the wait: pod_in_flight_fresh takes the larger of it and the engine's.
+            work = metrics.pod_in_flight_fresh(
+                snap, pool, pod["metadata"]["name"], scrape, worker=routerclient.worker_url(pod)
+            )
             act = drain.next_action(pod, rec, work, now)
             if act.action == "verify":
                 if now - (rec.removing or 0) > WRONG_VICTIM_AFTER_S:

@@ -64,6 +64,10 @@ class Preset:
     # media requests they take and the media items (images, frames, clips) in them.
     media_requests: str | None = None
     media_items: str | None = None
+    # Per pool: the engine's own P/D router's gauge of the requests it has in flight on each
+    # worker, labelled `worker="http://<pod IP>:<port>"` (docs/metrics.md, "The routers'
+    # per-worker counts"). A pool without an entry gets no router count.
+    router_in_flight: tuple[tuple[str, str], ...] = ()
 
 
 VLLM = Preset(
@@ -93,6 +97,9 @@ VLLM = Preset(
     # items"), one per item of every request.
     media_requests="vllm:request_prompt_tokens_count",
     media_items="vllm:mm_cache_queries_total",
+    # vllm-router 0.1.17 counts the streams it has open on each decode worker; for a prefill
+    # worker it exports occupancy and tokens only, no per-request count, so prefill has none.
+    router_in_flight=((POOL_DECODE, "vllm_router_pd_active_decode_requests"),),
 )
 
 SGLANG = Preset(
@@ -115,6 +122,12 @@ SGLANG = Preset(
     # in one histogram: its count is the requests, its sum the items.
     media_requests="sglang:encoder_mm_items_per_request_count",
     media_items="sglang:encoder_mm_items_per_request_sum",
+    # sglang-router 0.3.2 counts the requests it has open on every worker, prefill and decode
+    # alike (it holds the prefill request open for the whole stream).
+    router_in_flight=(
+        (POOL_PREFILL, "smg_worker_requests_active"),
+        (POOL_DECODE, "smg_worker_requests_active"),
+    ),
 )
 
 PRESETS = {"vllm": VLLM, "sglang": SGLANG}
@@ -160,6 +173,12 @@ def _escape(text: str) -> str:
     return text.replace(".", "\\\\.")
 
 
+def router_selector(namespace: str, router_deployment: str) -> str:
+    """Series of the router pods of a DisaggDeployment (its Deployment `router_deployment`),
+    selected like a pool's (pool_selector)."""
+    return f'namespace="{namespace}",pod=~"{pod_name_regex(router_deployment)}"'
+
+
 def pool_selector(namespace: str, deployment: str, pool: str) -> str:
     """Series of one pool, selected by the `namespace` and `pod` labels every Kubernetes scrape
     config attaches (no relabelling of a `pool` label is needed). The pod names are matched as
@@ -172,7 +191,7 @@ def pool_selector(namespace: str, deployment: str, pool: str) -> str:
 class Query:
     name: str
     promql: str
-    kind: str  # "scalar" | "by_pod" | "buckets"
+    kind: str  # "scalar" | "by_pod" | "by_worker" | "buckets"
     required: bool = True
     pool: str | None = None
     # Required only while `pool` has routable pods: a pool with none reports nothing, which is
@@ -211,8 +230,14 @@ def build_queries(
     custom: Mapping[str, str] | None = None,
     short_window_s: int | None = None,
     placement: str = "disaggregated",
+    router_deployment: str | None = None,
 ) -> list[Query]:
     """Every query one autoscaling step needs. `custom` overrides a query by name.
+
+    `router_deployment` names the Deployment of the object's router (None: no router) and adds,
+    for each pool the engine's router counts, `router_in_flight_by_worker.<pool>`: the requests
+    the router replicas have in flight on each worker, summed over the replicas, per `worker`
+    label (pod_in_flight_fresh takes it as a lower bound on the pod's own count).
 
     `short_window_s` adds `arrival_rps_short`, the rate over a few scrapes only, so a real
     step up is seen before the main window catches up. `placement` picks the pool that
@@ -325,6 +350,20 @@ def build_queries(
                 pool=pending.pool,
             )
         )
+    if router_deployment:
+        rs = router_selector(namespace, router_deployment)
+        for pool, series in p.router_in_flight:
+            if pool not in pools:
+                continue
+            q.append(
+                Query(
+                    f"router_in_flight_by_worker.{pool}",
+                    f"sum by (worker) ({series}{{{rs}}})",
+                    "by_worker",
+                    required=False,
+                    pool=pool,
+                )
+            )
     if p.prefill_time:
         q.append(
             Query(
@@ -415,15 +454,18 @@ def parse_scalar(result: Sequence[Mapping[str, Any]] | None, name: str) -> float
     return _value(result[0], name)
 
 
-def parse_by_pod(result: Sequence[Mapping[str, Any]] | None, name: str) -> dict[str, float]:
+def parse_by_pod(
+    result: Sequence[Mapping[str, Any]] | None, name: str, label: str = "pod"
+) -> dict[str, float]:
+    """One value per `label` value (a pod name; "worker" for a router's per-worker series)."""
     out: dict[str, float] = {}
     for s in result or []:
-        pod = (s.get("metric") or {}).get("pod")
-        if not pod:
-            raise MetricError(name, "invalid", "a series without a pod label")
-        if pod in out:
-            raise MetricError(name, "multiple", f"several series for pod {pod}")
-        out[pod] = _value(s, name)
+        key = (s.get("metric") or {}).get(label)
+        if not key:
+            raise MetricError(name, "invalid", f"a series without a {label} label")
+        if key in out:
+            raise MetricError(name, "multiple", f"several series for {label} {key}")
+        out[key] = _value(s, name)
     return out
 
 
@@ -465,6 +507,8 @@ class Snapshot:
     values: dict[str, float] = field(default_factory=dict)
     spreads: dict[str, float] = field(default_factory=dict)
     by_pod: dict[str, dict[str, float]] = field(default_factory=dict)  # e.g. "in_flight.prefill" -> {pod: n}
+    # e.g. "router_in_flight_by_worker.decode" -> {"http://10.0.0.5:8000": n}
+    by_worker: dict[str, dict[str, float]] = field(default_factory=dict)
     problems: list[MetricError] = field(default_factory=list)
     failed: set[str] = field(default_factory=set)  # optional queries that failed (unknown, not empty)
 
@@ -515,6 +559,8 @@ def build_snapshot(
                 base = q.name.removesuffix("_buckets")
                 snap.values.setdefault(f"{base}_mean", mean)
                 snap.spreads[f"{base}_std"] = std
+            elif q.kind == "by_worker":
+                snap.by_worker[q.name] = parse_by_pod(res, q.name, label="worker")
             else:
                 snap.by_pod[q.name] = parse_by_pod(res, q.name)
         except MetricError as err:
@@ -580,12 +626,21 @@ def media_items_per_request(values: Mapping[str, float]) -> float | None:
     return max(1.0, items / media)
 
 
-def pod_in_flight_fresh(snap: Snapshot, pool: str, pod: str, scrape_interval_s: float) -> float | None:
+def pod_in_flight_fresh(
+    snap: Snapshot, pool: str, pod: str, scrape_interval_s: float, worker: str | None = None
+) -> float | None:
     """In-flight work of one pod (running + waiting + pending KV sends), or None when it is not
     known: a stale or missing sample, the pod absent from the running or waiting series, or,
     where the pool has a pending-KV query, absent from its answer (even an empty one: the engine
     exports that series, so a pod without it has unknown KV still to move), or that query failed.
-    Never read as zero."""
+    Never read as zero.
+
+    `worker` is how the router names the pod (routerclient.worker_url: http://<pod IP>:<port>).
+    When the router's per-worker query (`router_in_flight_by_worker.<pool>`) answered for that
+    worker, the result is the larger of the engine's count and the router's: the router's can
+    only lengthen a drain, never shorten it (a restarted router counts from 0 while the engine
+    still finishes its streams). A router count that is missing, or a query that failed or was
+    not asked, adds nothing; an unknown engine count stays unknown whatever the router says."""
     t = snap.by_pod.get(f"sample_time_by_pod.{pool}", {}).get(pod)
     if t is None or snap.time - t > 2 * scrape_interval_s:
         return None
@@ -597,7 +652,9 @@ def pod_in_flight_fresh(snap: Snapshot, pool: str, pod: str, scrape_interval_s: 
         parts.append(snap.by_pod[pending_name])
     if any(pod not in part for part in parts):
         return None
-    return sum(part[pod] for part in parts)
+    engine = sum(part[pod] for part in parts)
+    router = snap.by_worker.get(f"router_in_flight_by_worker.{pool}", {}).get(worker) if worker else None
+    return engine if router is None else max(engine, router)
 
 
 # --------------------------------------------------------------------------- sizing inputs
@@ -770,6 +827,7 @@ _BY_POD_RECIPES = {
     "sample_time_by_pod": "sample_time",
 }
 _PENDING_ROLE = "pending_kv"  # fleet series "pending_kv.<pool>", one per PendingWork
+_ROUTER_ROLE = "router_in_flight"  # fleet series "router_in_flight.<pool>", per Preset.router_in_flight
 FLEET_PREFIX = "fleet."
 
 
@@ -779,6 +837,8 @@ def _recipe(name: str) -> tuple[str, tuple[str, ...]] | None:
     base, _, pool = name.partition(".")
     if base == "pending_kv_by_pod":  # each pool has its own series (PendingWork)
         return ("by_pod", (f"{_PENDING_ROLE}.{pool}",))
+    if base == "router_in_flight_by_worker":  # over the router pods, per worker URL
+        return ("by_worker", (f"{_ROUTER_ROLE}.{pool}",))
     return ("by_pod", (_BY_POD_RECIPES[base],)) if base in _BY_POD_RECIPES else None
 
 
@@ -829,6 +889,8 @@ def _fleet_promql(p: Preset, role: str, ns: str, window_s: int, short_window_s: 
     }
     for work in p.pending_kv:
         table[f"{_PENDING_ROLE}.{work.pool}"] = work.promql(ns, by="namespace, pod")
+    for pool, series in p.router_in_flight:
+        table[f"{_ROUTER_ROLE}.{pool}"] = f"sum by (namespace, pod, worker) ({series}{{{ns}}})"
     return table.get(role)
 
 
@@ -907,21 +969,24 @@ def fleet_split(
     deployment: str,
     percentile: float,
     own: Sequence[str] = (),
+    router_deployment: str | None = None,
 ) -> dict[str, Sequence[Mapping[str, Any]] | Exception]:
     """The answers of this object's built-in `queries` (except `own`), rebuilt from the fleet
     series in `results` (see fleet_queries). A failed fleet query fails every answer made of it;
-    a malformed series is left out (its answer is then missing, never zero)."""
+    a malformed series is left out (its answer is then missing, never zero). The router's
+    per-worker counts are split by the pods of `router_deployment` (as build_queries was given
+    it; None leaves them to the object's own queries)."""
     out: dict[str, Sequence[Mapping[str, Any]] | Exception] = {}
     pattern_of: dict[str, re.Pattern[str]] = {}
 
-    def pool_series(role: str, pool: str | None) -> list[Mapping[str, Any]] | Exception:
+    def pool_series(role: str, pods_of: str) -> list[Mapping[str, Any]] | Exception:
+        """The fleet series of `role` on this namespace's pods of the Deployment `pods_of`."""
         res = results.get(FLEET_PREFIX + role)
         if isinstance(res, Exception):
             return res
-        key = pool or ""
-        if key not in pattern_of:  # the PromQL pattern, its string-literal escaping undone
-            pattern_of[key] = re.compile(pod_name_regex(f"{deployment}-{key}").replace("\\\\", "\\"))
-        pat = pattern_of[key]
+        if pods_of not in pattern_of:  # the PromQL pattern, its string-literal escaping undone
+            pattern_of[pods_of] = re.compile(pod_name_regex(pods_of).replace("\\\\", "\\"))
+        pat = pattern_of[pods_of]
         return [
             s
             for s in res or []
@@ -946,7 +1011,11 @@ def fleet_split(
         if recipe is None or q.name in own:
             continue
         how, roles = recipe
-        parts = [pool_series(r, q.pool) for r in roles]
+        if how == "by_worker" and not router_deployment:
+            continue
+        pods_of = router_deployment if how == "by_worker" else f"{deployment}-{q.pool or ''}"
+        assert pods_of is not None
+        parts = [pool_series(r, pods_of) for r in roles]
         failed = next((x for x in parts if isinstance(x, Exception)), None)
         if failed is not None:
             out[q.name] = failed
@@ -965,6 +1034,15 @@ def fleet_split(
             a, b = total(series[0]), total(series[1])
             v = a / b if b else (math.nan if a == 0 else math.copysign(math.inf, a))
             out[q.name] = [{"metric": {}, "value": [stamp(first), _fmt(v)]}]
+        elif how == "by_worker":  # summed over the router replicas, as `sum by (worker)`
+            workers: dict[str, float] = {}
+            for s in first:
+                worker, v = (s.get("metric") or {}).get("worker"), num(s)
+                if worker and v is not None:
+                    workers[worker] = workers.get(worker, 0.0) + v
+            out[q.name] = [
+                {"metric": {"worker": w}, "value": [stamp(first), _fmt(v)]} for w, v in workers.items()
+            ]
         elif how == "by_pod":
             pods = {s["metric"]["pod"]: v for s in first if (v := num(s)) is not None}  # one per pod
             out[q.name] = [

@@ -275,13 +275,15 @@ class FakePrometheus:
     """Answers queries by name. `scalars` holds the scalar values (a missing name answers an
     empty result); `per_pod` maps pool -> pod -> (running, waiting); every pod's last sample
     is `sample_age_s` old at `now`. `error` makes every query fail. `histograms` holds
-    cumulative (le, value) buckets and `series` a range vector's values (oldest first), by name."""
+    cumulative (le, value) buckets and `series` a range vector's values (oldest first), by name.
+    `router_in_flight` maps pool -> worker URL -> the router's in-flight count for that worker."""
 
     def __init__(self) -> None:
         self.now = 0.0
         self.scalars: dict[str, float] = {}
         self.per_pod: dict[str, dict[str, tuple[float, float]]] = {}
         self.pending_kv: dict[str, float] = {}
+        self.router_in_flight: dict[str, dict[str, float]] = {}
         self.sample_age_s = 0.0
         self.error: Exception | None = None
         self.asked: list[str] = []
@@ -327,6 +329,12 @@ class FakePrometheus:
                         }
                     ]
                 )
+            elif q.kind == "by_worker":
+                _, _, pool = q.name.partition(".")
+                out[q.name] = [
+                    {"metric": {"worker": w}, "value": [self.now, str(v)]}
+                    for w, v in self.router_in_flight.get(pool, {}).items()
+                ]
             else:
                 series, _, pool = q.name.partition(".")
                 pods = self.per_pod.get(pool, {})
