@@ -68,10 +68,7 @@ VERB_USES = {
     ("services", "patch"): ("reconcile.py", "await kube.apply(obj)"),
     ("services", "delete"): ("reconcile.py", "await kube.delete(kind, ns"),
     ("poddisruptionbudgets", "list"): ("loop.py", "cache.prime(kind, await kube.list(kind, ns, selector))"),
-    ("poddisruptionbudgets", "watch"): (
-        "handlers.py",
-        '@kopf.on.event("policy", "v1", "poddisruptionbudgets"',
-    ),
+    ("poddisruptionbudgets", "watch"): ("handlers.py", '"policy", "v1", "poddisruptionbudgets", labels='),
     ("poddisruptionbudgets", "create"): ("reconcile.py", "await kube.apply(obj)"),
     ("poddisruptionbudgets", "patch"): ("reconcile.py", "await kube.apply(obj)"),
     ("poddisruptionbudgets", "delete"): ("reconcile.py", "await kube.delete(kind, ns"),

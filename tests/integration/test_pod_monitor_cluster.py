@@ -174,8 +174,16 @@ def test_operator_creates_a_pod_monitor_that_prometheus_scrapes_with_the_autosca
                 assert pending == pods, pool
         # The router pods are discovered on their metrics port with pool="router" (KWOK runs no
         # router here, so the scrape itself fails: up == 0).
+        # (A router pod found by the last discovery waits for Prometheus' next scrape.)
+        wait_until(
+            lambda: (
+                {s["metric"]["pod"] for s in prom.query(f'up{{namespace="{namespace}",pool="router"}}')}
+                == router_pods
+            ),
+            60,
+            "the router pods among Prometheus' targets",
+        )
         router_up = prom.query(f'up{{namespace="{namespace}",pool="router"}}')
-        assert {s["metric"]["pod"] for s in router_up} == router_pods
         assert all(s["metric"]["endpoint"] == "metrics" for s in router_up)
         # No other target: nothing outside the deployment was selected.
         every = {s["metric"]["pod"] for s in prom.query(f'up{{job="{namespace}/{name}"}}')}
