@@ -112,6 +112,21 @@ class LoadRun:
             out[key] = loadgen.read_results(d, self.load.output_tokens)
         return out
 
+    def failures(self) -> list[dict]:
+        """The failed requests: the error's type and when the request started (wall-clock ns)."""
+        out = []
+        for line in (self.load.artifact_dir / loadgen.RECORDS_FILE).read_text().splitlines():
+            record = json.loads(line) if line.strip() else {}
+            if record.get("error"):
+                meta = record.get("metadata") or {}
+                out.append(
+                    {
+                        "type": record["error"].get("type"),
+                        "start_ns": meta.get("request_start_ns") or meta.get("credit_issued_ns"),
+                    }
+                )
+        return out
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()

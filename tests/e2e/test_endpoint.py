@@ -50,6 +50,10 @@ ROUTER_ARGS = ["--policy", "round_robin"]
 
 
 ENGINES = ["vllm", "sglang"]
+#: What aiperf (aiohttp) records for a request it sends on a keep-alive connection that the
+#: server closes at that moment, as a router does with its idle connections when its shutdown
+#: begins: the request fails at once and never reaches an engine.
+KEEPALIVE_RACE = "ServerDisconnectedError"
 #: The openai SDK's retries for the request sent while the router restarts: back-off from 0.5 s
 #: doubling to 8 s (with up to 25 % jitter off), so 8 retries wait about 30 s in all at the least.
 SDK_MAX_RETRIES = 8
@@ -114,12 +118,17 @@ def finish(stack: EndpointStack, run: LoadRun, load_s: float) -> tuple[dict, dic
     return client, stack.stop_emulator()
 
 
-def check_client_against_engines(client: dict, summary: dict, other_requests: int = 0) -> None:
+def check_client_against_engines(
+    client: dict, summary: dict, other_requests: int = 0, keepalive_races: int = 0
+) -> None:
     """Zero failed or truncated responses, and the client's latencies follow the engines'.
-    `other_requests`: completed requests the test sent itself, beside the load generator's."""
+    `other_requests`: completed requests the test sent itself, beside the load generator's;
+    `keepalive_races`: failures the caller has shown to be a deleted router closing a
+    keep-alive connection (KEEPALIVE_RACE), which never reached an engine."""
     assert client["requests"] > 0
-    assert client["failed"] == 0 and client["truncated"] == 0, client
-    assert not client["error_summary"], client["error_summary"]
+    assert client["failed"] == keepalive_races and client["truncated"] == 0, client
+    for entry in client["error_summary"]:
+        assert keepalive_races and entry["error_details"]["type"] == KEEPALIVE_RACE, client["error_summary"]
     assert summary["requests"]["lost"] == 0 and summary["requests"]["failed"] == 0, summary["requests"]
     assert summary["http"]["errors"] == 0, summary["http"]
     # Every client request reached the engines as a completed request (and nothing else did).
@@ -319,9 +328,16 @@ def test_router_restart_with_two_replicas_fails_no_request(endpoint_stack, engin
 
     The Service stops sending the deleted pod new connections at once (its endpoint goes when
     the pod terminates), the old router finishes its in-flight responses on SIGTERM, and every
-    request that starts meanwhile goes to the other replica: zero failed or truncated responses
-    for the whole run at a client that retries nothing (aiperf, and the openai SDK with
+    new connection meanwhile goes to the other replica: no connection refused, no response
+    failed or cut, at a client that retries nothing (aiperf, and the openai SDK with
     max_retries=0 sending right at the kill), and the client's latencies follow the engines'.
+
+    The one failure left is HTTP/1.1's: a request aiperf sends on a keep-alive connection it
+    already had to the deleted router, just as that router closes its idle connections on
+    SIGTERM, fails at once (KEEPALIVE_RACE) without reaching any engine (1 of 180 requests in
+    one of six runs). Such failures are counted and bounded (at most one per connection the
+    deleted router had), never anything else; a client that retries connection errors (the
+    openai SDK does by default) does not see them.
     """
     stack = endpoint_stack
     rate, load_s, kill_after_s = 2.0, 90, 20
@@ -358,4 +374,10 @@ def test_router_restart_with_two_replicas_fails_no_request(endpoint_stack, engin
     assert windows["in_flight"]["requests"] > 0 and windows["outage"]["requests"] > 0, report
     assert stack.service.closed_without_router == 0
     assert sdk["ok"], f"the openai SDK without retries, sent at the kill: {sdk}"
-    check_client_against_engines(client, summary, other_requests=1)
+    races = run.failures()
+    for failure in races:
+        assert failure["type"] == KEEPALIVE_RACE and failure["start_ns"] >= kill_ns, races
+    assert len(races) <= stack.service.forwarded_to[victim.address], (races, stack.service.forwarded_to)
+    for key in ("before", "in_flight", "after"):
+        assert windows[key]["failed"] == 0 and windows[key]["truncated"] == 0, report
+    check_client_against_engines(client, summary, other_requests=1, keepalive_races=len(races))
