@@ -323,7 +323,7 @@ def test_router_restart_mid_load_fails_no_request_started_once_the_new_router_is
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_router_restart_with_two_replicas_fails_no_request(endpoint_stack, engine):
+def test_router_restart_with_two_replicas_refuses_no_connection_and_cuts_no_stream(endpoint_stack, engine):
     """`spec.router.replicas: 2`: one router pod is deleted under load while the other serves.
 
     The Service stops sending the deleted pod new connections at once (its endpoint goes when
