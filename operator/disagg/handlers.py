@@ -163,7 +163,7 @@ async def on_pool_pod(event: dict, **_: Any) -> None:
 
 
 # The pools' Services and PodDisruptionBudgets: reconcile reads them from the watch cache (no
-# LIST per reconcile), and one deleted or edited by hand brings its owner's reconcile.
+# LIST per reconcile); one deleted by hand brings its owner's reconcile, which recreates it.
 @kopf.on.event("", "v1", "services", labels={names.LABEL_DEPLOYMENT: kopf.PRESENT}, when=_owner_mine)
 async def on_pool_service(event: dict, **_: Any) -> None:
     controller().on_event("Service", event.get("type"), event["object"])
