@@ -21,6 +21,11 @@ from disagg.devtools.prometheus import free_port
 ROOT = Path(__file__).resolve().parents[2]
 
 
+#: How long sglang-router's background removal job may take after `DELETE /workers/<id>`
+#: answered 202 (milliseconds on a quiet machine; the bound is for a loaded one).
+REMOVAL_TIMEOUT_S = 10.0
+
+
 def routers_dir() -> Path:
     return Path(os.environ.get("DISAGG_ROUTERS_DIR", Path.home() / ".cache/disagg-operator/routers"))
 
@@ -143,4 +148,11 @@ class StaticRouter(Proc):
             return http_json(f"{self.url}/remove_worker?url={url}", "POST")[0]
         ids = [w["id"] for w in self.workers() if w["url"] == url]
         assert ids, f"{url} is not a worker of the router"
-        return http_json(f"{self.url}/workers/{ids[0]}", "DELETE")[0]
+        status = http_json(f"{self.url}/workers/{ids[0]}", "DELETE")[0]
+        if status == 202:  # accepted: sglang-router removes the worker in a background job
+            wait_until(
+                lambda: url not in [w["url"] for w in self.workers()],
+                REMOVAL_TIMEOUT_S,
+                f"the router to drop {url} after its 202",
+            )
+        return status
