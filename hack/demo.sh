@@ -17,6 +17,8 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(dirname "${HERE}")"
 STATE="${DEMO_STATE_DIR:-${DISAGG_STATE_DIR:-${HOME}/.cache/disagg-operator/state}/demo}"
+# kubectl's discovery cache stays with the demo's state (it defaults to ~/.kube/cache).
+export KUBECACHEDIR="${STATE}/kube-cache"
 NS="${DEMO_NAMESPACE:-disagg-demo}"
 RELEASE=disagg
 DASH_PORT="${DEMO_DASHBOARD_PORT:-8081}"
