@@ -19,10 +19,11 @@ from typing import Any
 
 from disagg import api, names
 
-#: The pools' children kept (reconcile and the loop read them; the operator watches each).
-CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "Pod")
+#: The pools' children, each kept here (reconcile and the loop read them; the operator watches
+#: each, by the `disagg.dev/deployment` label).
+POOL_CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "Pod")
 #: The kinds kept: the custom resource and the pools' children.
-KINDS = (api.KIND, *CHILD_KINDS)
+KINDS = (api.KIND, *POOL_CHILD_KINDS)
 
 Key = tuple[str, str]  # (namespace, name)
 

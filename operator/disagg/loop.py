@@ -48,7 +48,7 @@ from disagg import (
     shard,
     status,
 )
-from disagg.cache import CHILD_KINDS, CachedKube, WatchCache
+from disagg.cache import POOL_CHILD_KINDS, CachedKube, WatchCache
 from disagg.kube import Kube, NotFound
 from disagg.policy import PolicyState
 from disagg.promclient import client_for
@@ -1087,7 +1087,7 @@ async def prime(kube: Kube, opts: LoopOptions) -> None:
     selector = names.LABEL_DEPLOYMENT  # the label is present (any owner)
     for ns in opts.namespaces or (None,):
         cache.prime(api.KIND, await kube.list(api.KIND, ns, opts.shard_selector))
-        for kind in CHILD_KINDS:
+        for kind in POOL_CHILD_KINDS:
             cache.prime(kind, await kube.list(kind, ns, selector))
     cache.primed_done()
 

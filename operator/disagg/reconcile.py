@@ -19,12 +19,14 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from disagg import api, builders, names, status
+from disagg.cache import POOL_CHILD_KINDS
 from disagg.kube import ApiError, Conflict, Kube, NotFound
 
 log = logging.getLogger("disagg.reconcile")
 
 ANNOTATION_APPLIED = names.ANNOTATION_APPLIED
-CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget")
+#: The pools' children reconcile writes (the pods it reads are the ReplicaSets' doing).
+APPLIED_KINDS = ("Deployment", "Service", "PodDisruptionBudget")
 
 _locks: dict[tuple[str, str], asyncio.Lock] = {}
 
@@ -70,7 +72,7 @@ def clamp(n: int, pool: api.Pool) -> int:
 
 async def read_children(kube: Kube, namespace: str, name: str) -> dict[str, list[dict]]:
     sel = owner_selector(name)
-    kinds = (*CHILD_KINDS, "Pod")
+    kinds = POOL_CHILD_KINDS
     results = await asyncio.gather(*(kube.list(k, namespace, sel) for k in kinds))
     return dict(zip(kinds, results, strict=True))
 
@@ -205,7 +207,7 @@ async def _reconcile_valid(
     if replicas:
         want.update({k: clamp(int(v), api.pools(spec)[k]) for k, v in replicas.items() if k in want})
     owner = builders.Owner.from_body(body)
-    existing = {(o["kind"], o["metadata"]["name"]): o for k in CHILD_KINDS for o in children[k]}
+    existing = {(o["kind"], o["metadata"]["name"]): o for k in APPLIED_KINDS for o in children[k]}
 
     writes: list[tuple[dict[str, Any], bool]] = []  # (object, created)
     for obj in builders.all_objects(owner, spec, want):
@@ -248,7 +250,7 @@ async def _reconcile_valid(
 
     # Pools removed from the spec: delete their children.
     present = set(api.pool_names(spec))
-    for kind in CHILD_KINDS:
+    for kind in APPLIED_KINDS:
         for obj in children[kind]:
             pool = (obj["metadata"].get("labels") or {}).get(names.LABEL_POOL)
             if pool not in present and await kube.delete(kind, ns, obj["metadata"]["name"]):

@@ -118,6 +118,11 @@ def finish(stack: EndpointStack, run: LoadRun, load_s: float) -> tuple[dict, dic
     return client, stack.stop_emulator()
 
 
+def window_counts(windows: dict[str, dict]) -> dict[str, dict]:
+    """The request counts of LoadRun.results_by_window, for the test's report."""
+    return {k: {f: w[f] for f in ("requests", "ok", "failed", "truncated")} for k, w in windows.items()}
+
+
 def check_client_against_engines(
     client: dict, summary: dict, other_requests: int = 0, keepalive_races: int = 0
 ) -> None:
@@ -305,7 +310,7 @@ def test_router_restart_mid_load_fails_no_request_started_once_the_new_router_is
     sdk_thread.join(timeout=180)
     client, summary = finish(stack, run, load_s)
     windows = run.results_by_window(kill_ns, ready_ns)
-    report = {k: {f: w[f] for f in ("requests", "ok", "failed", "truncated")} for k, w in windows.items()}
+    report = window_counts(windows)
     print(
         f"{engine} router restart: pod {old.pod} -> {stack.routers[0].pod}; outage {outage_s:.1f} s; "
         f"old router exit status when the new one was Ready: {old_router_exit}; "
@@ -360,7 +365,7 @@ def test_router_restart_with_two_replicas_refuses_no_connection_and_cuts_no_stre
     victim_exit = victim.proc.p.poll()  # None: still finishing its responses
     client, summary = finish(stack, run, load_s)
     windows = run.results_by_window(kill_ns, ready_ns)
-    report = {k: {f: w[f] for f in ("requests", "ok", "failed", "truncated")} for k, w in windows.items()}
+    report = window_counts(windows)
     print(
         f"{engine} router restart, 2 replicas: pod {victim.pod} -> {stack.routers[-1].pod} "
         f"(one replica down {(ready_ns - kill_ns) / 1e9:.1f} s); victim's exit status when its "
