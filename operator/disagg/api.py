@@ -1157,7 +1157,11 @@ def planner_inputs(spec: DisaggDeploymentSpec) -> PlannerInputs:
     return PlannerInputs(
         models=stage_bundle(spec),
         slo=planner.SLO(
-            spec.slo.ttft_seconds, spec.slo.itl_seconds, spec.slo.percentile, spec.slo.itl_statistic
+            spec.slo.ttft_seconds,
+            spec.slo.itl_seconds,
+            spec.slo.percentile,
+            spec.slo.itl_statistic,
+            ttft_s_per_1k_tokens=spec.slo.ttft_seconds_per_thousand_tokens,
         ),
         bounds={
             k: planner.PoolBounds(p.min_replicas, p.max_replicas, p.gpus_per_replica)

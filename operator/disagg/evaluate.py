@@ -190,6 +190,7 @@ class EvalSettings:
             "split_threshold_tokens": self.threshold() if self.placement == "conditional" else None,
             "slo": {
                 "ttft_s": self.slo.ttft_s,
+                "ttft_s_per_1k_tokens": self.slo.ttft_s_per_1k_tokens,
                 "itl_s": self.slo.itl_s,
                 "percentile": self.slo.percentile,
                 "itl_statistic": self.slo.itl_statistic,
@@ -497,6 +498,7 @@ def spec_for(
                 },
                 "slo": {
                     "ttftSeconds": s.slo.ttft_s,
+                    "ttftSecondsPerThousandTokens": s.slo.ttft_s_per_1k_tokens,
                     "itlSeconds": s.slo.itl_s,
                     "percentile": s.slo.percentile,
                     "itlStatistic": s.slo.itl_statistic,
@@ -767,18 +769,7 @@ class _Loop:
         self.s = s
         self.pol = pol
         self.pools = pol.pools
-        cfg = SimConfig(
-            placement=s.placement,
-            prefill=max(1, init[names.POOL_PREFILL]),
-            decode=max(1, init[names.POOL_DECODE]),
-            encoder=max(1, init[names.POOL_ENCODER]) if names.POOL_ENCODER in self.pools else 0,
-            split_threshold=_sim_threshold(s) if s.placement == "conditional" else 2048,
-            ttft_ms=s.slo.ttft_s * 1000.0,
-            itl_ms=s.slo.itl_s * 1000.0,
-            itl_statistic=s.slo.itl_statistic,
-            seed=s.seed,
-        )
-        self.cl = _EvalCluster(s.models, cfg, now=0.0)
+        self.cl = _EvalCluster(s.models, sim_config(s, init, self.pools), now=0.0)
         self.startup = 0.0 if pol.instant else s.startup_s
         self.ctrl: list[tuple[float, int, str, Any]] = []
         self.seq = 0
@@ -1012,7 +1003,7 @@ def run_policy(
     media = w.media_items.tolist()
     n = len(arrival)
     jobs: list[Job] = []
-    ttft_target = s.slo.ttft_s
+    ttft_target = cl.ttft_target_s
     short_s = autoscaler.SHORT_WINDOW_SCRAPES * s.scrape_s  # the operator's short rate window
     lp.push(s.scrape_s, "scrape")
     lp.push(s.interval_s, "tick")
@@ -1031,7 +1022,7 @@ def run_policy(
         if t_arr <= t_ctrl:
             if heap and heap[0][0] <= t_arr:
                 cl.advance(t_arr)
-            job = Job(i, t_arr, prompt[i], output[i], media[i], None, t_arr + ttft_target)
+            job = Job(i, t_arr, prompt[i], output[i], media[i], None, t_arr + ttft_target(prompt[i]))
             cl.submit(job, t_arr)
             jobs.append(job)
             i += 1
@@ -1123,9 +1114,26 @@ def _sim_threshold(s: EvalSettings) -> int:
     return max(0, min(10_000_000, math.ceil(s.threshold())))
 
 
+def sim_config(s: EvalSettings, sizes: dict[str, int], pools: tuple[str, ...]) -> SimConfig:
+    """The simulator's configuration for these settings, starting with `sizes` workers per pool
+    (the evaluation loop and the hindsight searches configure their clusters alike)."""
+    return SimConfig(
+        placement=s.placement,
+        prefill=max(1, sizes[names.POOL_PREFILL]),
+        decode=max(1, sizes[names.POOL_DECODE]),
+        encoder=max(1, sizes[names.POOL_ENCODER]) if names.POOL_ENCODER in pools else 0,
+        split_threshold=_sim_threshold(s) if s.placement == "conditional" else 2048,
+        ttft_ms=s.slo.ttft_s * 1000.0,
+        ttft_ms_per_1k_tokens=s.slo.ttft_s_per_1k_tokens * 1000.0,
+        itl_ms=s.slo.itl_s * 1000.0,
+        itl_statistic=s.slo.itl_statistic,
+        seed=s.seed,
+    )
+
+
 def infeasible_mask(w: Workload, s: EvalSettings) -> np.ndarray:
     """Requests whose bare path (encoder for media, prefill, serial transfer if remote, one decode
-    step) exceeds the TTFT target."""
+    step) exceeds their TTFT target."""
     m = s.models
     p = w.prompt_tokens.astype(np.float64)
     items = w.media_items.astype(np.float64)
@@ -1138,7 +1146,7 @@ def infeasible_mask(w: Workload, s: EvalSettings) -> np.ndarray:
         + np.where(items > 0, np.asarray(m.encoder.service_ms(items)), 0.0)
         + float(m.decode.step_ms(1))
     )
-    return bare > s.slo.ttft_s * 1000.0 + 1e-9
+    return bare > np.asarray(s.slo.ttft_target_s(p)) * 1000.0 + 1e-9
 
 
 def _metrics(jobs: list[Job], w: Workload, s: EvalSettings, lp: _Loop, end: float) -> dict[str, Any]:
@@ -1152,7 +1160,8 @@ def _metrics(jobs: list[Job], w: Workload, s: EvalSettings, lp: _Loop, end: floa
     done = np.isfinite(ttft)
     admitted = np.array([j.state != REJECTED for j in jobs], dtype=bool)
     infeasible = infeasible_mask(w, s)[:n]
-    good = done & (ttft <= s.slo.ttft_s + 1e-12) & (itl <= s.slo.itl_s + 1e-12)
+    target = np.asarray(s.slo.ttft_target_s(w.prompt_tokens[:n].astype(np.float64)))
+    good = done & (ttft <= target + 1e-12) & (itl <= s.slo.itl_s + 1e-12)
     feas = ~infeasible
     nf = int(feas.sum())
     td, il = ttft[done], itl[done]

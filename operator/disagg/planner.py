@@ -165,6 +165,10 @@ class SLO:
         if p >= 1:
             raise ValueError(f"percentile must be < 1, got {self.percentile!r}")
 
+    def ttft_target_s(self, prompt_tokens: Any) -> Any:
+        """The TTFT target of a request of `prompt_tokens` (a number or an array), in seconds."""
+        return self.ttft_s + self.ttft_s_per_1k_tokens * prompt_tokens / 1000.0
+
 
 @dataclass(frozen=True)
 class PoolBounds:
@@ -792,7 +796,7 @@ def _with_sizes(st: _Setup, d: Demand, ctx: _Ctx) -> _Setup:
 
 def _ttft_target(slo: SLO, d: Demand) -> float:
     """The TTFT target of the mean request (SLO.ttft_s_per_1k_tokens)."""
-    return slo.ttft_s + slo.ttft_s_per_1k_tokens * d.prompt_tokens_mean / 1000.0
+    return float(slo.ttft_target_s(d.prompt_tokens_mean))
 
 
 class _Pick(NamedTuple):

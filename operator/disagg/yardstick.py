@@ -48,14 +48,14 @@ from disagg.evaluate import (
     Obs,
     Policy,
     PolicyResult,
-    _sim_threshold,
     infeasible_mask,
     pools_for,
     run_policy,
+    sim_config,
 )
 from disagg.names import POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 from disagg.sim.core import DONE, INF, WAITING, Job
-from disagg.sim.engine import Cluster, SimConfig
+from disagg.sim.engine import Cluster
 from disagg.workload import Workload
 
 __all__ = [
@@ -222,9 +222,8 @@ class _Tracker:
     to its end.
     """
 
-    def __init__(self, cl: Cluster, ttft_s: float, itl_s: float) -> None:
+    def __init__(self, cl: Cluster, itl_s: float) -> None:
         self.cl = cl
-        self.ttft_s = ttft_s
         self.itl_s = itl_s
         self.open: dict[int, Job] = {}
         self.misses = 0
@@ -241,7 +240,8 @@ class _Tracker:
             job = open_.pop(r_id[k], None)
             if job is None:
                 continue
-            if r_ttft[k] <= self.ttft_s + _EPS and r_itl[k] <= self.itl_s + _EPS:
+            # each request's own TTFT target: its deadline (flat, or growing with its prompt)
+            if r_ttft[k] <= job.deadline - job.arrival + _EPS and r_itl[k] <= self.itl_s + _EPS:
                 self.good += 1
             else:
                 self.misses += 1
@@ -287,7 +287,7 @@ def _clone(cl: Cluster, tracker: _Tracker) -> tuple[Cluster, _Tracker]:
         if w.removed:
             memo[id(w)] = w
     c2 = deepcopy(cl, memo)
-    tr2 = _Tracker(c2, tracker.ttft_s, tracker.itl_s)
+    tr2 = _Tracker(c2, tracker.itl_s)
     for jid, job in tracker.open.items():
         copied = memo.get(id(job))
         if copied is not None:  # every open request is held somewhere in the cluster
@@ -307,24 +307,11 @@ class _Trace:
         self.pools = pools_for(w)  # the encoder pool only when some request carries media
         self.feasible = (~infeasible_mask(w, s)).tolist()
         self.n = len(self.arrival)
-        self.ttft_s = s.slo.ttft_s
         self.itl_s = s.slo.itl_s
 
     def cluster(self, sizes: dict[str, int]) -> tuple[Cluster, _Tracker]:
-        s = self.s
-        cfg = SimConfig(  # as the evaluation loop configures its cluster (evaluate._Loop)
-            placement=s.placement,
-            prefill=max(1, sizes[POOL_PREFILL]),
-            decode=max(1, sizes[POOL_DECODE]),
-            encoder=max(1, sizes[POOL_ENCODER]) if POOL_ENCODER in self.pools else 0,
-            split_threshold=_sim_threshold(s) if s.placement == "conditional" else 2048,
-            ttft_ms=self.ttft_s * 1000.0,
-            itl_ms=self.itl_s * 1000.0,
-            itl_statistic=s.slo.itl_statistic,
-            seed=s.seed,
-        )
-        cl = Cluster(self.s.models, cfg, now=0.0)
-        return cl, _Tracker(cl, self.ttft_s, self.itl_s)
+        cl = Cluster(self.s.models, sim_config(self.s, sizes, self.pools), now=0.0)
+        return cl, _Tracker(cl, self.itl_s)
 
     def run(
         self,
@@ -344,12 +331,12 @@ class _Trace:
         heap = cl.heap
         arrival, prompt, output, media = self.arrival, self.prompt, self.output, self.media
         feasible = self.feasible
-        ttft = self.ttft_s
+        target = cl.ttft_target_s
         for i in range(lo, hi):
             t = arrival[i]
             if heap and heap[0][0] <= t:
                 cl.advance(t)
-            job = Job(i, t, prompt[i], output[i], media[i], None, t + ttft)
+            job = Job(i, t, prompt[i], output[i], media[i], None, t + target(prompt[i]))
             cl.submit(job, t)
             if feasible[i]:
                 tr.open[i] = job

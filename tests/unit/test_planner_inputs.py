@@ -18,6 +18,19 @@ SAMPLES = sorted((Path(__file__).resolve().parents[2] / "config" / "samples").gl
 
 @pytest.mark.parametrize("path", SAMPLES, ids=[p.stem for p in SAMPLES])
 def test_operator_emulator_and_plan_cli_read_a_spec_alike(path: Path) -> None:
+    _check_read_alike(path)
+
+
+def test_a_ttft_target_growing_with_the_prompt_reaches_every_reader(tmp_path: Path) -> None:
+    doc = yaml.safe_load((SAMPLES[-1]).read_text())
+    doc["spec"]["slo"]["ttftSecondsPerThousandTokens"] = 0.05
+    path = tmp_path / "growing.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    inputs = _check_read_alike(path)
+    assert inputs.slo.ttft_s_per_1k_tokens == 0.05
+
+
+def _check_read_alike(path: Path) -> api.PlannerInputs:
     raw = yaml.safe_load(path.read_text())["spec"]
     spec = api.parse_spec(raw)
     inputs = api.planner_inputs(spec)
@@ -47,3 +60,4 @@ def test_operator_emulator_and_plan_cli_read_a_spec_alike(path: Path) -> None:
     d = planner.Demand(arrival_rps=3.0, prompt_tokens_mean=2000, output_tokens_mean=200)
     cli_plan = planner.plan(d, models, slo, bounds, budget, vals["placement"], chunked=vals["chunked"])
     assert cli_plan.replicas == inputs.plan(d).replicas
+    return inputs

@@ -31,6 +31,7 @@ MODEL_NAMES = (
     "encoder_fixed_ms",
     "encoder_ms_per_item",
     "ttft",
+    "ttft_per_1k",
     "itl",
     "percentile",
     "prefill_fixed_ms",
@@ -147,7 +148,7 @@ def _settings(args: argparse.Namespace) -> Any:
             v["decode_step_ms"], v["decode_ms_per_seq"], v["decode_slots"], v["decode_kv_cache_tokens"]
         ),
     )
-    slo = SLO(v["ttft"], v["itl"], v["percentile"], args.itl_statistic)
+    slo = SLO(v["ttft"], v["itl"], v["percentile"], args.itl_statistic, ttft_s_per_1k_tokens=v["ttft_per_1k"])
     return EvalSettings(
         models=models,
         slo=slo,

@@ -36,6 +36,11 @@ MODEL_FLAGS: dict[str, tuple[type, Any, str]] = {
 }
 SLO_FLAGS: dict[str, tuple[type, Any, str]] = {
     "ttft": (float, we.TTFT_S, "TTFT target in seconds"),
+    "ttft_per_1k": (
+        float,
+        0.0,
+        "seconds added to the TTFT target per 1,000 prompt tokens (spec.slo.ttftSecondsPerThousandTokens)",
+    ),
     "itl": (float, we.ITL_S, "ITL target in seconds"),
     "percentile": (float, we.PERCENTILE, "quantile of the targets, in (0,1)"),
 }

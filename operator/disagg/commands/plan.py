@@ -56,6 +56,7 @@ FIELD_FLAGS = {
     "media_fraction": "media-fraction",
     "prefix_hit_rate": "prefix-hit-rate",
     "ttft_s": "ttft",
+    "ttft_s_per_1k_tokens": "ttft-per-1k",
     "itl_s": "itl",
     "percentile": "percentile",
 }
@@ -165,6 +166,7 @@ def _from_file(path: str) -> dict[str, Any]:
         "decode_slots": m.decode.slots,
         "decode_kv_cache_tokens": m.decode.kv_cache_tokens,
         "ttft": pi.slo.ttft_s,
+        "ttft_per_1k": pi.slo.ttft_s_per_1k_tokens,
         "itl": pi.slo.itl_s,
         "percentile": pi.slo.percentile,
         "itl_statistic": pi.slo.itl_statistic,
@@ -279,9 +281,13 @@ def _build(vals: dict[str, Any], arrival: float | None = None) -> tuple[Any, ...
         ),
     )
     slo = wrap(
-        "ttft/--itl/--percentile/--itl-statistic",
+        "ttft/--ttft-per-1k/--itl/--percentile/--itl-statistic",
         lambda: SLO(
-            num("ttft", "ttft"), num("itl", "itl"), num("percentile", "percentile"), vals["itl_statistic"]
+            num("ttft", "ttft"),
+            num("itl", "itl"),
+            num("percentile", "percentile"),
+            vals["itl_statistic"],
+            ttft_s_per_1k_tokens=num("ttft_per_1k", "ttft-per-1k"),
         ),
     )
     bounds = {}

@@ -100,7 +100,7 @@ def register(subparsers: Any) -> None:
         helps={"chunk_tokens": "KV chunk / local prefill chunk tokens"},
     )
     slo = p.add_argument_group("SLO")
-    modelflags.add_flags(slo, ("ttft", "itl"), unset=False)
+    modelflags.add_flags(slo, ("ttft", "ttft_per_1k", "itl"), unset=False)
     modelflags.add_itl_statistic_flag(slo)
     o = p.add_argument_group("output")
     o.add_argument("--output", choices=("table", "json"), default="table")
@@ -209,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ttft <= 0 or args.itl <= 0:
         raise UsageError("--ttft and --itl must be > 0")
+    if not args.ttft_per_1k >= 0:
+        raise UsageError(f"--ttft-per-1k must be >= 0, got {args.ttft_per_1k}")
     if args.rate <= 0 and args.workload != "trace":
         raise UsageError("--rate must be > 0")
     models = build_models(args)
@@ -235,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
         max_retries=args.max_retries,
         prefix_cache_tokens=args.prefix_cache_tokens,
         ttft_ms=args.ttft * 1000.0,
+        ttft_ms_per_1k_tokens=args.ttft_per_1k * 1000.0,
         itl_ms=args.itl * 1000.0,
         link_scope=args.link_scope,
         max_transfers=args.max_transfers,
@@ -285,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"pools: prefill {base.prefill}, decode {base.decode}, encoder {base.encoder}, colocated "
         f"{base.colocated_workers()}; split threshold {base.split_threshold}; "
-        f"SLO TTFT {args.ttft:g} s, ITL ({args.itl_statistic} gap) {args.itl:g} s"
+        f"SLO TTFT {args.ttft:g} s{f' + {args.ttft_per_1k:g} s per 1,000 prompt tokens' if args.ttft_per_1k else ''}, ITL ({args.itl_statistic} gap) {args.itl:g} s"
         f"{'; chunked' if base.chunked else ''}"
     )
     if sweep_rows is not None:

@@ -18,6 +18,7 @@ time (`simulate`) and the emulator can drive it from asyncio on the wall clock::
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from array import array
 from dataclasses import dataclass
@@ -92,6 +93,8 @@ class SimConfig:
     max_reprefills: int = 1
     prefix_cache_tokens: int = 0
     ttft_ms: float | None = 600.0
+    # added to ttft_ms per 1,000 prompt tokens: a target that grows with the prompt (SLO.ttft_s_per_1k_tokens)
+    ttft_ms_per_1k_tokens: float = 0.0
     itl_ms: float | None = 150.0
     link_scope: str = "worker"
     max_transfers: int = 0
@@ -131,6 +134,8 @@ class SimConfig:
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise ValueError(f"{name} must be > 0, got {v}")
+        if not (math.isfinite(self.ttft_ms_per_1k_tokens) and self.ttft_ms_per_1k_tokens >= 0):
+            raise ValueError(f"ttft_ms_per_1k_tokens must be >= 0, got {self.ttft_ms_per_1k_tokens}")
 
     def colocated_workers(self) -> int:
         return self.colocated or (self.prefill + self.decode)
@@ -173,6 +178,7 @@ class Cluster:
         self.local_chunk = int(config.local_chunk_tokens or models.prefill.chunk_tokens or self.tx_chunk)
         self.chunked = bool(config.chunked and self.tx_chunk > 0)
         self.ttft_s = INF if config.ttft_ms is None else config.ttft_ms / 1000.0
+        self.ttft_s_per_token = float(config.ttft_ms_per_1k_tokens) / 1e6
         self.itl_s = INF if config.itl_ms is None else config.itl_ms / 1000.0
         # counters
         self.submitted = 0
@@ -470,7 +476,11 @@ class Cluster:
         if w is None:
             return True  # no worker yet: it waits at the front door (the scaler's business)
         bare = self.prefill_s(job.prompt) + self.setup_s + self.wire_s(job.prompt) + self.step_s[1]
-        return w.load() + bare <= self.ttft_s
+        return w.load() + bare <= self.ttft_target_s(job.prompt)
+
+    def ttft_target_s(self, prompt: int) -> float:
+        """The TTFT target of a request of `prompt` tokens (flat, or growing with the prompt)."""
+        return self.ttft_s + self.ttft_s_per_token * prompt
 
     def submit(self, req: Request | Job, now: float) -> Job:
         """A request arrives at `now` (rejected at once when admission control turns it away)."""
@@ -481,7 +491,7 @@ class Cluster:
                 next(self._ids), now, req.prompt_tokens, req.output_tokens, req.media_items, req.hash_ids
             )
         job.arrival = now
-        job.deadline = now + self.ttft_s
+        job.deadline = now + self.ttft_target_s(job.prompt)
         self.submitted += 1
         self.now = now
         if self.admit(job):
@@ -638,7 +648,7 @@ class Cluster:
         self.r_itl_p99.append(p99)
         self.r_itl_max.append(mx)
         self.r_done.append(now)
-        if ttft <= self.ttft_s and itl <= self.itl_s:
+        if ttft <= self.ttft_target_s(job.prompt) and itl <= self.itl_s:
             self.good += 1
         self._out.append(job)
 
@@ -807,7 +817,7 @@ def simulate(
     advance = cl.advance
     arrive = cl._arrive
     admit = cl.admit
-    ttft_s = cl.ttft_s
+    ttft_target_s = cl.ttft_target_s
     report_every = max(1, n // 20)
     for i in range(n):
         t = arrival[i]
@@ -816,7 +826,15 @@ def simulate(
         cl.now = t
         if t >= next_sample:
             next_sample = series.sample(cl, t, next_sample)
-        job = Job(i, t, prompt[i], output[i], media[i], hashes[i] if hashes is not None else None, t + ttft_s)
+        job = Job(
+            i,
+            t,
+            prompt[i],
+            output[i],
+            media[i],
+            hashes[i] if hashes is not None else None,
+            t + ttft_target_s(prompt[i]),
+        )
         cl.submitted += 1
         if admit(job):
             arrive(job, t)
