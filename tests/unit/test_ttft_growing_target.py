@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from disagg import api, yardstick
+from disagg import evaluate as evaluate_mod
 from disagg.cli import build_parser
 from disagg.commands import evaluate as evaluate_cmd
 from disagg.evaluate import EvalSettings, infeasible_mask, spec_for
@@ -97,3 +98,53 @@ def test_cli_flag(command: str) -> None:
     assert args.ttft_per_1k == 0.05
     if command == "evaluate":
         assert evaluate_cmd._settings(args).slo.ttft_s_per_1k_tokens == 0.05
+
+
+def _prompt_with_slack_ms(s: EvalSettings, slack_ms: float) -> int:
+    """The prompt length whose bare path leaves `slack_ms` of a flat TTFT target (bisection on the models)."""
+    lo, hi = 1, 200_000
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        w = Workload(np.array([0.0]), np.array([mid]), np.array([10]), name="one")
+        if float(evaluate_mod._slack_ms(w, s)[0]) >= slack_ms:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def test_marginal_requests_are_reported_apart_but_still_count() -> None:
+    s = _settings(0.0)
+    step_ms = float(s.models.decode.step_ms(s.models.decode.slots))
+    near = _prompt_with_slack_ms(s, step_ms / 3)  # feasible, less than a step of slack
+    clear = _prompt_with_slack_ms(s, 3 * step_ms)
+    far = _prompt_with_slack_ms(s, -50.0)  # out of reach on an idle system
+    w = Workload(
+        np.arange(6, dtype=np.float64) * 5.0,
+        np.array([near, clear, far, near, clear, clear]),
+        np.full(6, 20),
+        name="edge",
+    )
+    assert evaluate_mod.marginal_mask(w, s).tolist() == [True, False, False, True, False, False]
+    assert evaluate_mod.infeasible_mask(w, s).tolist() == [False, False, True, False, False, False]
+    m = yardstick.fixed_fleet_metrics(w, s, {"prefill": 1, "decode": 1})
+    # requests 5 s apart find an idle decode worker: even the marginal ones are on time
+    assert m["marginal_requests"] == 2 and m["infeasible_requests"] == 1
+    assert m["slo_attainment"] == 1.0 and m["slo_attainment_beyond_marginal"] == 1.0
+
+
+def test_attainment_beyond_marginal_leaves_out_only_the_marginal() -> None:
+    s = _settings(0.0)
+    step_ms = float(s.models.decode.step_ms(s.models.decode.slots))
+    near = _prompt_with_slack_ms(s, step_ms / 3)
+    # a steady stream of short requests keeps the decode worker stepping; marginal requests
+    # arriving among them join mid-step and some miss, the short ones do not
+    rng = np.random.default_rng(3)
+    n = 400
+    arrival = np.sort(rng.uniform(0.0, 200.0, n))
+    prompt = np.where(np.arange(n) % 8 == 0, near, 200)
+    w = Workload(arrival, prompt, np.full(n, 100), name="stream")
+    m = yardstick.fixed_fleet_metrics(w, s, {"prefill": 2, "decode": 2})
+    assert m["marginal_requests"] == int((prompt == near).sum())
+    assert m["slo_attainment"] < 1.0  # some marginal requests joined a busy worker mid-step
+    assert m["slo_attainment_beyond_marginal"] == 1.0
