@@ -9,6 +9,7 @@
 #   CURVES=0 hack/evaluate_matrix.sh             # default settings only (no knob sweep; faster)
 #   DISAGG="python3 -m disagg.cli" hack/evaluate_matrix.sh   # e.g. with PYTHONPATH=$PWD/operator
 #   JOBS=2 hack/evaluate_matrix.sh               # two cases at once (one simulator process each)
+#   EVAL_ARGS="--ttft-per-1k 0.05" OUT=/tmp/matrix-growing hack/evaluate_matrix.sh   # more evaluate flags
 #
 # One JSON per case in $OUT (an existing file is reused: delete it to re-run), then
 # $OUT/equal.md (the equal-attainment table: GPU-hours each policy needs for 99 % and
@@ -27,6 +28,7 @@ OUT=${OUT:-/tmp/evaluate-matrix}
 STARTUPS=${STARTUPS-"60 30 180"}  # empty: only rebuild the tables
 CURVES=${CURVES:-1}
 DISAGG=${DISAGG:-disagg}
+EVAL_ARGS=${EVAL_ARGS:-}  # extra `disagg evaluate` flags for every case (e.g. another SLO)
 # name:workload:scale[:headroom]; msyn (Mooncake synthetic, held out during development) last
 CASES=${CASES-"azure:trace:1 azure:trace:10 azure:diurnal:1 azure:diurnal:10 mconv:trace:1 mconv:trace:10 mconv:diurnal:1 mconv:diurnal:10 msyn:trace:1 msyn:trace:10 msyn:diurnal:1 msyn:diurnal:10"}
 declare -A FILE=(
@@ -45,9 +47,9 @@ run_case() {  # run_case NAME WORKLOAD SCALE STARTUP HEADROOM FILE
   [[ -x /usr/bin/time ]] && timer=(/usr/bin/time -f "%U %S" -o "${f%.json}.cpu")
   t0=$(date +%s)
   echo "[start $(date -u +%H:%M:%S)] $name $wl x$k start-up ${st}s headroom $hr" >&2
-  # shellcheck disable=SC2086  # DISAGG may be a command with arguments
+  # shellcheck disable=SC2086  # DISAGG may be a command with arguments, EVAL_ARGS several flags
   "${timer[@]}" $DISAGG evaluate --trace "$TRACES/${FILE[$name]}" --workload "$wl" --rate-scale "$k" \
-    --startup-seconds "$st" --headroom "$hr" "${curves[@]}" --output json >"$f.tmp" 2>"${f%.json}.log" || rc=$?
+    --startup-seconds "$st" --headroom "$hr" "${curves[@]}" $EVAL_ARGS --output json >"$f.tmp" 2>"${f%.json}.log" || rc=$?
   if ((rc == 0)); then mv "$f.tmp" "$f"; else rm -f "$f.tmp"; fi
   [[ -s ${f%.json}.cpu ]] && cpu=$(tail -n 1 "${f%.json}.cpu" | awk '{printf "%.0f", $1 + $2}')
   line="$name $wl x$k start-up ${st}s headroom $hr: $(($(date +%s) - t0)) s wall, $cpu s CPU, exit $rc, load $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -752,7 +752,8 @@ class Sizing(_Model):
     auto_headroom: bool = Field(
         SIZING_AUTO_HEADROOM_DEFAULT,
         description="Standing spare capacity derived from the observed burst profile (how far load rose "
-        "within one start-up over the last hour); `headroom` is then a floor under it.",
+        "within one decision lead, start-up + interval + scrape, over the last hour); `headroom` is then a "
+        "floor under it.",
     )
 
 

@@ -118,6 +118,7 @@ class Config:
     scrape_s: float
     short_window_s: float
     ttft_target_s: float
+    interval_s: float = 30.0  # seconds between decisions (spec.autoscaling.intervalSeconds)
     custom_queries: tuple[str, ...] = ()
     tuning: Tuning = field(default_factory=Tuning)
     sizing: api.Sizing = field(default_factory=api.Sizing)  # which issue-14 inputs to use
@@ -129,6 +130,14 @@ class Config:
 
     def policy_config(self, lead_s: float) -> policy.PolicyConfig:
         return replace(self.base_policy, forecast_horizon_s=lead_s)
+
+    def decision_lead(self, startup_s: float) -> float:
+        """How far ahead a decision must provide: from the observation it reads to when the
+        next decision's workers serve. The observation is up to a scrape old, workers asked
+        for now serve after `startup_s`, and until the next decision's workers serve (one
+        interval later) these are all there is. The forecast and the burst headroom both
+        look this far."""
+        return startup_s + self.interval_s + self.scrape_s
 
 
 def config_from_spec(spec: api.DisaggDeploymentSpec, tuning: Tuning | None = None) -> Config:
@@ -155,6 +164,7 @@ def config_from_spec(spec: api.DisaggDeploymentSpec, tuning: Tuning | None = Non
         scrape_s=float(a.scrape_interval_seconds),
         short_window_s=float(SHORT_WINDOW_SCRAPES * a.scrape_interval_seconds),
         ttft_target_s=spec.slo.ttft_seconds,
+        interval_s=float(a.interval_seconds),
         custom_queries=tuple(sorted(a.queries or {})),
         tuning=tuning or Tuning(),
         sizing=a.sizing,
@@ -695,7 +705,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
     startups = {**state.startups, **obs.startups}
     while len(startups) > MAX_STARTUP_SAMPLES:  # keep the most recent pods' figures
         startups.pop(next(iter(startups)))
-    lead = lead_time(list(startups.values()))
+    lead = config.decision_lead(lead_time(list(startups.values())))
     pcfg = config.policy_config(lead)
     tn = config.tuning
 

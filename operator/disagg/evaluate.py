@@ -460,6 +460,7 @@ def spec_for(
     if placement == "colocated":
         pools = (*(p for p in pools if p == names.POOL_ENCODER), names.POOL_COLOCATED)
     autoscaling: dict[str, Any] = {
+        "intervalSeconds": whole("interval_s", s.interval_s),
         "scrapeIntervalSeconds": whole("scrape_s", s.scrape_s),
         "metricWindowSeconds": whole("window_s", s.window_s),
         "scaleDownStabilizationSeconds": whole("stabilization_s", s.stabilization_s),

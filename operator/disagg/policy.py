@@ -273,10 +273,13 @@ def sizing_rate(
       since the previous call projected over ``backlog_lead_s`` (default: the
       forecast horizon, i.e. the start-up time).
 
-    The demand part (forecast + noise, not the backlog) is multiplied by
-    ``1 + max(config.headroom, auto_headroom)``: standing spare capacity for bursts
-    that rise faster than a worker starts, which no reactive rule can catch
-    (docs/evaluation.md). ``auto_headroom`` is derived from the observed burst
+    The demand part (not the backlog) is the larger of the forecast plus its noise
+    and the observation plus its noise times ``1 + max(config.headroom,
+    auto_headroom)``: standing spare capacity for bursts that rise faster than a
+    worker starts, which no reactive rule can catch (docs/evaluation.md). Both
+    answer how far load may rise before capacity asked for now serves (the
+    forecast from the recent trend, the headroom from the burst profile), so their
+    product would count a rise twice. ``auto_headroom`` is derived from the observed burst
     profile and start-up (`disagg.burstiness.burst_headroom`); ``config.headroom``
     (``spec.autoscaling.headroom``) is then a floor under it. The headroom is kept
     even when the observed TTFT is comfortable: the bursts it covers come faster
@@ -324,7 +327,11 @@ def sizing_rate(
     headroom = config.headroom
     if auto_headroom is not None and math.isfinite(auto_headroom) and auto_headroom > headroom:
         headroom = float(auto_headroom)
-    return (f + noise) * (1.0 + headroom) + backlog, state
+    # The trend and the headroom are two answers to one question, how far load may rise
+    # before capacity asked for now serves: plan for the larger, not their product.
+    noise_now = z * math.sqrt(disp * max(r, 0.0) / window_s) if noise > 0 else 0.0
+    spare = (r + noise_now) * (1.0 + headroom)
+    return max(f + noise, spare) + backlog, state
 
 
 # --------------------------------------------------------------------------- budget helpers

@@ -220,3 +220,14 @@ def test_colocated_spec_keeps_its_encoder_pool_in_the_plan():
     planned = pooled(plan_for(spec, demand_from(snap, 8.0, {})), spec)
     assert set(planned) == {"encoder", "colocated"}
     assert planned["encoder"] > spec.pools.encoder.min_replicas  # 8 req/s x 4 images x 35 ms
+
+
+def test_a_decision_looks_ahead_to_when_the_next_decisions_workers_serve():
+    raw = yaml.safe_load(SAMPLE.read_text())["spec"]
+    raw.setdefault("autoscaling", {}).update({"intervalSeconds": 20, "scrapeIntervalSeconds": 10})
+    config = autoscaler.config_from_spec(api.parse_spec(raw))
+    # observation up to a scrape old + start-up + one interval until the next decision's workers
+    assert config.decision_lead(45.0) == 45.0 + 20.0 + 10.0
+    obs = autoscaler.Observation(now=100.0, metrics_ok=False, pools={}, startups={"a": 45.0})
+    out = autoscaler.decide(config, obs, autoscaler.ScalerState())
+    assert out.record.lead_time_s == 75.0

@@ -375,3 +375,25 @@ def test_decide_invariants(plans, start, ok):
                 assert t >= 120
         state, cur = d.state, d.targets
     assume(True)
+
+
+def test_trend_and_headroom_cover_one_rise_not_two():
+    """A rising trend and a burst headroom both answer how far load rises before new
+    capacity serves: the rate planned for is the larger of the two answers."""
+    kw = {"window_s": 60.0}
+    cfg = PolicyConfig(forecast_horizon_s=60, forecast_samples=4, forecast_max_growth=2.0)
+    rising = PolicyState()
+    for t, r in ((0.0, 8.0), (30.0, 9.0), (60.0, 10.0)):
+        _, rising = sizing_rate(rising, t, cfg, r, **kw)
+    now, rate = 90.0, 11.0
+    trend_only, _ = sizing_rate(rising, now, cfg, rate, **kw)
+    noise = 1.645 * (rate / 60.0) ** 0.5
+    assert trend_only > rate + noise  # the trend projects above the observation
+    small, _ = sizing_rate(rising, now, cfg, rate, auto_headroom=0.05, **kw)
+    large, _ = sizing_rate(rising, now, cfg, rate, auto_headroom=0.6, **kw)
+    assert small == pytest.approx(trend_only)  # the trend already covers a 5 % rise
+    assert large == pytest.approx((rate + noise) * 1.6)  # the headroom covers more than the trend
+    assert large < trend_only * 1.6  # and is not multiplied by it
+    # on a flat trend the headroom applies to the observation, as before
+    flat, _ = sizing_rate(PolicyState(), 0.0, cfg, rate, auto_headroom=0.6, **kw)
+    assert flat == pytest.approx((rate + noise) * 1.6)
