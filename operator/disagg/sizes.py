@@ -228,6 +228,16 @@ class SizeDistribution:
             a.flags.writeable = False
         return out  # type: ignore[return-value]
 
+    @cached_property
+    def output_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens, var, weight) of the output classes as numpy arrays (read-only)."""
+        out = tuple(
+            np.asarray(x, dtype=float) for x in (self.output_tokens, self.output_var, self.output_weight)
+        )
+        for a in out:
+            a.flags.writeable = False
+        return out  # type: ignore[return-value]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "prompt": [
