@@ -714,7 +714,10 @@ def kv_room_batch(
         return out
 
     lo, hi = 0, max(0, slots - 1)  # overflow(n) grows with n: bisect for the largest n within the tail
-    if overflow(hi) <= tail:
+    # When no newcomer's mean fits beside hi residents' (every gap overflow sums is < 0), every
+    # term is at least half its weight: overflow(hi) >= 1/2 > tail, so it is not computed.
+    beyond = tail < 0.25 and bool(arrivals) and capacity - hi * mean - min(a[1] for a in arrivals) < 0
+    if not beyond and overflow(hi) <= tail:
         return hi + 1
     if tail < 0.5 and mean > 0:
         # beyond this n even the smallest newcomer's mean does not fit: overflow >= 1/2 > tail
