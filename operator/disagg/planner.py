@@ -627,12 +627,9 @@ def kv_footprint(d: Demand) -> tuple[float, float]:
     marginals' coefficient of variation kept).
     """
     if d.sizes is not None:
-        tp, vp, wp = d.sizes.prompt_arrays
-        to, vo, wo = d.sizes.output_arrays
-        p_mean = float(wp @ tp)
-        p_var = max(0.0, float(wp @ (tp * tp + vp)) - p_mean * p_mean)
-        o_mean = float(wo @ to)
-        o_second = float(wo @ (to * to + vo))
+        p_mean, p_second = d.sizes.prompt_mean_second
+        p_var = max(0.0, p_second - p_mean * p_mean)
+        o_mean, o_second = d.sizes.output_mean_second
     else:
         p_mean, p_var = d.prompt_tokens_mean, d.prompt_tokens_std**2
         o_mean = d.output_tokens_mean
@@ -658,9 +655,8 @@ def kv_arrivals(d: Demand) -> tuple[tuple[float, float, float], ...]:
     """
     if d.sizes is not None:
         sz = d.sizes
-        to, vo, wo = sz.output_arrays
-        o_mean = float(wo @ to)
-        o_var = max(0.0, float(wo @ (to * to + vo)) - o_mean * o_mean)
+        o_mean, o_second = sz.output_mean_second
+        o_var = max(0.0, o_second - o_mean * o_mean)
         # the fields are floats already (SizeDistribution normalises them)
         return tuple(
             [

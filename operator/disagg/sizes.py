@@ -184,15 +184,30 @@ class SizeDistribution:
 
     # ------------------------------------------------------------------ summaries
 
-    # Derived once per distribution (cached in the instance dict; the fields are frozen).
+    # Derived once per distribution (cached in the instance dict; the fields are frozen): the
+    # planner reads the moments `demand_with_sizes` computed, not its own copy.
+
+    @cached_property
+    def prompt_mean_second(self) -> tuple[float, float]:
+        """(mean, mean square) of the prompt tokens over the classes (within-class variance included)."""
+        t, v, w = self.prompt_arrays
+        return float(w @ t), float(w @ (t * t + v))
+
+    @cached_property
+    def output_mean_second(self) -> tuple[float, float]:
+        """(mean, mean square) of the output tokens over the classes (within-class variance included)."""
+        t, v, w = self.output_arrays
+        return float(w @ t), float(w @ (t * t + v))
 
     @cached_property
     def prompt_mean_std(self) -> tuple[float, float]:
-        return _moments(_Classes(self.prompt_tokens, self.prompt_var, self.prompt_weight))
+        mean, second = self.prompt_mean_second
+        return mean, math.sqrt(max(second - mean * mean, 0.0))
 
     @cached_property
     def output_mean_std(self) -> tuple[float, float]:
-        return _moments(_Classes(self.output_tokens, self.output_var, self.output_weight))
+        mean, second = self.output_mean_second
+        return mean, math.sqrt(max(second - mean * mean, 0.0))
 
     @cached_property
     def prompt_slices(self) -> tuple[np.ndarray, np.ndarray]:

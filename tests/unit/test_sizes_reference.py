@@ -326,6 +326,14 @@ def test_kv_helpers_equal_the_previous_ones() -> None:
     rng = np.random.default_rng(41)
     for _ in range(300):
         d = _random_demand(rng)
+        sz = d.sizes
+        # the cached moments are those the previous code computed from the fields each time
+        assert sz.prompt_mean_std == sizes_mod._moments(
+            sizes_mod._Classes(*(getattr(sz, "prompt_" + f) for f in ("tokens", "var", "weight")))
+        )
+        assert sz.output_mean_std == sizes_mod._moments(
+            sizes_mod._Classes(*(getattr(sz, "output_" + f) for f in ("tokens", "var", "weight")))
+        )
         assert planner.kv_footprint(d) == kv_footprint_reference(d)
         arrivals = planner.kv_arrivals(d)
         assert arrivals == kv_arrivals_reference(d)
