@@ -696,7 +696,12 @@ def kv_room_batch(
     # exact in floating point: the same sums as sqrt(2 (n var + f_var)) and 0.5 w erfc(...))
     terms = [(0.5 * w, w, f_mean, 2.0 * f_var) for w, f_mean, f_var in arrivals]
 
-    def overflow(n: int) -> float:
+    def within(n: int) -> bool:
+        """P(n residents + a newcomer overflow the cache) <= tail.
+
+        The terms are >= 0, so the running sum never falls (in floating point too):
+        once it is above the tail, the whole sum is, and the rest is not added.
+        """
         out = 0.0
         room = capacity - n * mean
         spread = 2.0 * (n * var)
@@ -707,13 +712,15 @@ def kv_room_batch(
                 out += w if gap < 0 else 0.0
             else:
                 out += half_w * erfc(gap / sd)
-        return out
+            if out > tail:
+                return False
+        return out <= tail
 
-    lo, hi = 0, max(0, slots - 1)  # overflow(n) grows with n: bisect for the largest n within the tail
-    # When no newcomer's mean fits beside hi residents' (every gap overflow sums is < 0), every
-    # term is at least half its weight: overflow(hi) >= 1/2 > tail, so it is not computed.
+    lo, hi = 0, max(0, slots - 1)  # the overflow grows with n: bisect for the largest n within the tail
+    # When no newcomer's mean fits beside hi residents' (every gap the sum adds is < 0), every
+    # term is at least half its weight: the overflow at hi is >= 1/2 > tail, so it is not computed.
     beyond = tail < 0.25 and bool(arrivals) and capacity - hi * mean - min(a[1] for a in arrivals) < 0
-    if not beyond and overflow(hi) <= tail:
+    if not beyond and within(hi):
         return hi + 1
     if tail < 0.5 and mean > 0:
         # beyond this n even the smallest newcomer's mean does not fit: overflow >= 1/2 > tail
@@ -721,7 +728,7 @@ def kv_room_batch(
         hi = max(0, min(hi, math.floor(fits)))
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if overflow(mid) <= tail:
+        if within(mid):
             lo = mid
         else:
             hi = mid - 1
