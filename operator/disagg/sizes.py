@@ -446,8 +446,10 @@ def ttft_covers(
         if target_s_per_1k_tokens
         else np.full(t.size, target_s)
     )
-    order = np.argsort(fixed - target, kind="stable")  # most slack first
-    fixed, target, w = fixed[order], target[order], w[order]
+    key = fixed - target  # most slack first: a stable sort on it
+    if not (key[1:] >= key[:-1]).all():  # in order already (slices come by tokens): the sort keeps it
+        order = np.argsort(key, kind="stable")
+        fixed, target, w = fixed[order], target[order], w[order]
     slack = target - fixed
     ok = slack >= -1e-12
     feasible = float(w[ok].sum())

@@ -16,7 +16,7 @@ import pytest
 
 from disagg import planner
 from disagg import sizes as sizes_mod
-from disagg.model import DecodeModel, StageModels
+from disagg.model import GIB, DecodeModel, StageModels
 from disagg.planner import SLO, PoolBounds, plan, plan_replicas
 from disagg.queueing import erlang_b_stride, summed_wait_tail
 from disagg.sizes import SizeDistribution, demand_with_sizes, miss_fraction
@@ -234,6 +234,86 @@ def kv_room_batch_reference(capacity, slots, mean, std, arrivals, tail):
     return lo + 1
 
 
+def bare_ms_reference(
+    d: SizeDistribution,
+    m: StageModels,
+    chunked: bool,
+    prefix_hit_rate: float = 0.0,
+    *,
+    tokens: np.ndarray | None = None,
+) -> np.ndarray:
+    """The previous `sizes.bare_ms`."""
+    t = d.prompt_arrays[0] if tokens is None else tokens
+    cached = prefix_hit_rate * t
+    p, tr = m.prefill, m.transfer
+    # PrefillModel.service_ms and TransferModel.serial_ms, without their per-call validation
+    pf = p.fixed_ms + p.ms_per_token * (t - cached) + p.ms_per_token_sq * (t * t - cached * cached)
+    if chunked and tr.chunk_tokens > 0:
+        tr = [
+            m.transfer_ms(float(x), chunked=True, cached_tokens=float(c))
+            for x, c in zip(t, cached, strict=True)
+        ]
+        transfer = np.asarray(tr, dtype=float)
+    else:
+        transfer = tr.setup_ms + 1000.0 * (tr.kv_bytes_per_token * t) / (tr.bandwidth_gibps * GIB)
+    return pf + np.where(t > 0, transfer, 0.0)
+
+
+def ttft_covers_reference(
+    d: SizeDistribution,
+    m: StageModels,
+    target_s: float,
+    percentile: float,
+    *,
+    chunked: bool = False,
+    prefix_hit_rate: float = 0.0,
+    extra_s: float = 0.0,
+    target_s_per_1k_tokens: float = 0.0,
+    max_covers: int = sizes_mod.MAX_COVERS,
+) -> sizes_mod.Covers:
+    """The previous `sizes.ttft_covers`."""
+    if not 0 < percentile < 1:
+        raise ValueError(f"percentile must be in (0, 1), got {percentile!r}")
+    if not (math.isfinite(target_s_per_1k_tokens) and target_s_per_1k_tokens >= 0):
+        raise ValueError(f"target_s_per_1k_tokens must be >= 0, got {target_s_per_1k_tokens!r}")
+    t, w = d.prompt_slices
+    fixed = bare_ms_reference(d, m, chunked, prefix_hit_rate, tokens=t) / 1000.0 + extra_s
+    target = (
+        target_s + target_s_per_1k_tokens * t / 1000.0
+        if target_s_per_1k_tokens
+        else np.full(t.size, target_s)
+    )
+    order = np.argsort(fixed - target, kind="stable")  # most slack first
+    fixed, target, w = fixed[order], target[order], w[order]
+    slack = target - fixed
+    ok = slack >= -1e-12
+    feasible = float(w[ok].sum())
+    idle_miss = 1.0 - feasible if feasible < 1.0 - 1e-12 else 0.0  # weights sum to 1 up to rounding
+    if feasible <= 0:
+        return sizes_mod.Covers((), (), (), (), idle_miss, float(fixed[0]), None)
+    f_ok, t_ok, s_ok, w_ok = fixed[ok], target[ok], slack[ok], w[ok] / feasible
+    cum = np.cumsum(w_ok)
+    cum[-1] = 1.0
+    # classes with equal slack merge; a candidate needs F_k > p
+    last = len(cum) - 1
+    keep = np.empty(len(cum), dtype=bool)
+    keep[:last] = (percentile / cum[:last] <= sizes_mod.MAX_WAIT_PERCENTILE) & (s_ok[1:] < s_ok[:last])
+    keep[last] = True
+    idx = np.flatnonzero(keep).tolist()
+    if len(idx) > max_covers:
+        idx = [idx[j] for j in sizes_mod._evenly_spaced(len(idx), max_covers)]
+    covered = cum[idx].tolist()
+    return sizes_mod.Covers(
+        fixed_s=tuple(f_ok[idx].tolist()),
+        target_s=tuple(t_ok[idx].tolist()),
+        wait_percentile=tuple(min(percentile / c, 1.0) for c in covered),
+        covered=tuple(covered),
+        idle_miss_fraction=idle_miss,
+        floor_s=float(fixed[0]),
+        slices=(f_ok, t_ok, w_ok, cum),
+    )
+
+
 # --------------------------------------------------------------------------- random inputs
 
 
@@ -379,3 +459,35 @@ def test_plans_equal_those_of_the_previous_code(monkeypatch, relaxed) -> None:
     planner._clear_caches()
     # repr: NaN figures (no relaxed candidate) compare equal as text
     assert repr(got) == repr(ref)
+
+
+def test_covers_equal_the_previous_covers() -> None:
+    """Histogram classes (slices in token order) and random classes (any order), every option."""
+    rng = np.random.default_rng(61)
+    models = StageModels()
+    for trial in range(400):
+        if trial % 2:
+            sizes = _random_demand(rng).sizes
+        else:
+            k = int(rng.integers(1, 30))
+            sizes = SizeDistribution(
+                tuple(rng.uniform(0, 12000, k)),
+                tuple(np.where(rng.random(k) < 0.3, 0.0, rng.uniform(0, 4e6, k))),
+                tuple(rng.uniform(0.1, 1, k)),
+                (300.0,),
+                (0.0,),
+                (1.0,),
+            )
+        args = (sizes, models, float(rng.uniform(0.05, 3.0)), float(rng.uniform(0.5, 0.999)))
+        kw = dict(
+            chunked=bool(rng.random() < 0.3),
+            prefix_hit_rate=float(rng.choice([0.0, rng.uniform(0, 0.9)])),
+            extra_s=float(rng.uniform(0, 0.2)),
+            target_s_per_1k_tokens=float(rng.choice([0.0, rng.uniform(0, 0.3)])),
+            max_covers=int(rng.integers(1, 12)),
+        )
+        got, ref = sizes_mod.ttft_covers(*args, **kw), ttft_covers_reference(*args, **kw)
+        assert got[:6] == ref[:6]
+        assert (got.slices is None) == (ref.slices is None)
+        if ref.slices is not None:
+            assert all(a.tolist() == b.tolist() for a, b in zip(got.slices, ref.slices, strict=True))
