@@ -77,6 +77,8 @@ RELAXED_SHARES: tuple[float, ...] = ()
 # only win when nearly every request is covered anyway, and their tables are long.
 MAX_WAIT_PERCENTILE = 0.999
 _LOGNORMAL_POINTS = 2000  # quantile points that discretise a log-normal
+# position of each slice's upper edge in its class: j / n for j = 1..n (the last exactly 1)
+_SLICE_FRACTIONS = np.arange(1, SUBCLASSES_PER_BUCKET + 1) / SUBCLASSES_PER_BUCKET
 
 
 class _Classes(NamedTuple):
@@ -221,14 +223,22 @@ class SizeDistribution:
         """
         t, v, w = self.prompt_arrays
         half = np.sqrt(3.0 * v)
-        n = np.where(v > 0, SUBCLASSES_PER_BUCKET, 1)
-        lo = np.repeat(np.maximum(t - half, 0.0), n)
-        hi = np.repeat(t + half, n)
-        # position of each slice in its class, 1..n, over n (one arange, not one per class)
-        per = np.repeat(n, n)
-        k = (np.arange(1, per.size + 1) - np.repeat(np.cumsum(n) - n, n)) / per
-        edges = lo + (hi - lo) * k
-        weights = np.repeat(w / n, n)
+        lo = np.maximum(t - half, 0.0)
+        # every class cut in SUBCLASSES_PER_BUCKET at once (a row each); a class without
+        # spread keeps only its last slice (its upper edge lo + (hi - lo) x 1 is its mean)
+        edges = lo[:, None] + (t + half - lo)[:, None] * _SLICE_FRACTIONS
+        spread = v > 0
+        if spread.all():
+            edges = edges.ravel()
+            weights = np.repeat(w / SUBCLASSES_PER_BUCKET, SUBCLASSES_PER_BUCKET)
+        else:
+            keep = np.empty(edges.shape, dtype=bool)
+            keep[:, :-1] = spread[:, None]
+            keep[:, -1] = True
+            edges = edges[keep]
+            weights = np.repeat(
+                np.where(spread, w / SUBCLASSES_PER_BUCKET, w), np.where(spread, SUBCLASSES_PER_BUCKET, 1)
+            )
         for a in (edges, weights):
             a.flags.writeable = False
         return edges, weights

@@ -234,6 +234,18 @@ def kv_room_batch_reference(capacity, slots, mean, std, arrivals, tail):
     return lo + 1
 
 
+def prompt_slices_reference(d):
+    """The previous `SizeDistribution.prompt_slices`."""
+    t, v, w = d.prompt_arrays
+    half = np.sqrt(3.0 * v)
+    n = np.where(v > 0, sizes_mod.SUBCLASSES_PER_BUCKET, 1)
+    lo = np.repeat(np.maximum(t - half, 0.0), n)
+    hi = np.repeat(t + half, n)
+    per = np.repeat(n, n)
+    k = (np.arange(1, per.size + 1) - np.repeat(np.cumsum(n) - n, n)) / per
+    return lo + (hi - lo) * k, np.repeat(w / n, n)
+
+
 def bare_ms_reference(
     d: SizeDistribution,
     m: StageModels,
@@ -486,6 +498,9 @@ def test_covers_equal_the_previous_covers() -> None:
             target_s_per_1k_tokens=float(rng.choice([0.0, rng.uniform(0, 0.3)])),
             max_covers=int(rng.integers(1, 12)),
         )
+        edges, weights = prompt_slices_reference(sizes)
+        assert sizes.prompt_slices[0].tolist() == edges.tolist()
+        assert sizes.prompt_slices[1].tolist() == weights.tolist()
         got, ref = sizes_mod.ttft_covers(*args, **kw), ttft_covers_reference(*args, **kw)
         assert got[:6] == ref[:6]
         assert (got.slices is None) == (ref.slices is None)
