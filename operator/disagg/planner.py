@@ -783,9 +783,8 @@ def _with_sizes(st: _Setup, d: Demand, ctx: _Ctx) -> _Setup:
     slowest feasible class's (the full cover: the conservative one `predict` uses);
     the planner tries every cover (`_pick_cover`).
     """
-    st = st._replace(ca2=float(d.arrival_ca2))
     if d.sizes is None:
-        return st
+        return st._replace(ca2=float(d.arrival_ca2))
     m, slo = ctx.m, ctx.slo
     s_ms, cs2 = prefill_moments(d.sizes, m, d.prefix_hit_rate)
     o_mean, o_cs2 = output_moments(d.sizes)
@@ -802,6 +801,7 @@ def _with_sizes(st: _Setup, d: Demand, ctx: _Ctx) -> _Setup:
     )
     fixed = cov.fixed_s[-1] if cov.fixed_s else cov.floor_s
     return st._replace(
+        ca2=float(d.arrival_ca2),
         fixed_s=fixed,
         prefill_s=s_ms / 1000.0,
         prefill_cs2=cs2,
