@@ -719,12 +719,13 @@ def kv_room_batch(
     lo, hi = 0, max(0, slots - 1)  # the overflow grows with n: bisect for the largest n within the tail
     # When no newcomer's mean fits beside hi residents' (every gap the sum adds is < 0), every
     # term is at least half its weight: the overflow at hi is >= 1/2 > tail, so it is not computed.
-    beyond = tail < 0.25 and bool(arrivals) and capacity - hi * mean - min(a[1] for a in arrivals) < 0
+    f_min = min([a[1] for a in arrivals]) if arrivals else 0.0  # the smallest newcomer's mean
+    beyond = tail < 0.25 and bool(arrivals) and capacity - hi * mean - f_min < 0
     if not beyond and within(hi):
         return hi + 1
     if tail < 0.5 and mean > 0:
         # beyond this n even the smallest newcomer's mean does not fit: overflow >= 1/2 > tail
-        fits = (capacity - min(a[1] for a in arrivals)) / mean
+        fits = (capacity - f_min) / mean
         hi = max(0, min(hi, math.floor(fits)))
     while lo < hi:
         mid = (lo + hi + 1) // 2
