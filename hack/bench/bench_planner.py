@@ -4,7 +4,9 @@
 Times are CPU time of this process (`time.process_time`; the planner is single-threaded,
 so on an idle machine CPU equals wall time): the dev box is shared and its wall time
 grows with everyone else's load. Even CPU time grows on a busy box (shared caches and
-cores), so the load average is printed beside the figures.
+cores), so the load average is printed beside the figures, the rows are timed
+round-robin (one run of each per round) and the sizes row is also given as a ratio to
+the distinct row (a ratio moves less with the load than either figure).
 
 Usage: python hack/bench/bench_planner.py [--repeats N]
 
@@ -109,15 +111,20 @@ def operator_args() -> tuple[StageModels, SLO, dict[str, PoolBounds]]:
     return StageModels(), SLO(), bounds
 
 
-def timed(fn: Callable[[], object], repeats: int) -> float:
-    """Median CPU time (ms) of fn over `repeats` runs, every planner cache cleared before each."""
-    times = []
+def timed_round_robin(jobs: list[tuple[str, Callable[[], object]]], repeats: int) -> dict[str, float]:
+    """Median CPU time (ms) of each job over `repeats` rounds, every planner cache cleared before each run.
+
+    The jobs run round-robin (one run of each per round), so a change in the shared
+    machine's load falls on every row alike and ratios between rows stay comparable.
+    """
+    times: dict[str, list[float]] = {name: [] for name, _ in jobs}
     for _ in range(repeats):
-        planner._clear_caches()
-        t0 = time.process_time()
-        fn()
-        times.append((time.process_time() - t0) * 1000.0)
-    return statistics.median(times)
+        for name, fn in jobs:
+            planner._clear_caches()
+            t0 = time.process_time()
+            fn()
+            times[name].append((time.process_time() - t0) * 1000.0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def main() -> None:
@@ -129,8 +136,8 @@ def main() -> None:
         f"({SIZES_TARGET_MS:.0f} ms with sizes); load average {os.getloadavg()[0]:.1f}"
     )
     sets = (("distinct", distinct_points()), ("repeated", repeated_points()), ("sizes", size_points()))
+    jobs: list[tuple[str, Callable[[], object]]] = []
     for name, pts in sets:
-        target = SIZES_TARGET_MS if name == "sizes" else TARGET_MS
         models, slo, bounds = operator_args()
         fresh = [operator_args() for _ in pts]
 
@@ -147,9 +154,16 @@ def main() -> None:
             return plan_replicas(pts, models, slo, bounds)
 
         for entry, fn in (("plan()", op), ("plan() fresh", op_fresh), ("plan_replicas()", reps)):
-            ms = timed(fn, args.repeats)
-            verdict = "within" if ms <= target else "OVER"
-            print(f"  {name:<9}{entry:<17}{ms:8.1f} ms  ({ms / target:4.0%} of {target:.0f} ms, {verdict})")
+            jobs.append((f"{name:<9}{entry:<17}", fn))
+    medians = timed_round_robin(jobs, args.repeats)
+    for label, ms in medians.items():
+        target = SIZES_TARGET_MS if label.startswith("sizes") else TARGET_MS
+        verdict = "within" if ms <= target else "OVER"
+        print(f"  {label}{ms:8.1f} ms  ({ms / target:4.0%} of {target:.0f} ms, {verdict})")
+    ratio = medians[f"{'sizes':<9}{'plan()':<17}"] / medians[f"{'distinct':<9}{'plan()':<17}"]
+    print(
+        f"  sizes/distinct plan(): {ratio:.2f}x (the rows ran round-robin; load average {os.getloadavg()[0]:.1f})"
+    )
 
 
 if __name__ == "__main__":

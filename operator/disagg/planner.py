@@ -419,24 +419,23 @@ def _table(lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: in
 _Raw = tuple[int, list[float], list[float], float]
 
 
-def _tables_at(
-    lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: int, ps: tuple[float, ...]
-) -> tuple[list[_Table], _Raw]:
-    """`_table` at several percentiles from one Erlang-B pass (the size-class covers), and the pass.
+def _erlang_pass(
+    lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: int, p_max: float
+) -> _Raw:
+    """One pool's Erlang-B pass, from which `_table_at` cuts its table at any percentile <= p_max.
 
-    The pass runs to the first count with zero wait at the highest percentile;
-    each percentile's table is cut at its own first zero, with the same values
-    `_table` gives (tests/unit/test_sizes.py checks).
+    The pass runs from the first stable count to the first with zero wait at
+    ``p_max`` (P(wait) <= 1 - p_max) or to r_hi, as `_table` does at one percentile.
     """
     if lam <= 0 or service_s <= 0:
-        return [(r_lo, [0.0], [0.0]) for _ in ps], (r_lo, [0.0], [1.0], 1.0)
+        return r_lo, [0.0], [1.0], 1.0
     a = lam * service_s
     r0 = max(r_lo, int(a // k) + 1)
     if r0 > r_hi:
-        return [(r0, [], []) for _ in ps], (r0, [], [], 1.0)
+        return r0, [], [], 1.0
     f = (1.0 + cs2) / 2.0
     mu = 1.0 / service_s
-    tail_min = 1.0 - max(ps)
+    tail_min = 1.0 - p_max
     pws: list[float] = []
     gaps: list[float] = []
     c = r0 * k
@@ -462,24 +461,29 @@ def _tables_at(
             if pws[-1] <= tail_min or c >= c_last:
                 break
             c += k
-    wms = [f * pw / gap for pw, gap in zip(pws, gaps, strict=True)]
+    return r0, pws, gaps, f
+
+
+def _table_at(raw: _Raw, p: float) -> _Table:
+    """The table at percentile p (<= the pass's p_max): `_table`'s values, cut at its first zero wait.
+
+    tests/unit/test_sizes.py checks it equals `_table` at p.
+    """
+    r0, pws, gaps, f = raw
+    tail = 1.0 - p
     log = math.log
-    out: list[_Table] = []
-    pairs = list(zip(pws, gaps, strict=True))
-    for p in ps:
-        tail = 1.0 - p
-        wps: list[float] = []
-        add = wps.append
-        for pw, gap in pairs:  # `_table`'s values, to its first zero wait (inclusive)
-            if pw > tail:
-                wp = f * log(pw / tail) / gap
-                if wp > 0.0:
-                    add(wp)
-                    continue
-            add(0.0)
-            break
-        out.append((r0, wps, wms[: len(wps)]))
-    return out, (r0, pws, gaps, f)
+    wps: list[float] = []
+    add = wps.append
+    for pw, gap in zip(pws, gaps, strict=True):  # to the first zero wait (inclusive)
+        if pw > tail:
+            wp = f * log(pw / tail) / gap
+            if wp > 0.0:
+                add(wp)
+                continue
+        add(0.0)
+        break
+    n = len(wps)
+    return r0, wps, [f * pws[i] / gaps[i] for i in range(n)]
 
 
 # --------------------------------------------------------------------------- setup
@@ -623,13 +627,9 @@ def kv_footprint(d: Demand) -> tuple[float, float]:
     marginals' coefficient of variation kept).
     """
     if d.sizes is not None:
-        sz = d.sizes
-        wp, tp, vp = np.asarray(sz.prompt_weight), np.asarray(sz.prompt_tokens), np.asarray(sz.prompt_var)
-        wo, to, vo = np.asarray(sz.output_weight), np.asarray(sz.output_tokens), np.asarray(sz.output_var)
-        p_mean = float(wp @ tp)
-        p_var = max(0.0, float(wp @ (tp * tp + vp)) - p_mean * p_mean)
-        o_mean = float(wo @ to)
-        o_second = float(wo @ (to * to + vo))
+        p_mean, p_second = d.sizes.prompt_mean_second
+        p_var = max(0.0, p_second - p_mean * p_mean)
+        o_mean, o_second = d.sizes.output_mean_second
     else:
         p_mean, p_var = d.prompt_tokens_mean, d.prompt_tokens_std**2
         o_mean = d.output_tokens_mean
@@ -655,13 +655,15 @@ def kv_arrivals(d: Demand) -> tuple[tuple[float, float, float], ...]:
     """
     if d.sizes is not None:
         sz = d.sizes
-        wo, to, vo = np.asarray(sz.output_weight), np.asarray(sz.output_tokens), np.asarray(sz.output_var)
-        o_mean = float(wo @ to)
-        o_var = max(0.0, float(wo @ (to * to + vo)) - o_mean * o_mean)
+        o_mean, o_second = sz.output_mean_second
+        o_var = max(0.0, o_second - o_mean * o_mean)
+        # the fields are floats already (SizeDistribution normalises them)
         return tuple(
-            (float(w), float(t) + o_mean, float(v) + o_var)
-            for w, t, v in zip(sz.prompt_weight, sz.prompt_tokens, sz.prompt_var, strict=True)
-            if w > 0
+            [
+                (w, t + o_mean, v + o_var)
+                for w, t, v in zip(sz.prompt_weight, sz.prompt_tokens, sz.prompt_var, strict=True)
+                if w > 0
+            ]
         )
     return (
         (1.0, d.prompt_tokens_mean + d.output_tokens_mean, d.prompt_tokens_std**2 + d.output_tokens_std**2),
@@ -690,28 +692,44 @@ def kv_room_batch(
     """
 
     var, erfc, sqrt = std * std, math.erfc, math.sqrt
+    # per newcomer class: half its weight, its mean, twice its variance (x 2 and x 0.5 are
+    # exact in floating point: the same sums as sqrt(2 (n var + f_var)) and 0.5 w erfc(...))
+    terms = [(0.5 * w, w, f_mean, 2.0 * f_var) for w, f_mean, f_var in arrivals]
 
-    def overflow(n: int) -> float:
+    def within(n: int) -> bool:
+        """P(n residents + a newcomer overflow the cache) <= tail.
+
+        The terms are >= 0, so the running sum never falls (in floating point too):
+        once it is above the tail, the whole sum is, and the rest is not added.
+        """
         out = 0.0
-        for w, f_mean, f_var in arrivals:
-            sd = sqrt(2.0 * (n * var + f_var))  # x sqrt(2): erfc's scale
-            gap = capacity - n * mean - f_mean
+        room = capacity - n * mean
+        spread = 2.0 * (n * var)
+        for half_w, w, f_mean, f_var2 in terms:
+            sd = sqrt(spread + f_var2)  # x sqrt(2): erfc's scale
+            gap = room - f_mean
             if sd <= 0.0:
                 out += w if gap < 0 else 0.0
             else:
-                out += 0.5 * w * erfc(gap / sd)
-        return out
+                out += half_w * erfc(gap / sd)
+            if out > tail:
+                return False
+        return out <= tail
 
-    lo, hi = 0, max(0, slots - 1)  # overflow(n) grows with n: bisect for the largest n within the tail
-    if overflow(hi) <= tail:
+    lo, hi = 0, max(0, slots - 1)  # the overflow grows with n: bisect for the largest n within the tail
+    # When no newcomer's mean fits beside hi residents' (every gap the sum adds is < 0), every
+    # term is at least half its weight: the overflow at hi is >= 1/2 > tail, so it is not computed.
+    f_min = min([a[1] for a in arrivals]) if arrivals else 0.0  # the smallest newcomer's mean
+    beyond = tail < 0.25 and bool(arrivals) and capacity - hi * mean - f_min < 0
+    if not beyond and within(hi):
         return hi + 1
     if tail < 0.5 and mean > 0:
         # beyond this n even the smallest newcomer's mean does not fit: overflow >= 1/2 > tail
-        fits = (capacity - min(a[1] for a in arrivals)) / mean
+        fits = (capacity - f_min) / mean
         hi = max(0, min(hi, math.floor(fits)))
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if overflow(mid) <= tail:
+        if within(mid):
             lo = mid
         else:
             hi = mid - 1
@@ -766,9 +784,8 @@ def _with_sizes(st: _Setup, d: Demand, ctx: _Ctx) -> _Setup:
     slowest feasible class's (the full cover: the conservative one `predict` uses);
     the planner tries every cover (`_pick_cover`).
     """
-    st = st._replace(ca2=float(d.arrival_ca2))
     if d.sizes is None:
-        return st
+        return st._replace(ca2=float(d.arrival_ca2))
     m, slo = ctx.m, ctx.slo
     s_ms, cs2 = prefill_moments(d.sizes, m, d.prefix_hit_rate)
     o_mean, o_cs2 = output_moments(d.sizes)
@@ -785,6 +802,7 @@ def _with_sizes(st: _Setup, d: Demand, ctx: _Ctx) -> _Setup:
     )
     fixed = cov.fixed_s[-1] if cov.fixed_s else cov.floor_s
     return st._replace(
+        ca2=float(d.arrival_ca2),
         fixed_s=fixed,
         prefill_s=s_ms / 1000.0,
         prefill_cs2=cs2,
@@ -808,6 +826,7 @@ class _Pick(NamedTuple):
     covered: float  # share of the feasible requests at or below the binding slice
     miss: float | None  # exact mixture miss fraction of a relaxed candidate (None: a cover)
     tabs: list[_Table] | None = None  # the pools' tables at the demand's rate and this percentile
+    idx: tuple[int, int, int] | None = None  # `_search`'s answer in `tabs` (None: not searched or none)
 
 
 def _pick_cover(
@@ -825,49 +844,53 @@ def _pick_cover(
     if cov is None or not cov.fixed_s:
         return _Pick(st, p, ttft_s, 0.0, None)
     last = len(cov.fixed_s) - 1  # the full cover: the default when nothing fits (bounds)
-    per_pool = [
-        _tables_at(lam_s, s, cs2, k, b.min_replicas, b.max_replicas, cov.wait_percentile)
+    pcts = cov.wait_percentile
+    # One Erlang pass per pool, deep enough for every cover's percentile; a cover's tables
+    # are cut from it only when the cover is searched (most are ruled out by `_cost_floor`,
+    # which reads the passes directly).
+    raws = [
+        _erlang_pass(lam_s, s, cs2, k, b.min_replicas, b.max_replicas, max(pcts))
         for lam_s, s, cs2, k, b in _specs(lam, st, bounds)
     ]
+    built: dict[float, list[_Table]] = {}
+
+    def tables(q: float) -> list[_Table]:
+        t = built.get(q)
+        if t is None:
+            t = built[q] = [_table_at(r, q) for r in raws]
+        return t
+
     best: tuple[int, float] | None = None
-    pick = _Pick(
-        st._replace(fixed_s=cov.fixed_s[last]),
-        p,
-        cov.target_s[last],
-        1.0,
-        None,
-        [t[0][last] for t in per_pool],
-    )
     # Covers from the most requests covered down; one whose cost cannot beat the best so far
     # (`_cost_floor`) is not searched. Same pick as in index order keeping the first of equal
     # keys (hence `<=` in this backward loop); tests/unit/test_sizes.py checks.
-    won = -1
+    won, won_idx = -1, None
     for i in range(last, -1, -1):
         slack = max(0.0, cov.target_s[i] - cov.fixed_s[i])
-        tabs = [t[0][i] for t in per_pool]
-        floor = _cost_floor(tabs, gpus, slack)
+        floor = _cost_floor(raws, gpus, pcts[i], slack)
         if floor is None or (best is not None and (floor, -cov.covered[i]) > best):
             continue
+        tabs = tables(pcts[i])
         idx = _search(tabs, gpus, slack)
         if idx is None:
             continue
         key = (_cost(tabs, gpus, idx), -cov.covered[i])
         if best is None or key <= best:
-            best, won = key, i
-    if won >= 0:
-        pick = _Pick(
-            st._replace(fixed_s=cov.fixed_s[won]),
-            cov.wait_percentile[won],
-            cov.target_s[won],
-            cov.covered[won],
-            None,
-            [t[0][won] for t in per_pool],
-        )
-    if best is None or cov.slices is None:
+            best, won, won_idx = key, i, idx
+    at = won if won >= 0 else last
+    pick = _Pick(
+        st._replace(fixed_s=cov.fixed_s[at]),
+        pcts[won] if won >= 0 else p,
+        cov.target_s[at],
+        cov.covered[won] if won >= 0 else 1.0,
+        None,
+        tables(pcts[at]),
+        won_idx,
+    )
+    if best is None or cov.slices is None or not _sizes.RELAXED_SHARES:
         return pick
     fixed, target, _, cum = cov.slices
-    p_tabs = [t[0][last] for t in per_pool]  # the full cover's tables are at p
-    raws = [t[1] for t in per_pool]
+    p_tabs = tables(pcts[last])  # the full cover's tables are at p
     seen: set[int] = set()
     for share in _sizes.RELAXED_SHARES:  # read at call time: a module setting
         j = min(int(np.searchsorted(cum, share - 1e-12)), len(cum) - 1)
@@ -885,7 +908,7 @@ def _pick_cover(
         if miss <= 1.0 - p + 1e-12:
             best = key
             pick = _Pick(
-                st._replace(fixed_s=float(fixed[j])), p, float(target[j]), float(cum[j]), miss, p_tabs
+                st._replace(fixed_s=float(fixed[j])), p, float(target[j]), float(cum[j]), miss, p_tabs, idx
             )
     return pick
 
@@ -1071,27 +1094,30 @@ def _search(tabs: list[_Table], gpus: tuple[int, int, int], slack: float) -> tup
     return best_idx
 
 
-def _cost_floor(tabs: list[_Table], gpus: tuple[int, int, int], slack: float) -> int | None:
-    """A lower bound on the cost of `_search`'s answer for this slack (None: it has none).
+def _cost_floor(raws: list[_Raw], gpus: tuple[int, int, int], p: float, slack: float) -> int | None:
+    """A lower bound on the cost of `_search`'s answer at percentile p for this slack (None: it has none).
 
-    Each pool at its first count whose wait alone fits the slack (encoder and
-    prefill scanned, decode by `_search`'s bisection): every triple `_search`
-    accepts has each pool's wait within the slack.
+    Each pool at its first count whose wait alone fits the slack: every triple
+    `_search` accepts has each pool's wait within the slack. The waits are read off
+    the Erlang passes (no table built): the values `_table_at(raw, p)` would hold,
+    up to that count (the table's zero entry ends it and is always within the
+    slack, so the scan sees the same list). None exactly when some pool has no count
+    within the slack, when `_search` finds nothing. (Decode's first fit by a scan is
+    at or before the count `_search`'s bisection could return, so the bound holds
+    whatever the table's shape.)
     """
     lim = slack + 1e-9  # looser than `_search`'s 1e-12: rounding can only lower the bound
-    (r0e, we, _), (r0p, wpp, _), (r0d, wd, _) = tabs
+    tail = 1.0 - p
+    log = math.log
     total = 0
-    for r0, waits, g in ((r0e, we, gpus[0]), (r0p, wpp, gpus[1])):
-        for j, w in enumerate(waits):
-            if w <= lim:
+    for (r0, pws, gaps, f), g in zip(raws, gpus, strict=True):
+        for j, pw in enumerate(pws):
+            if pw <= tail or f * log(pw / tail) / gaps[j] <= lim:
                 total += g * (r0 + j)
                 break
         else:
             return None
-    kd = bisect.bisect_left([-w for w in wd], -lim)
-    if kd >= len(wd):
-        return None
-    return total + gpus[2] * (r0d + kd)
+    return total
 
 
 def _cost(tabs: list[_Table], gpus: tuple[int, int, int], idx: tuple[int, int, int]) -> int:
@@ -1235,12 +1261,13 @@ def _plan_disagg(
 
     lam = d.arrival_rps
     specs_full = _specs(lam, st, bounds)
-    # the size-class pick's tables are these (same specs and percentile; `_tables_at` == `_table`)
+    # the size-class pick's tables are these (same specs and percentile; `_table_at` == `_table`)
     tabs_full = pick.tabs if pick is not None and pick.tabs is not None else _tables(specs_full, p)
     (_, w_e, _), (_, w_p, _), (_, w_d, _) = tabs_full
     # best TTFT these bounds allow: each pool at its largest table entry
     best_ttft = st.fixed_s + (w_e[-1] + w_p[-1] + w_d[-1]) if w_e and w_p and w_d else math.inf
-    idx_full = _search(tabs_full, gpus, eff_slack)
+    # the pick searched its tables at this slack already (max(0, target - fixed_s))
+    idx_full = pick.idx if pick is not None and pick.idx is not None else _search(tabs_full, gpus, eff_slack)
     sol: _Sol | None
     if idx_full is not None and (budget is None or _cost(tabs_full, gpus, idx_full) <= budget):
         frac, sol = 1.0, (specs_full, tabs_full, idx_full)
@@ -2104,10 +2131,16 @@ def plan_replicas(
     for d in demands:
         st = _shape(ctx, d)
         q, target = p, _ttft_target(s, d)
+        pk: _Pick | None = None
         if st.covers is not None:
             pk = _pick_cover(st, d.arrival_rps, b, gpus, p, target)
             st, q, target = pk.st, pk.percentile, pk.target
         slack = target - st.fixed_s
+        if pk is not None and pk.idx is not None and pk.tabs is not None:
+            # the pick's tables and search are `_solve`'s at q and this slack
+            tabs, (ie, ip, i_d) = pk.tabs, pk.idx
+            out.append((tabs[0][0] + ie, tabs[1][0] + ip, tabs[2][0] + i_d, slack >= 0 and st.itl_ok))
+            continue
         sol = _solve(d.arrival_rps, st, b, gpus, q, max(0.0, slack), None)
         if sol is None:
             out.append((-1, -1, -1, False))

@@ -77,6 +77,8 @@ RELAXED_SHARES: tuple[float, ...] = ()
 # only win when nearly every request is covered anyway, and their tables are long.
 MAX_WAIT_PERCENTILE = 0.999
 _LOGNORMAL_POINTS = 2000  # quantile points that discretise a log-normal
+# position of each slice's upper edge in its class: j / n for j = 1..n (the last exactly 1)
+_SLICE_FRACTIONS = np.arange(1, SUBCLASSES_PER_BUCKET + 1) / SUBCLASSES_PER_BUCKET
 
 
 class _Classes(NamedTuple):
@@ -184,15 +186,30 @@ class SizeDistribution:
 
     # ------------------------------------------------------------------ summaries
 
-    # Derived once per distribution (cached in the instance dict; the fields are frozen).
+    # Derived once per distribution (cached in the instance dict; the fields are frozen): the
+    # planner reads the moments `demand_with_sizes` computed, not its own copy.
+
+    @cached_property
+    def prompt_mean_second(self) -> tuple[float, float]:
+        """(mean, mean square) of the prompt tokens over the classes (within-class variance included)."""
+        t, v, w = self.prompt_arrays
+        return float(w @ t), float(w @ (t * t + v))
+
+    @cached_property
+    def output_mean_second(self) -> tuple[float, float]:
+        """(mean, mean square) of the output tokens over the classes (within-class variance included)."""
+        t, v, w = self.output_arrays
+        return float(w @ t), float(w @ (t * t + v))
 
     @cached_property
     def prompt_mean_std(self) -> tuple[float, float]:
-        return _moments(_Classes(self.prompt_tokens, self.prompt_var, self.prompt_weight))
+        mean, second = self.prompt_mean_second
+        return mean, math.sqrt(max(second - mean * mean, 0.0))
 
     @cached_property
     def output_mean_std(self) -> tuple[float, float]:
-        return _moments(_Classes(self.output_tokens, self.output_var, self.output_weight))
+        mean, second = self.output_mean_second
+        return mean, math.sqrt(max(second - mean * mean, 0.0))
 
     @cached_property
     def prompt_slices(self) -> tuple[np.ndarray, np.ndarray]:
@@ -206,14 +223,22 @@ class SizeDistribution:
         """
         t, v, w = self.prompt_arrays
         half = np.sqrt(3.0 * v)
-        n = np.where(v > 0, SUBCLASSES_PER_BUCKET, 1)
-        lo = np.repeat(np.maximum(t - half, 0.0), n)
-        hi = np.repeat(t + half, n)
-        # position of each slice in its class, 1..n, over n (one arange, not one per class)
-        per = np.repeat(n, n)
-        k = (np.arange(1, per.size + 1) - np.repeat(np.cumsum(n) - n, n)) / per
-        edges = lo + (hi - lo) * k
-        weights = np.repeat(w / n, n)
+        lo = np.maximum(t - half, 0.0)
+        # every class cut in SUBCLASSES_PER_BUCKET at once (a row each); a class without
+        # spread keeps only its last slice (its upper edge lo + (hi - lo) x 1 is its mean)
+        edges = lo[:, None] + (t + half - lo)[:, None] * _SLICE_FRACTIONS
+        spread = v > 0
+        if spread.all():
+            edges = edges.ravel()
+            weights = np.repeat(w / SUBCLASSES_PER_BUCKET, SUBCLASSES_PER_BUCKET)
+        else:
+            keep = np.empty(edges.shape, dtype=bool)
+            keep[:, :-1] = spread[:, None]
+            keep[:, -1] = True
+            edges = edges[keep]
+            weights = np.repeat(
+                np.where(spread, w / SUBCLASSES_PER_BUCKET, w), np.where(spread, SUBCLASSES_PER_BUCKET, 1)
+            )
         for a in (edges, weights):
             a.flags.writeable = False
         return edges, weights
@@ -223,6 +248,16 @@ class SizeDistribution:
         """(tokens, var, weight) of the prompt classes as numpy arrays (read-only)."""
         out = tuple(
             np.asarray(x, dtype=float) for x in (self.prompt_tokens, self.prompt_var, self.prompt_weight)
+        )
+        for a in out:
+            a.flags.writeable = False
+        return out  # type: ignore[return-value]
+
+    @cached_property
+    def output_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens, var, weight) of the output classes as numpy arrays (read-only)."""
+        out = tuple(
+            np.asarray(x, dtype=float) for x in (self.output_tokens, self.output_var, self.output_weight)
         )
         for a in out:
             a.flags.writeable = False
@@ -360,7 +395,10 @@ def bare_ms(
     cached = prefix_hit_rate * t
     p, tr = m.prefill, m.transfer
     # PrefillModel.service_ms and TransferModel.serial_ms, without their per-call validation
-    pf = p.fixed_ms + p.ms_per_token * (t - cached) + p.ms_per_token_sq * (t * t - cached * cached)
+    if prefix_hit_rate:
+        pf = p.fixed_ms + p.ms_per_token * (t - cached) + p.ms_per_token_sq * (t * t - cached * cached)
+    else:  # nothing cached: the same values (t - 0 is t), three array operations fewer
+        pf = p.fixed_ms + p.ms_per_token * t + p.ms_per_token_sq * (t * t)
     if chunked and tr.chunk_tokens > 0:
         tr = [
             m.transfer_ms(float(x), chunked=True, cached_tokens=float(c))
@@ -418,15 +456,20 @@ def ttft_covers(
         if target_s_per_1k_tokens
         else np.full(t.size, target_s)
     )
-    order = np.argsort(fixed - target, kind="stable")  # most slack first
-    fixed, target, w = fixed[order], target[order], w[order]
+    key = fixed - target  # most slack first: a stable sort on it
+    if not (key[1:] >= key[:-1]).all():  # in order already (slices come by tokens): the sort keeps it
+        order = np.argsort(key, kind="stable")
+        fixed, target, w = fixed[order], target[order], w[order]
     slack = target - fixed
     ok = slack >= -1e-12
     feasible = float(w[ok].sum())
     idle_miss = 1.0 - feasible if feasible < 1.0 - 1e-12 else 0.0  # weights sum to 1 up to rounding
     if feasible <= 0:
         return Covers((), (), (), (), idle_miss, float(fixed[0]), None)
-    f_ok, t_ok, s_ok, w_ok = fixed[ok], target[ok], slack[ok], w[ok] / feasible
+    if feasible < 1.0 or not ok.all():
+        f_ok, t_ok, s_ok, w_ok = fixed[ok], target[ok], slack[ok], w[ok] / feasible
+    else:  # every slice feasible (the common case): no boolean indexing
+        f_ok, t_ok, s_ok, w_ok = fixed, target, slack, w / feasible
     cum = np.cumsum(w_ok)
     cum[-1] = 1.0
     # classes with equal slack merge; a candidate needs F_k > p

@@ -289,8 +289,10 @@ def test_tables_at_several_percentiles_equal_one_table_each() -> None:
         lo = int(rng.integers(0, 3))
         hi = lo + int(rng.integers(0, 400))
         ps = tuple(sorted(rng.uniform(0.5, 0.999, int(rng.integers(1, 6)))))
-        got, _ = planner._tables_at(lam, svc, cs2, k, lo, hi, ps)
-        assert got == [planner._table(lam, svc, cs2, k, lo, hi, p) for p in ps]
+        raw = planner._erlang_pass(lam, svc, cs2, k, lo, hi, max(ps))
+        assert [planner._table_at(raw, p) for p in ps] == [
+            planner._table(lam, svc, cs2, k, lo, hi, p) for p in ps
+        ]
 
 
 def test_a_class_straddling_the_idle_limit_is_split_by_slices() -> None:
@@ -346,14 +348,12 @@ def test_vectorised_slices_and_cover_choice_equal_the_loops() -> None:
 def _pick_reference(st, lam, bounds, gpus, p, ttft_s):
     """`planner._pick_cover`'s covers, searched one by one in index order (no cost floor)."""
     cov = st.covers
-    per_pool = [
-        planner._tables_at(lam_s, s, cs2, k, b.min_replicas, b.max_replicas, cov.wait_percentile)
-        for lam_s, s, cs2, k, b in planner._specs(lam, st, bounds)
-    ]
+    specs = planner._specs(lam, st, bounds)
+    per_cover = [planner._tables(specs, q) for q in cov.wait_percentile]  # one `_table` per pool and cover
     last = len(cov.fixed_s) - 1
-    best, pick = None, (cov.fixed_s[last], p, cov.target_s[last], 1.0, [t[0][last] for t in per_pool])
+    best, pick = None, (cov.fixed_s[last], p, cov.target_s[last], 1.0, per_cover[last])
     for i, fx in enumerate(cov.fixed_s):
-        tabs = [t[0][i] for t in per_pool]
+        tabs = per_cover[i]
         idx = planner._search(tabs, gpus, max(0.0, cov.target_s[i] - fx))
         if idx is None:
             continue
