@@ -154,7 +154,10 @@ def check_client_against_engines(
 def test_load_step_through_the_endpoint_grows_then_drains_with_no_failed_response(endpoint_stack, engine):
     stack = endpoint_stack
     step_at, fall_at, load_s = 20, 80, 150
-    obj = start(stack, engine)
+    # The step is this run's only burst: the automatic headroom would keep standing capacity
+    # for it for an hour (tests/e2e/test_autoscaling.py checks that), and this test is about
+    # the drains the fall brings, so it plans for the load alone.
+    obj = start(stack, engine, sizing={"autoHeadroom": False})
     want_high = planned(obj, HIGH, PROMPT, OUTPUT)
     want_low = planned(obj, LOW, PROMPT, OUTPUT)
     assert want_high["prefill"] > want_low["prefill"] and want_high["decode"] > want_low["decode"]
