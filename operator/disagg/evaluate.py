@@ -12,9 +12,9 @@ GPUs (starting, serving, draining) x gpus per replica.
 
 Policies (`POLICIES`):
 
-* ``disagg``: this project - planner.plan on the observed demand (rate
-  forecast one start-up ahead plus its Poisson counting uncertainty) and
-  policy.decide (HPA-like stabilization, drains, budget rebalance).
+* ``disagg``: this project - planner.plan on the observed demand (the larger
+  of the rate forecast one decision lead ahead and the observation with the
+  burst headroom, plus Poisson counting uncertainty) and policy.decide (HPA-like stabilization, drains, budget rebalance).
 * ``static``: a fixed plan for the trace's peak 60 s arrival rate.
 * ``hpa``: per pool, ``ceil(ready x utilisation / 0.7)`` with a 10 %
   tolerance and a 300 s scale-down stabilization (prefill: busy fraction;

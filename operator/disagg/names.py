@@ -101,8 +101,8 @@ EVENT_PENDING_PODS_REMOVED = "PendingPodsRemoved"
 # The policies `disagg evaluate` compares, each with its one-line description (the CLI help shows
 # them; kept here, not in disagg.evaluate, so `disagg --help` stays fast). The %% is argparse's %.
 EVAL_POLICY_HELP = {
-    "disagg": "this project: joint queueing planner on the observed demand, forecast one start-up ahead, "
-    "+ policy.decide (300 s stabilization, drains, budget rebalance)",
+    "disagg": "this project: joint queueing planner on the observed demand, forecast and burst headroom one "
+    "decision lead ahead, + policy.decide (300 s stabilization, drains, budget rebalance)",
     "static": "fixed pools planned for the trace's peak 60 s arrival rate",
     "hpa": "per-pool HPA: ceil(ready x utilisation / 0.7), 10%% tolerance, 300 s scale-down stabilization",
     "throughput": "Dynamo's rule at a 30 s cadence: per pool ceil(rate / per-replica throughput) from the "
