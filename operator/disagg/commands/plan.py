@@ -354,7 +354,9 @@ def _print_table(pl: Any) -> None:
     st = d["stages"]
     out(
         f"placement {d['placement']}   demand {pl.demand.arrival_rps:g} rps   "
-        f"SLO ttft {pl.slo.ttft_s:g}s itl {pl.slo.itl_s:g}s at p{pl.slo.percentile * 100:g}\n\n"
+        f"SLO ttft {pl.slo.ttft_s:g}s"
+        + (f" + {pl.slo.ttft_s_per_1k_tokens:g}s per 1k prompt tokens" if pl.slo.ttft_s_per_1k_tokens else "")
+        + f" itl {pl.slo.itl_s:g}s at p{pl.slo.percentile * 100:g}\n\n"
     )
     hdr = f"{'pool':<10}{'replicas':>9}{'gpus':>6}{'cap rps/rep':>13}{'util':>7}{'wait mean s':>13}{'wait p s':>10}{'L=λW':>9}\n"
     out(hdr)
