@@ -1135,7 +1135,7 @@ def sim_config(s: EvalSettings, sizes: dict[str, int], pools: tuple[str, ...]) -
 def infeasible_mask(w: Workload, s: EvalSettings) -> np.ndarray:
     """Requests whose bare path (encoder for media, prefill, serial transfer if remote, one decode
     step) exceeds their TTFT target."""
-    return _slack_ms(w, s) < -1e-9
+    return _slack_ms(w, s) < -_SLACK_EPS_MS
 
 
 def marginal_mask(w: Workload, s: EvalSettings) -> np.ndarray:
@@ -1148,8 +1148,16 @@ def marginal_mask(w: Workload, s: EvalSettings) -> np.ndarray:
     them in the attainment and reports them apart (`marginal_requests`) so a miss
     there can be told from a sizing error.
     """
-    slack = _slack_ms(w, s)
-    return (slack >= -1e-9) & (slack < float(s.models.decode.step_ms(s.models.decode.slots)))
+    return _marginal(_slack_ms(w, s), s)
+
+
+# rounding allowance when a request's bare path is compared with its target (ms)
+_SLACK_EPS_MS = 1e-9
+
+
+def _marginal(slack_ms: np.ndarray, s: EvalSettings) -> np.ndarray:
+    full_step_ms = float(s.models.decode.step_ms(s.models.decode.slots))
+    return (slack_ms >= -_SLACK_EPS_MS) & (slack_ms < full_step_ms)
 
 
 def _slack_ms(w: Workload, s: EvalSettings) -> np.ndarray:
@@ -1179,12 +1187,13 @@ def _metrics(jobs: list[Job], w: Workload, s: EvalSettings, lp: _Loop, end: floa
             itl[k] = j.itl  # the SLO's statistic of the request's inter-token gaps (SimConfig.itl_statistic)
     done = np.isfinite(ttft)
     admitted = np.array([j.state != REJECTED for j in jobs], dtype=bool)
-    infeasible = infeasible_mask(w, s)[:n]
+    slack = _slack_ms(w, s)[:n]  # one pass for both masks
+    infeasible = slack < -_SLACK_EPS_MS
     target = np.asarray(s.slo.ttft_target_s(w.prompt_tokens[:n].astype(np.float64)))
     good = done & (ttft <= target + 1e-12) & (itl <= s.slo.itl_s + 1e-12)
     feas = ~infeasible
     nf = int(feas.sum())
-    clear = feas & ~marginal_mask(w, s)[:n]  # feasible with at least one step of slack
+    clear = feas & ~_marginal(slack, s)  # feasible with at least one step of slack
     n_clear = int(clear.sum())
     td, il = ttft[done], itl[done]
     lost = int(lp.cl.lost)

@@ -113,6 +113,14 @@ def _moments(c: _Classes) -> tuple[float, float]:
     return mean, math.sqrt(max(second - mean * mean, 0.0))
 
 
+def _frozen_arrays(*columns: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The columns as read-only float arrays (cached on a frozen distribution, so never written)."""
+    out = tuple(np.asarray(x, dtype=float) for x in columns)
+    for a in out:
+        a.flags.writeable = False
+    return out  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class SizeDistribution:
     """Size classes of prompt and output tokens (independent marginals), hashable.
@@ -246,22 +254,12 @@ class SizeDistribution:
     @cached_property
     def prompt_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tokens, var, weight) of the prompt classes as numpy arrays (read-only)."""
-        out = tuple(
-            np.asarray(x, dtype=float) for x in (self.prompt_tokens, self.prompt_var, self.prompt_weight)
-        )
-        for a in out:
-            a.flags.writeable = False
-        return out  # type: ignore[return-value]
+        return _frozen_arrays(self.prompt_tokens, self.prompt_var, self.prompt_weight)
 
     @cached_property
     def output_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tokens, var, weight) of the output classes as numpy arrays (read-only)."""
-        out = tuple(
-            np.asarray(x, dtype=float) for x in (self.output_tokens, self.output_var, self.output_weight)
-        )
-        for a in out:
-            a.flags.writeable = False
-        return out  # type: ignore[return-value]
+        return _frozen_arrays(self.output_tokens, self.output_var, self.output_weight)
 
     def to_dict(self) -> dict[str, Any]:
         return {
