@@ -79,10 +79,11 @@ def test_media_load_step_grows_the_encoder_pool_and_prefill_with_it(stack):
     stack.apply(obj)
     stack.start_operator()
     stack.wait_routable()
-    # every request carries four images: the step multiplies the encoder's work by six
-    stack.start_emulator(
-        *emulator_load("0:2,20:12", 100, prompt, output, "--media-fraction", "1", "--media-items", str(items))
-    )
+    # every request carries four images: the step at step_at multiplies the encoder's work by six
+    step_at = 40
+    started = time.monotonic()
+    media = ("--media-fraction", "1", "--media-items", str(items))
+    stack.start_emulator(*emulator_load(f"0:2,{step_at}:12", step_at + 80, prompt, output, *media))
 
     def demand(rate: float) -> planner.Demand:
         return planner.Demand(rate, prompt, 0, output, 0, media_fraction=1.0, items_per_request=items)
@@ -90,11 +91,26 @@ def test_media_load_step_grows_the_encoder_pool_and_prefill_with_it(stack):
     low, high = planned_sizes(obj, demand(2.0)), planned_sizes(obj, demand(12.0))
     assert high["encoder"] > low["encoder"] and high["prefill"] > low["prefill"], (low, high)
     assert low["encoder"] == 1
-    # before the step: the encoder pool takes the media and stays at the low-load size
-    time.sleep(18)
-    assert stack.replicas().get("encoder") == low["encoder"], stack.debug()
-    media = stack.dd()["status"]["lastDecision"]["inputs"]
-    assert media["metricsOk"], stack.debug()
+
+    # Before the step the encoder pool takes the media and settles at the low-load size. The
+    # windowed rate climbs for one window after the load starts, and the trend forecast may
+    # grow the pools for that climb; the stabilization window then brings them back.
+    def settled_low() -> bool:
+        decision = stack.dd()["status"].get("lastDecision") or {}
+        planned = (decision.get("outputs") or {}).get("planned") or {}
+        return (
+            (decision.get("inputs") or {}).get("metricsOk") is True
+            and planned.get("encoder") == low["encoder"]
+            and stack.replicas().get("encoder") == low["encoder"]
+        )
+
+    stack.cluster.wait_for(
+        settled_low,
+        timeout=max(1.0, started + step_at - 2 - time.monotonic()),
+        interval=1,
+        what=f"encoder pool settled at {low['encoder']} before the step\n{stack.debug()}",
+    )
+    time.sleep(max(0.0, started + step_at - time.monotonic()))
     t_step = time.monotonic()
     stack.cluster.wait_for(
         lambda: reached(stack, high),
