@@ -69,7 +69,9 @@ class Stack:
         self.ns = namespace
         self.tmp = tmp
         self.emu_port = free_port()
-        self.prom = prometheus_factory({"emulator": [f"127.0.0.1:{self.emu_port}"]}, scrape_interval="1s")
+        #: What the test's Prometheus scrapes (job -> addresses): the emulated fleet's one port.
+        self.scrape_targets: dict[str, list[str]] = {"emulator": [f"127.0.0.1:{self.emu_port}"]}
+        self.prom = prometheus_factory(self.scrape_targets, scrape_interval="1s")
         self.operator_factory = operator_factory
         self.operator = None
         self.emulator: subprocess.Popen | None = None

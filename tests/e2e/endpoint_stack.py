@@ -300,6 +300,8 @@ class EndpointStack(Stack):
         self.kubeconfig_router = ""
         self.service: ServiceProxy | None = None
         self.loads: list[LoadRun] = []
+        #: Labels of the routers' scrape jobs (each router is scraped once it runs).
+        self.scrape_labels: dict[str, dict[str, str]] = {}
 
     def start_serving_emulator(self) -> subprocess.Popen:
         """The HTTP fleet, no load of its own: every request comes through the endpoint. It runs
@@ -366,11 +368,12 @@ class EndpointStack(Stack):
         dep = self.cluster.get_json("deployment", f"{self.name}-router", "-n", self.ns)
         container = dep["spec"]["template"]["spec"]["containers"][0]
         args = list(container["args"])
+        metrics_port = free_port()
         for flag, value in (
             ("--host", ip),
             ("--port", str(routers.ROUTER_HTTP_PORT)),
             ("--prometheus-host", ip),
-            ("--prometheus-port", str(free_port())),
+            ("--prometheus-port", str(metrics_port)),
         ):
             args[args.index(flag) + 1] = value
         p = routers.preset(self.engine)
@@ -379,7 +382,17 @@ class EndpointStack(Stack):
         proc = Proc([str(router_binary(self.engine)), *p.subcommand, *args], self.tmp / f"router{n}.log", env)
         run = RouterRun(pod["metadata"]["name"], ip, proc, container.get("readinessProbe") or {})
         self.routers.append(run)
+        self._scrape_router(run, metrics_port)
         return run
+
+    def _scrape_router(self, run: RouterRun, metrics_port: int) -> None:
+        """Have the test's Prometheus scrape the router's metrics port with the `namespace` and
+        `pod` labels a PodMonitor's scrape gives them (the autoscaler's router queries select on
+        both), beside the emulated fleet."""
+        job = f"router-{run.pod}"
+        self.scrape_targets[job] = [f"{run.ip}:{metrics_port}"]
+        self.scrape_labels[job] = {"namespace": self.ns, "pod": run.pod}
+        self.prom.set_targets(self.scrape_targets, self.scrape_labels)
 
     def wait_router_ready(self, run: RouterRun, timeout: float = 90) -> int:
         """Wait until `run` passes its readiness probe; then (with the ServiceProxy) the Service

@@ -27,6 +27,8 @@ from endpoint_stack import (
     retrying_openai_request,
 )
 
+from disagg import api, autoscaler, loop, metrics, routerclient
+
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(480)]
 
 PROMPT, OUTPUT = 6000, 150
@@ -150,6 +152,66 @@ def check_client_against_engines(
     assert abs(ci["p90"] - ei["p90"]) <= 2 * ITL_TOLERANCE_S, (ci, ei)
 
 
+def router_counts(stack: EndpointStack, obj: dict) -> dict[str, dict[str, dict[str, float]]]:
+    """The router's in-flight requests per worker as the operator reads them from Prometheus, by
+    both of its paths: this object's own queries (loop.object_queries) and the fleet queries that
+    objects sharing a Prometheus split among themselves (metrics.fleet_split). Per path, per
+    `router_in_flight_by_worker.<pool>` query: worker URL -> requests."""
+    spec = api.parse_spec(obj["spec"])
+    queries = [
+        q
+        for q in loop.object_queries(spec, stack.ns, stack.name)
+        if q.name.startswith("router_in_flight_by_worker.")
+    ]
+    assert queries, "the router's per-worker queries are not asked"
+    a = spec.autoscaling
+    short_s = autoscaler.SHORT_WINDOW_SCRAPES * a.scrape_interval_seconds
+    fleet = metrics.fleet_queries(
+        spec.engine, [stack.ns], a.metric_window_seconds, short_s, metrics.fleet_roles(queries)
+    )
+    shared = metrics.fleet_split(
+        {q.name: stack.prom.query(q.promql) for q in fleet},
+        queries,
+        stack.ns,
+        stack.name,
+        spec.slo.percentile,
+        router_deployment=loop.router_deployment(spec, stack.name),
+    )
+    own = {q.name: stack.prom.query(q.promql) for q in queries}
+    out = {}
+    for path, results in (("own", own), ("fleet", shared)):
+        snap = metrics.build_snapshot(queries, results, time.time(), a.scrape_interval_seconds, {})
+        assert snap.ok, snap.reason()
+        out[path] = {q.name: snap.by_worker.get(q.name, {}) for q in queries}
+    return out
+
+
+def wait_router_counts(stack: EndpointStack, obj: dict, run: LoadRun) -> dict:
+    """Under load, both query paths answer the router's counts for every pool it counts, named
+    by worker URLs that are the deployment's own pods (routerclient.worker_url: the name the
+    drain looks the count up by), and the pool's pods have requests in flight."""
+    found: dict = {}
+
+    def answered() -> bool:
+        run.check()
+        pods = stack.pods()
+        urls = {routerclient.worker_url(p): p["metadata"]["labels"]["disagg.dev/pool"] for p in pods}
+        found.clear()
+        found.update(router_counts(stack, obj))
+        for by_query in found.values():
+            for name, by_worker in by_query.items():
+                pool = name.split(".", 1)[1]
+                assert set(by_worker) <= set(urls), (name, by_worker, urls)
+                if sum(n for url, n in by_worker.items() if urls[url] == pool) <= 0:
+                    return False
+        return True
+
+    stack.cluster.wait_for(
+        answered, timeout=45, interval=2, what=f"the router's per-worker counts in Prometheus: {found}"
+    )
+    return found
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_load_step_through_the_endpoint_grows_then_drains_with_no_failed_response(endpoint_stack, engine):
     stack = endpoint_stack
@@ -167,6 +229,8 @@ def test_load_step_through_the_endpoint_grows_then_drains_with_no_failed_respons
     # (a) the step: the pools reach the planner's sizes.
     wait_grown(stack, run, want_high, step_at + WINDOW + 3 * INTERVAL + 20)
     grown_at = time.monotonic() - t0
+    # The router's own per-worker counts, which lengthen a drain, reach the autoscaler live.
+    counts = wait_router_counts(stack, obj, run)
     # (b) the fall: pools drain back towards the low plan while the load goes on.
     stack.cluster.wait_for(
         lambda: (
@@ -185,6 +249,7 @@ def test_load_step_through_the_endpoint_grows_then_drains_with_no_failed_respons
     )
     assert "DrainStarted" in reasons and "DrainCompleted" in reasons, reasons
     check_client_against_engines(client, summary)
+    print(f"{engine}: the router's in-flight counts per worker at the high load: {counts}")
 
 
 @pytest.mark.parametrize("engine", ENGINES)

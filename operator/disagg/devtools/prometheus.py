@@ -80,9 +80,17 @@ class PrometheusServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def set_targets(self, targets: dict[str, list[str]]) -> None:
-        """Replace the scrape targets: job name -> list of host:port."""
-        groups = [{"targets": addrs, "labels": {"job": job}} for job, addrs in sorted(targets.items())]
+    def set_targets(
+        self, targets: dict[str, list[str]], labels: dict[str, dict[str, str]] | None = None
+    ) -> None:
+        """Replace the scrape targets: job name -> list of host:port. `labels` (job name -> label
+        set) gives a job's series labels its targets do not export themselves, as Kubernetes
+        discovery gives a pod's series its `namespace` and `pod`."""
+        labels = labels or {}
+        groups = [
+            {"targets": addrs, "labels": {**labels.get(job, {}), "job": job}}
+            for job, addrs in sorted(targets.items())
+        ]
         tmp = self.sd_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(groups))
         tmp.replace(self.sd_file)
