@@ -208,7 +208,7 @@ endpoint, art, schedule, seconds, prompt, output = sys.argv[1:]
 load = loadgen.Load(endpoint, Path(art), model="llama-3.1-70b (emulated)", schedule=schedule,
                     duration_s=float(seconds), prompt_tokens=int(prompt), prompt_tokens_std=int(prompt) / 2,
                     output_tokens=int(output))
-env = [f"{k}={v}" for k, v in loadgen.env_overrides().items()]
+env = [f"{k}={v}" for k, v in load.env_overrides().items()]
 print("\n".join(["env", *env, *load.prepare()]))
 PY
 )

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +32,8 @@ DEFAULT_DIR = Path.home() / ".cache" / "disagg-operator" / "loadgen"
 #: aiperf's per-request records and its summary, inside the artifact directory.
 RECORDS_FILE = "profile_export.jsonl"
 SUMMARY_FILE = "profile_export_aiperf.json"
+#: Where, inside a run's artifact directory, aiperf keeps its dataset's memory-mapped files.
+MMAP_DIR = "mmap"
 #: A rate step in a schedule becomes two control points this far apart (aiperf's rate series
 #: is piecewise linear; its points must be strictly increasing in time).
 STEP_S = 0.1
@@ -178,8 +180,9 @@ class Load:
         return [*args, *self.extra]
 
     def prepare(self) -> list[str]:
-        """Create the artifact directory (and the rate series file); returns the command."""
-        self.artifact_dir.mkdir(parents=True, exist_ok=True)
+        """Create the artifact directory (and the rate series file); returns the command, to run
+        with environment()."""
+        (self.artifact_dir / MMAP_DIR).mkdir(parents=True, exist_ok=True)
         if self.schedule is not None:
             assert self.duration_s is not None
             (self.artifact_dir / "rate-series.json").write_text(
@@ -187,15 +190,21 @@ class Load:
             )
         return self.command()
 
+    def env_overrides(self) -> dict[str, str]:
+        """What this run's environment sets: no hub telemetry, and no file outside the run's
+        artifact directory and the project's cache directory. aiperf writes its dataset's
+        memory-mapped files under the system temporary directory by default and never removes
+        them; here they go to `artifact_dir`/mmap, and its dataset cache to the tool directory."""
+        return {
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HOME": str(tool_dir() / "hf-home"),
+            "AIPERF_DATASET_MMAP_BASE_PATH": str(self.artifact_dir / MMAP_DIR),
+            "AIPERF_DATASET_MMAP_CACHE_DIR": str(tool_dir() / "mmap-cache"),
+        }
 
-def env_overrides() -> dict[str, str]:
-    """What aiperf's environment sets: no hub telemetry, caches inside the project's cache directory."""
-    return {"HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": str(tool_dir() / "hf-home")}
-
-
-def environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """aiperf's environment: `base` (default: this process's) with env_overrides()."""
-    return {**(os.environ if base is None else base), **env_overrides()}
+    def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """This run's environment: `base` (default: this process's) with env_overrides()."""
+        return {**(os.environ if base is None else base), **self.env_overrides()}
 
 
 def _pct(values: list[float]) -> dict[str, float | None]:

@@ -59,7 +59,7 @@ class LoadRun:
         self.log_path = log
         cmd = load.prepare()
         with open(log, "w") as fh:
-            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=loadgen.environment())
+            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=load.environment())
 
     def wait(self, timeout: float) -> dict:
         try:

@@ -10,7 +10,11 @@ tokenizer), and the client's TTFT and ITL follow what the emulated engines recor
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 from router_util import StandaloneFleet, StaticRouter, router_binary
@@ -32,6 +36,9 @@ def test_aiperf_through_the_router_gets_every_stream_complete(engine, tmp_path):
         missing_prerequisite(f"the load generator {loadgen.PACKAGE} {loadgen.VERSION} (hack/loadgen.sh)")
     fleet = StandaloneFleet(tmp_path, FIRST_ADDRESS[engine], prefill=1, decode=2, engine=engine)
     router = None
+    # The system temporary directory (TMPDIR) as aiperf sees it; short, because aiperf binds its
+    # ZMQ sockets in it (a Unix socket path holds at most 107 characters).
+    system_tmp = Path(tempfile.mkdtemp(prefix="disagg-"))
     try:
         router = StaticRouter(tmp_path, engine, fleet.prefill_urls, fleet.decode_urls)
         load = loadgen.Load(
@@ -43,20 +50,31 @@ def test_aiperf_through_the_router_gets_every_stream_complete(engine, tmp_path):
             output_tokens=OUTPUT,
         )
         log = tmp_path / "aiperf.log"
+        env = load.environment({**os.environ, "TMPDIR": str(system_tmp)})
         with open(log, "w") as fh:
             rc = subprocess.run(
-                load.prepare(), stdout=fh, stderr=subprocess.STDOUT, env=loadgen.environment(), timeout=300
+                load.prepare(), stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=300
             ).returncode
         assert rc == 0, log.read_text()[-3000:]
     finally:
         if router is not None:
             router.stop()
         summary = fleet.summary()
+        left_in_tmp = sorted(
+            str(p.relative_to(system_tmp))
+            for p in system_tmp.rglob("*")
+            if not p.is_dir() or p.name.startswith("aiperf_mmap_")
+        )
+        shutil.rmtree(system_tmp, ignore_errors=True)
     client = loadgen.read_results(tmp_path / "aiperf", OUTPUT)
     print(engine, loadgen.format_results(client), summary["ttft_s"], summary["itl_s"])
     assert client["requests"] == REQUESTS
     assert client["ok"] == REQUESTS and client["failed"] == 0 and client["truncated"] == 0, client
     assert summary["requests"]["completed"] == REQUESTS and summary["http"]["errors"] == 0
+    # aiperf's dataset directory is in the run's artifact directory (aiperf empties it at the end
+    # and leaves it), and nothing of it in the system temporary directory
+    assert list((tmp_path / "aiperf" / loadgen.MMAP_DIR).glob("aiperf_mmap_*")), "no dataset directory"
+    assert not left_in_tmp, left_in_tmp
     # every prompt reached the engines with exactly PROMPT tokens (one word per token)
     records = (tmp_path / "aiperf" / loadgen.RECORDS_FILE).read_text().splitlines()
     prompts = [json.loads(r)["metrics"]["usage_prompt_tokens"]["value"] for r in records]

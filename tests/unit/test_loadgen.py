@@ -63,6 +63,19 @@ def test_the_command_streams_chat_at_a_bounded_fixed_rate_with_the_local_tokeniz
     assert cmd[cmd.index("--benchmark-duration") + 1] == "30"
 
 
+def test_the_run_writes_its_dataset_files_in_its_artifact_directory_not_the_system_tmp(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISAGG_LOADGEN_DIR", str(tmp_path / "tools"))
+    load = loadgen.Load("http://127.0.0.1:8090/v1", tmp_path / "art", rate=4, request_count=20)
+    load.prepare()
+    env = load.environment({"PATH": "/usr/bin", "TMPDIR": "/tmp"})
+    assert env["PATH"] == "/usr/bin" and env["TMPDIR"] == "/tmp"
+    assert Path(env["AIPERF_DATASET_MMAP_BASE_PATH"]) == tmp_path / "art" / loadgen.MMAP_DIR
+    assert Path(env["AIPERF_DATASET_MMAP_BASE_PATH"]).is_dir(), "prepare() creates it"
+    # its caches stay in the project's cache directory (the tool's), never ~/.cache
+    assert Path(env["AIPERF_DATASET_MMAP_CACHE_DIR"]).parent == tmp_path / "tools"
+    assert Path(env["HF_HOME"]).parent == tmp_path / "tools"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
