@@ -192,9 +192,10 @@ class Load:
 
     def env_overrides(self) -> dict[str, str]:
         """What this run's environment sets: no hub telemetry, and no file outside the run's
-        artifact directory and the project's cache directory. aiperf writes its dataset's
-        memory-mapped files under the system temporary directory by default and never removes
-        them; here they go to `artifact_dir`/mmap, and its dataset cache to the tool directory."""
+        artifact directory and the project's cache directory. By default aiperf writes its
+        dataset's memory-mapped files in a directory of the system temporary directory, and
+        leaves that directory behind; here it goes to `artifact_dir`/mmap, and aiperf's dataset
+        cache to the tool directory instead of ~/.cache/aiperf."""
         return {
             "HF_HUB_DISABLE_TELEMETRY": "1",
             "HF_HOME": str(tool_dir() / "hf-home"),
