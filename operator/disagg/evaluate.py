@@ -1132,10 +1132,14 @@ def sim_config(s: EvalSettings, sizes: dict[str, int], pools: tuple[str, ...]) -
     )
 
 
+# rounding allowance when a request's bare path is compared with its target (ms)
+_SLACK_EPS_MS = 1e-9
+
+
 def infeasible_mask(w: Workload, s: EvalSettings) -> np.ndarray:
     """Requests whose bare path (encoder for media, prefill, serial transfer if remote, one decode
     step) exceeds their TTFT target."""
-    return _slack_ms(w, s) < -_SLACK_EPS_MS
+    return _infeasible(_slack_ms(w, s))
 
 
 def marginal_mask(w: Workload, s: EvalSettings) -> np.ndarray:
@@ -1151,8 +1155,8 @@ def marginal_mask(w: Workload, s: EvalSettings) -> np.ndarray:
     return _marginal(_slack_ms(w, s), s)
 
 
-# rounding allowance when a request's bare path is compared with its target (ms)
-_SLACK_EPS_MS = 1e-9
+def _infeasible(slack_ms: np.ndarray) -> np.ndarray:
+    return slack_ms < -_SLACK_EPS_MS
 
 
 def _marginal(slack_ms: np.ndarray, s: EvalSettings) -> np.ndarray:
@@ -1188,7 +1192,7 @@ def _metrics(jobs: list[Job], w: Workload, s: EvalSettings, lp: _Loop, end: floa
     done = np.isfinite(ttft)
     admitted = np.array([j.state != REJECTED for j in jobs], dtype=bool)
     slack = _slack_ms(w, s)[:n]  # one pass for both masks
-    infeasible = slack < -_SLACK_EPS_MS
+    infeasible = _infeasible(slack)
     target = np.asarray(s.slo.ttft_target_s(w.prompt_tokens[:n].astype(np.float64)))
     good = done & (ttft <= target + 1e-12) & (itl <= s.slo.itl_s + 1e-12)
     feas = ~infeasible

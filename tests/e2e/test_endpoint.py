@@ -12,6 +12,7 @@ planner's sizes, the fall drains them, every drain ends (removed or re-admitted)
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from endpoint_stack import (
     retrying_openai_request,
 )
 
-from disagg import api, autoscaler, loop, metrics, routerclient
+from disagg import api, loop, metrics, promclient, routerclient
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -153,36 +154,31 @@ def check_client_against_engines(
 
 
 def router_counts(stack: EndpointStack, obj: dict) -> dict[str, dict[str, dict[str, float]]]:
-    """The router's in-flight requests per worker as the operator reads them from Prometheus, by
-    both of its paths: this object's own queries (loop.object_queries) and the fleet queries that
-    objects sharing a Prometheus split among themselves (metrics.fleet_split). Per path, per
-    `router_in_flight_by_worker.<pool>` query: worker URL -> requests."""
+    """The router's in-flight requests per worker as the operator reads them from Prometheus,
+    through the loop's own code on both of its paths: the object's own queries
+    (`loop.snapshot`), and the tick's fleet queries (`loop.FleetBatch`) split per object. Per
+    path, per `router_in_flight_by_worker.<pool>` query: worker URL -> requests."""
     spec = api.parse_spec(obj["spec"])
-    queries = [
-        q
+    body = {"metadata": {"namespace": stack.ns, "name": stack.name}}
+    opts = loop.LoopOptions(metrics_source=promclient.PromClient(stack.prom.url))
+
+    async def read() -> dict[str, metrics.Snapshot]:
+        own = await loop.snapshot(None, body, spec, [], opts, time.time())
+        batch = loop.FleetBatch(loop.fleet_key(spec, stack.ns), spec.autoscaling.prometheus)
+        shared = batch.add(spec, stack.ns, stack.name)
+        await batch.run(None, opts)
+        return {"own": own, "fleet": await loop.snapshot(None, body, spec, [], opts, time.time(), shared)}
+
+    names = [
+        q.name
         for q in loop.object_queries(spec, stack.ns, stack.name)
         if q.name.startswith("router_in_flight_by_worker.")
     ]
-    assert queries, "the router's per-worker queries are not asked"
-    a = spec.autoscaling
-    short_s = autoscaler.SHORT_WINDOW_SCRAPES * a.scrape_interval_seconds
-    fleet = metrics.fleet_queries(
-        spec.engine, [stack.ns], a.metric_window_seconds, short_s, metrics.fleet_roles(queries)
-    )
-    shared = metrics.fleet_split(
-        {q.name: stack.prom.query(q.promql) for q in fleet},
-        queries,
-        stack.ns,
-        stack.name,
-        spec.slo.percentile,
-        router_deployment=loop.router_deployment(spec, stack.name),
-    )
-    own = {q.name: stack.prom.query(q.promql) for q in queries}
+    assert names, "the router's per-worker queries are not asked"
     out = {}
-    for path, results in (("own", own), ("fleet", shared)):
-        snap = metrics.build_snapshot(queries, results, time.time(), a.scrape_interval_seconds, {})
-        assert snap.ok, snap.reason()
-        out[path] = {q.name: snap.by_worker.get(q.name, {}) for q in queries}
+    for path, snap in asyncio.run(read()).items():
+        assert not snap.failed & set(names), (path, snap.failed)
+        out[path] = {name: snap.by_worker.get(name, {}) for name in names}
     return out
 
 
