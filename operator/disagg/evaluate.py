@@ -44,9 +44,12 @@ are lost and count as SLO misses.
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from heapq import heappop, heappush
 from typing import Any
 
@@ -209,6 +212,128 @@ class EvalSettings:
                 "decode_kv_cache_tokens": m.decode.kv_cache_tokens,
             },
         }
+
+
+# --------------------------------------------------------------------------- reusable references
+
+# EvalSettings fields the hindsight references never read: start-up (the oracle's workers
+# start at once and a fixed fleet never starts one) and the policies' own knobs. Two runs
+# that differ only in these have the same references, so a matrix over start-up times
+# searches them once (`reference_key`, `evaluate(..., references=)`).
+POLICY_ONLY_SETTINGS = frozenset(
+    {
+        "startup_s",
+        "stabilization_s",
+        "baseline_drain",
+        "hpa_target",
+        "hpa_tolerance",
+        "headroom_z",
+        "headroom",
+        "sizing",
+        "backlog_drain_s",
+        "backlog_lead_s",
+        "ttft_feedback",
+        "ttft_comfort",
+        "capacity_scale",
+        "keda_queue_per_replica",
+        "dynamo_predictor",
+        "timeline_points",
+    }
+)
+
+
+class ReferencesMismatch(ValueError):
+    """Earlier references that cannot stand for this run's (another load, other settings, missing parts)."""
+
+
+def workload_fingerprint(w: Workload) -> str:
+    """SHA-256 of the requests (arrival times, prompt, output and media sizes): equal only for the same load."""
+    h = hashlib.sha256()
+    for a in (w.arrival_s, w.prompt_tokens, w.output_tokens, w.media_items):
+        arr = np.ascontiguousarray(a)
+        h.update(f"{arr.dtype.str}{arr.shape}".encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+def _plain(x: Any) -> Any:
+    if is_dataclass(x) and not isinstance(x, type):
+        return asdict(x)
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, (set, frozenset)):
+        return sorted(x)
+    raise TypeError(f"cannot key {type(x).__name__}")
+
+
+def reference_key(w: Workload, s: EvalSettings) -> dict[str, Any]:
+    """What the hindsight references depend on: the requests and every setting but `POLICY_ONLY_SETTINGS`.
+
+    JSON-ready (the form `evaluate` writes as ``reference_key``), so a key read back
+    from a file compares equal to a freshly computed one."""
+    kept = {f.name: getattr(s, f.name) for f in fields(s) if f.name not in POLICY_ONLY_SETTINGS}
+    key = {"workload": {"requests": len(w), "sha256": workload_fingerprint(w)}, "settings": kept}
+    return json.loads(json.dumps(key, default=_plain, sort_keys=True))
+
+
+def reference_key_differences(a: Any, b: Any, path: str = "") -> list[str]:
+    """Dotted paths where two reference keys differ (empty: the same)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[str] = []
+        for k in sorted(set(a) | set(b)):
+            sub = f"{path}.{k}" if path else str(k)
+            if k not in a or k not in b:
+                out.append(sub)
+            else:
+                out += reference_key_differences(a[k], b[k], sub)
+        return out
+    return [] if a == b else [path or "(key)"]
+
+
+# what `evaluate` derives from a policy's run against the oracle (recomputed, never reused)
+_DERIVED = ("gpu_hours_vs_oracle", "gpu_hours_at", "gpu_hours_at_vs_oracle", "curve", "timeline")
+
+
+def reused_references(
+    doc: dict[str, Any], key: dict[str, Any], *, best_static: bool, curves: bool, oracle_policy: bool
+) -> tuple[dict[str, Any], PolicyResult | None]:
+    """The references of an earlier `evaluate` result `doc`, checked to be valid for `key`,
+    and with `oracle_policy` its oracle run as a policy (metrics and timeline).
+
+    Raises `ReferencesMismatch` naming what differs when they were computed for another
+    load or other settings, or lack what this run reports."""
+    if not isinstance(doc, dict) or "reference_key" not in doc or "references" not in doc:
+        raise ReferencesMismatch(
+            "the earlier result has no reference_key (written by an older version or not by "
+            "`disagg evaluate --output json`): run it again to reuse its references"
+        )
+    diff = reference_key_differences(doc["reference_key"], key)
+    if diff:
+        raise ReferencesMismatch(
+            "the earlier result's references are for another load or other settings; "
+            f"differing: {', '.join(diff[:8])}{' ...' if len(diff) > 8 else ''}"
+        )
+    refs = copy.deepcopy(doc["references"])
+    if "gpu_hours_at" not in refs.get("oracle", {}):
+        raise ReferencesMismatch("the earlier result has no hindsight oracle to reuse")
+    if curves and not doc.get("settings", {}).get("curves"):
+        raise ReferencesMismatch(
+            "this run reads the oracle's GPU-hours for 95 % off its curve (--curves); "
+            "the earlier result ran without --curves"
+        )
+    if best_static and "best_static" not in refs:
+        raise ReferencesMismatch("the earlier result ran without the best fixed fleet (--no-best-static)")
+    if not best_static:
+        refs.pop("best_static", None)
+    refs["reused"] = True
+    oracle = None
+    if oracle_policy:
+        earlier = doc.get("policies", {}).get("oracle")
+        if not isinstance(earlier, dict):
+            raise ReferencesMismatch("the earlier result did not list the oracle among its policies")
+        metrics = {k: v for k, v in copy.deepcopy(earlier).items() if k not in _DERIVED}
+        oracle = PolicyResult("oracle", metrics, copy.deepcopy(earlier.get("timeline", [])))
+    return refs, oracle
 
 
 # --------------------------------------------------------------------------- workloads
@@ -1241,16 +1366,22 @@ def evaluate(
     *,
     curves: bool = False,
     best_static: bool = True,
+    references: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run every policy on `w`; JSON-ready result measured against the hindsight references.
 
-    The hindsight oracle always runs (``references.oracle``); the best fixed fleet
+    The hindsight oracle runs unless reused (``references.oracle``); the best fixed fleet
     unless `best_static` is False (``references.best_static``; without it the oracle
     has no fixed-fleet floor, see `yardstick.hindsight_oracle`). The fluid bound
     always (``references.fluid_bound``). With `curves`, every
     policy also runs at each setting of its knob (`disagg.yardstick.KNOBS`):
     ``policies.<name>.curve``; ``gpu_hours_at`` reads the GPU-hours for 95 % and
     99 % attainment off the curve (off the default run alone without `curves`).
+
+    `references`: an earlier result of this function (its JSON) for the same requests and
+    the same settings but `POLICY_ONLY_SETTINGS` (``reference_key``): its references are
+    used instead of searching them again (``references.reused``), and so is its oracle
+    run when the oracle is a listed policy; `ReferencesMismatch` names what differs otherwise.
     """
     from disagg import yardstick
 
@@ -1260,8 +1391,18 @@ def evaluate(
         if p not in classes:
             raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
     names = list(dict.fromkeys(policies))
-    run_names = names if "oracle" in names else [*names, "oracle"]
-    res = {}
+    key = reference_key(w, s)
+    refs: dict[str, Any] | None = None
+    res: dict[str, PolicyResult] = {}
+    if references is not None:
+        refs, earlier_oracle = reused_references(
+            references, key, best_static=best_static, curves=curves, oracle_policy="oracle" in names
+        )
+        if earlier_oracle is not None:
+            res["oracle"] = earlier_oracle
+    run_names = [p for p in names if p not in res]
+    if refs is None and "oracle" not in run_names:
+        run_names.append("oracle")
     for p in run_names:
         if progress is not None:
             progress(f"running {p} ...")
@@ -1270,22 +1411,26 @@ def evaluate(
             res[p] = hindsight.oracle
         else:
             res[p] = run_policy(p, w, s, progress)
-    om = res["oracle"].metrics
+    if refs is not None:
+        found: dict[str, Any] = refs
+        om = refs["oracle"]
+    else:
+        om = res["oracle"].metrics
+        found = {"oracle": _reference(om)}
+        if best_static:
+            found["best_static"] = {
+                **_reference(hindsight.fixed_metrics),
+                **hindsight.fixed_stats.to_dict(),
+            }
+        found["fluid_bound"] = yardstick.fluid_bound(w, s)
     oracle_h = om["gpu_hours"]
-    references: dict[str, Any] = {"oracle": _reference(om)}
-    if best_static:
-        references["best_static"] = {**_reference(hindsight.fixed_metrics), **hindsight.fixed_stats.to_dict()}
-    references["fluid_bound"] = yardstick.fluid_bound(w, s)
     points: dict[str, list[dict[str, Any]]] = {}
+    if refs is not None:  # the oracle did not run: its point (and curve) are the earlier run's
+        earlier_curve = (references or {}).get("policies", {}).get("oracle", {}).get("curve")
+        points["oracle"] = earlier_curve if curves and earlier_curve else [_default_point("oracle", om, s)]
     for p in run_names:
         knob, values = yardstick.KNOBS.get(p, (None, ()))
-        default_point = {
-            "knob": knob,
-            "value": getattr(s, knob) if knob else None,
-            **{k: res[p].metrics.get(k, 0) for k in ("slo_attainment", "gpu_hours", "lost_requests")},
-            "rejected_requests": res[p].metrics.get("rejected_requests", 0),
-            "default": True,
-        }
+        default_point = _default_point(p, res[p].metrics, s)
         points[p] = [default_point]
         if curves and knob:
             others = [v for v in values if v != default_point["value"]]
@@ -1295,6 +1440,8 @@ def evaluate(
         p: {f"{a:g}": yardstick.gpu_hours_at(points[p], a) for a in yardstick.ATTAINMENT_TARGETS}
         for p in points
     }
+    if refs is not None and curves:  # the oracle's curve is the earlier run's
+        at["oracle"] = refs["oracle"]["gpu_hours_at"]
     out = {}
     for p in names:
         m = dict(res[p].metrics)
@@ -1308,7 +1455,7 @@ def evaluate(
             m["curve"] = points[p]
         m["timeline"] = res[p].timeline
         out[p] = m
-    references["oracle"]["gpu_hours_at"] = at["oracle"]
+    found["oracle"]["gpu_hours_at"] = at["oracle"]
     return {
         "trace": w.name,
         "workload": {
@@ -1320,8 +1467,23 @@ def evaluate(
             "media_fraction": float((w.media_items > 0).mean()) if len(w) else 0.0,
         },
         "settings": {**s.to_dict(), "curves": curves},
-        "references": references,
+        "reference_key": key,
+        "references": found,
         "policies": out,
+    }
+
+
+def _default_point(p: str, m: dict[str, Any], s: EvalSettings) -> dict[str, Any]:
+    """A policy's point at its default setting, on its knob's curve (`yardstick.KNOBS`)."""
+    from disagg import yardstick
+
+    knob = yardstick.KNOBS.get(p, (None, ()))[0]
+    return {
+        "knob": knob,
+        "value": getattr(s, knob) if knob else None,
+        **{k: m.get(k, 0) for k in ("slo_attainment", "gpu_hours", "lost_requests")},
+        "rejected_requests": m.get("rejected_requests", 0),
+        "default": True,
     }
 
 

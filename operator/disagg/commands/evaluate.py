@@ -99,6 +99,13 @@ def register(subparsers: Any) -> None:
         "GPU-hours for 95 %% and 99 %% interpolated on them",
     )
     f("--no-best-static", action="store_true", help="skip the best-fixed-fleet search (faster)")
+    f(
+        "--references",
+        metavar="FILE",
+        help="reuse the hindsight oracle and best fixed fleet of an earlier --output json run of the "
+        "same trace and settings (start-up and the policies' knobs may differ) instead of searching "
+        "them again; refused, naming the difference, otherwise",
+    )
     f("--limit", type=int, help="read at most N trace rows")
     f(
         "--media-fraction",
@@ -405,7 +412,7 @@ def run(args: argparse.Namespace) -> int:
         )
     settings = _settings(args)
 
-    from disagg.evaluate import diurnal, evaluate, rate_scaled
+    from disagg.evaluate import ReferencesMismatch, diurnal, evaluate, rate_scaled
     from disagg.workload import load_trace, with_media
 
     try:
@@ -424,7 +431,29 @@ def run(args: argparse.Namespace) -> int:
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    doc = evaluate(w, policies, settings, progress, curves=args.curves, best_static=not args.no_best_static)
+    earlier = None
+    if args.references:
+        try:
+            with open(args.references, encoding="utf-8") as fh:
+                earlier = json.load(fh)
+        except OSError as exc:
+            raise UsageError(f"cannot read {args.references}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise UsageError(f"{args.references}: not JSON ({exc})") from None
+    try:
+        doc = evaluate(
+            w,
+            policies,
+            settings,
+            progress,
+            curves=args.curves,
+            best_static=not args.no_best_static,
+            references=earlier,
+        )
+    except ReferencesMismatch as exc:
+        raise UsageError(f"--references {args.references}: {exc}") from None
+    if args.references:
+        doc["references"]["source"] = args.references
     doc["settings"]["rate_scale"] = args.rate_scale
     doc["settings"]["workload"] = args.workload
     doc["settings"]["seed"] = args.seed
