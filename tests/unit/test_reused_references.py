@@ -24,7 +24,6 @@ from disagg.evaluate import (
     evaluate,
     reference_key,
 )
-from disagg.planner import SLO
 from disagg.workload import Workload, piecewise_poisson
 
 SMALL = EvalSettings(startup_s=30.0, stabilization_s=120.0, timeline_points=50)
@@ -110,7 +109,13 @@ def test_reused_references_give_the_fresh_result_without_a_search(
     assert doc["references"]["reused"] is True
     assert without_wall_time(doc["references"]) == without_wall_time(fresh["references"])
     for p in POLICIES:
-        for k in ("slo_attainment", "gpu_hours", "gpu_hours_vs_oracle", "gpu_hours_at", "gpu_hours_at_vs_oracle"):
+        for k in (
+            "slo_attainment",
+            "gpu_hours",
+            "gpu_hours_vs_oracle",
+            "gpu_hours_at",
+            "gpu_hours_at_vs_oracle",
+        ):
             assert doc["policies"][p][k] == pytest.approx(fresh["policies"][p][k]), (p, k)
     assert doc["policies"]["oracle"]["timeline"] == fresh["policies"]["oracle"]["timeline"]
     assert doc["reference_key"] == earlier["reference_key"]
@@ -124,7 +129,9 @@ def test_reused_references_give_the_fresh_result_without_a_search(
         (lambda s: replace(s, max_replicas=4), "settings.max_replicas"),
     ],
 )
-def test_references_for_other_settings_are_refused(load: Workload, earlier: dict, change: Any, named: str) -> None:
+def test_references_for_other_settings_are_refused(
+    load: Workload, earlier: dict, change: Any, named: str
+) -> None:
     with pytest.raises(ReferencesMismatch, match=named.replace(".", r"\.")):
         evaluate(load, ["static"], change(SMALL), references=earlier)
 
@@ -159,7 +166,21 @@ def test_cli_refuses_references_of_another_trace_in_one_line(tmp_path: Any, caps
     common = ["--policy", "static", "--no-best-static", "--output", "json"]
     assert main(["evaluate", "--trace", str(trace), *common]) == 0
     first.write_text(capsys.readouterr().out)
-    assert main(["evaluate", "--trace", str(trace), *common, "--startup-seconds", "90", "--references", str(first)]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--trace",
+                str(trace),
+                *common,
+                "--startup-seconds",
+                "90",
+                "--references",
+                str(first),
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["references"]["reused"] is True and out["references"]["source"] == str(first)
     assert main(["evaluate", "--trace", str(other), *common, "--references", str(first)]) == 2
