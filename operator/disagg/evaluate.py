@@ -1480,7 +1480,7 @@ def _default_point(p: str, m: dict[str, Any], s: EvalSettings) -> dict[str, Any]
     knob = yardstick.KNOBS.get(p, (None, ()))[0]
     return {
         "knob": knob,
-        "value": getattr(s, knob) if knob else None,
+        "value": yardstick.knob_value(s, knob) if knob else None,
         **{k: m.get(k, 0) for k in ("slo_attainment", "gpu_hours", "lost_requests")},
         "rejected_requests": m.get("rejected_requests", 0),
         "default": True,

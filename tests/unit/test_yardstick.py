@@ -100,6 +100,25 @@ def test_curves_sweep_the_knob(bursty: Workload) -> None:
     assert d["policies"]["static"]["gpu_hours_at"]["0.95"] == yardstick.gpu_hours_at(pts, 0.95)
 
 
+def test_disagg_curve_sweeps_the_percentile_it_plans_at(bursty: Workload) -> None:
+    d = evaluate(bursty, ["disagg"], SMALL, curves=True, best_static=False)
+    pts = d["policies"]["disagg"]["curve"]
+    assert [p["value"] for p in pts] == list(yardstick.KNOBS["disagg"][1])
+    assert all(p["knob"] == "slo.percentile" for p in pts)
+    (default,) = [p for p in pts if p.get("default")]
+    assert default["value"] == SMALL.slo.percentile
+    assert default["gpu_hours"] == d["policies"]["disagg"]["gpu_hours"]
+    # planning for fewer of the requests needs fewer GPUs: the curve has cheaper points
+    assert pts[0]["gpu_hours"] < default["gpu_hours"] <= pts[-1]["gpu_hours"]
+
+
+def test_with_knob_sets_a_nested_setting_and_keeps_the_rest() -> None:
+    s = yardstick.with_knob(SMALL, "slo.percentile", 0.95)
+    assert yardstick.knob_value(s, "slo.percentile") == 0.95
+    assert s.slo.ttft_s == SMALL.slo.ttft_s and s.startup_s == SMALL.startup_s
+    assert yardstick.with_knob(SMALL, "headroom", 0.5).headroom == 0.5
+
+
 # --------------------------------------------------------------------------- media: the encoder pool
 
 
