@@ -56,17 +56,18 @@ run_case() {  # run_case NAME WORKLOAD SCALE STARTUP HEADROOM FILE
     done
   fi
   [[ -n $ref ]] && refs=(--references "$ref")
+  evaluate() {  # evaluate [FLAG...]: this case into $f.tmp, its stderr into the case's log
+    # shellcheck disable=SC2086  # DISAGG may be a command with arguments, EVAL_ARGS several flags
+    "${timer[@]}" $DISAGG evaluate --trace "$TRACES/${FILE[$name]}" --workload "$wl" --rate-scale "$k" \
+      --startup-seconds "$st" --headroom "$hr" "${curves[@]}" "$@" $EVAL_ARGS --output json >"$f.tmp" 2>"${f%.json}.log"
+  }
   t0=$(date +%s)
   echo "[start $(date -u +%H:%M:%S)] $name $wl x$k start-up ${st}s headroom $hr${ref:+ (references of ${ref##*/})}" >&2
-  # shellcheck disable=SC2086  # DISAGG may be a command with arguments, EVAL_ARGS several flags
-  "${timer[@]}" $DISAGG evaluate --trace "$TRACES/${FILE[$name]}" --workload "$wl" --rate-scale "$k" \
-    --startup-seconds "$st" --headroom "$hr" "${curves[@]}" "${refs[@]}" $EVAL_ARGS --output json >"$f.tmp" 2>"${f%.json}.log" || rc=$?
+  evaluate "${refs[@]}" || rc=$?
   if ((rc == 2)) && [[ -n $ref ]]; then  # references refused (other settings): search them
     echo "[note  $(date -u +%H:%M:%S)] $(tail -n 1 "${f%.json}.log"); searching them" >&2
     rc=0 ref=""
-    # shellcheck disable=SC2086
-    "${timer[@]}" $DISAGG evaluate --trace "$TRACES/${FILE[$name]}" --workload "$wl" --rate-scale "$k" \
-      --startup-seconds "$st" --headroom "$hr" "${curves[@]}" $EVAL_ARGS --output json >"$f.tmp" 2>"${f%.json}.log" || rc=$?
+    evaluate || rc=$?
   fi
   if ((rc == 0)); then mv "$f.tmp" "$f"; else rm -f "$f.tmp"; fi
   [[ -s ${f%.json}.cpu ]] && cpu=$(tail -n 1 "${f%.json}.cpu" | awk '{printf "%.0f", $1 + $2}')

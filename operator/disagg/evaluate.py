@@ -331,8 +331,9 @@ def reused_references(
         earlier = doc.get("policies", {}).get("oracle")
         if not isinstance(earlier, dict):
             raise ReferencesMismatch("the earlier result did not list the oracle among its policies")
-        metrics = {k: v for k, v in copy.deepcopy(earlier).items() if k not in _DERIVED}
-        oracle = PolicyResult("oracle", metrics, copy.deepcopy(earlier.get("timeline", [])))
+        earlier = copy.deepcopy(earlier)
+        metrics = {k: v for k, v in earlier.items() if k not in _DERIVED}
+        oracle = PolicyResult("oracle", metrics, earlier.get("timeline", []))
     return refs, oracle
 
 
@@ -1426,7 +1427,7 @@ def evaluate(
     oracle_h = om["gpu_hours"]
     points: dict[str, list[dict[str, Any]]] = {}
     if refs is not None:  # the oracle did not run: its point (and curve) are the earlier run's
-        earlier_curve = (references or {}).get("policies", {}).get("oracle", {}).get("curve")
+        earlier_curve = references.get("policies", {}).get("oracle", {}).get("curve") if references else None
         points["oracle"] = earlier_curve if curves and earlier_curve else [_default_point("oracle", om, s)]
     for p in run_names:
         knob, values = yardstick.KNOBS.get(p, (None, ()))
