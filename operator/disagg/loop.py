@@ -333,19 +333,30 @@ def sizing_readings(results: Mapping[str, Any], count_interval_s: float) -> Sizi
 
 
 async def read_sizing(
-    kube: Kube, body: Mapping[str, Any], spec: api.DisaggDeploymentSpec, opts: LoopOptions
+    kube: Kube,
+    body: Mapping[str, Any],
+    spec: api.DisaggDeploymentSpec,
+    opts: LoopOptions,
+    fleet: asyncio.Future | None = None,
 ) -> SizingReadings:
-    """Run the sizing queries (optional: any failure is just "missing")."""
+    """Run the sizing queries (optional: any failure is just "missing"). With `fleet` (the
+    tick's fleet queries, which hold the sizing series too), they are split from it in memory."""
     meta = body["metadata"]
     queries = sizing_query_list(spec, meta["namespace"], meta["name"])
     if not queries:
         return SizingReadings()
     count_s = autoscaler.COUNT_SCRAPES * spec.autoscaling.scrape_interval_seconds
+    results: dict[str, Any] = {}
+    if fleet is not None:
+        shared = await asyncio.shield(fleet)
+        results = metrics.fleet_split(shared, queries, meta["namespace"], meta["name"], spec.slo.percentile)
+    rest = [q for q in queries if q.name not in results]
     try:
-        source = opts.metrics_source or await client_for(
-            kube, meta["namespace"], spec.autoscaling.prometheus, opts.prometheus_url
-        )
-        results = await source.run(queries)
+        if rest:
+            source = opts.metrics_source or await client_for(
+                kube, meta["namespace"], spec.autoscaling.prometheus, opts.prometheus_url
+            )
+            results.update(await source.run(rest))
     except Exception as exc:  # optional input: the decision goes on without it
         return SizingReadings(problems=(f"sizing queries: {exc}",))
     readings = sizing_readings(results, count_s)
@@ -450,7 +461,8 @@ class FleetBatch:
     def add(self, spec: api.DisaggDeploymentSpec, namespace: str, name: str) -> asyncio.Future:
         self.namespaces.add(namespace)
         self.roles |= metrics.fleet_roles(
-            object_queries(spec, namespace, name), own=list(spec.autoscaling.queries or {})
+            object_queries(spec, namespace, name) + sizing_query_list(spec, namespace, name),
+            own=list(spec.autoscaling.queries or {}),
         )
         if self.future is None:
             self.future = asyncio.get_running_loop().create_future()
@@ -930,7 +942,7 @@ async def step(
     config = autoscaler.config_from_spec(spec)
     extend_restored(tr, now)
     deployments = await list_deployments(kube, ns, name, opts)
-    sizing = await read_sizing(kube, body, spec, opts)
+    sizing = await read_sizing(kube, body, spec, opts, fleet)
     outcome = autoscaler.decide(config, observation(config, snap, deployments, pods, now, sizing), tr.state)
     tr.state = outcome.state
     tr.last_outcome = outcome

@@ -197,6 +197,8 @@ class Query:
     # Required only while `pool` has routable pods: a pool with none reports nothing, which is
     # then no problem (the value is simply absent and its last measurement stands).
     required_with_pods: bool = False
+    # A subquery's (span s, step s), for a query of kind "series" (its fleet series has them).
+    series_window: tuple[int, int] | None = None
 
 
 def front_pool(pools: Sequence[str]) -> str:
@@ -720,15 +722,18 @@ def sizing_queries(
         ),
     ]
     counts = f"sum(increase({p.prompt_tokens}_count{{{fs}}}[{sub}]))"
-    q.append(Query("arrival_counts", f"({counts})[{w}:{sub}]", "series", required=False, pool=front))
+    spans = [("arrival_counts", int(window_s))]
     if horizon_s:
+        spans.append(("arrival_counts_horizon", int(horizon_s)))
+    for name, span in spans:
         q.append(
             Query(
-                "arrival_counts_horizon",
-                f"({counts})[{int(horizon_s)}s:{sub}]",
+                name,
+                f"({counts})[{span}s:{sub}]",
                 "series",
                 required=False,
                 pool=front,
+                series_window=(span, int(sub_window_s)),
             )
         )
     return q
@@ -799,10 +804,11 @@ def size_distribution(
 # Many DisaggDeployments that use the same Prometheus ask one query per metric per tick instead
 # of each its own: the series are grouped by the labels that identify a pod (namespace, pod, and
 # le for histogram buckets), and `fleet_split` rebuilds, in memory, exactly the answer each
-# object's own query (build_queries) would have had: sums and maxima over the pool's pods (the
-# same pod-name pattern, pool_selector), ratios of sums, buckets summed by le, and
-# histogram_quantile over them. The answers then go through build_snapshot unchanged, so the
-# freshness rules and "missing is never zero" hold as before.
+# object's own query (build_queries, sizing_queries) would have had: sums and maxima over the
+# pool's pods (the same pod-name pattern, pool_selector), ratios of sums, buckets summed by le,
+# histogram_quantile over them, and a subquery's points summed per step (the arrival counts).
+# The answers then go through build_snapshot unchanged, so the freshness rules and "missing is
+# never zero" hold as before.
 
 #: Per-object query name -> (how its value is made, the fleet series it is made of).
 _RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -820,6 +826,11 @@ _RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kv_usage_max": ("max", ("kv_usage",)),
     "kv_usage_sum": ("sum", ("kv_usage_avg",)),
     "kv_running_avg": ("sum", ("running_avg",)),
+    # the sizing inputs (sizing_queries)
+    "prompt_tokens_histogram": ("buckets", ("prompt_bucket",)),
+    "prompt_tokens_sum_rate": ("sum", ("prompt_sum",)),
+    "output_tokens_histogram": ("buckets", ("output_bucket",)),
+    "output_tokens_sum_rate": ("sum", ("output_sum",)),
 }
 _BY_POD_RECIPES = {
     "running_by_pod": "running",
@@ -828,10 +839,17 @@ _BY_POD_RECIPES = {
 }
 _PENDING_ROLE = "pending_kv"  # fleet series "pending_kv.<pool>", one per PendingWork
 _ROUTER_ROLE = "router_in_flight"  # fleet series "router_in_flight.<pool>", per Preset.router_in_flight
+# fleet series "arrival_counts.<span s>.<step s>": arrivals per pod per step over the span, a
+# subquery (sizing_queries' arrival counts, the burstiness and automatic headroom inputs)
+_COUNTS_ROLE = "arrival_counts"
 FLEET_PREFIX = "fleet."
 
 
-def _recipe(name: str) -> tuple[str, tuple[str, ...]] | None:
+def _recipe(q: Query) -> tuple[str, tuple[str, ...]] | None:
+    name = q.name
+    if q.series_window is not None:
+        span, step = q.series_window
+        return ("series", (f"{_COUNTS_ROLE}.{span}.{step}",))
     if name in _RECIPES:
         return _RECIPES[name]
     base, _, pool = name.partition(".")
@@ -847,7 +865,7 @@ def fleet_roles(queries: Sequence[Query], own: Sequence[str] = ()) -> set[str]:
     itself, spec.autoscaling.queries, which stay its own queries)."""
     roles: set[str] = set()
     for q in queries:
-        r = _recipe(q.name)
+        r = _recipe(q)
         if r is not None and q.name not in own:
             roles.update(r[1])
     return roles
@@ -891,6 +909,11 @@ def _fleet_promql(p: Preset, role: str, ns: str, window_s: int, short_window_s: 
         table[f"{_PENDING_ROLE}.{work.pool}"] = work.promql(ns, by="namespace, pod")
     for pool, series in p.router_in_flight:
         table[f"{_ROUTER_ROLE}.{pool}"] = f"sum by (namespace, pod, worker) ({series}{{{ns}}})"
+    base, _, window = role.partition(".")
+    if base == _COUNTS_ROLE:
+        span, _, step = window.partition(".")
+        counts = f"sum by (namespace, pod) (increase({p.prompt_tokens}_count{{{ns}}}[{int(step)}s]))"
+        return f"({counts})[{int(span)}s:{int(step)}s]"
     return table.get(role)
 
 
@@ -1007,7 +1030,7 @@ def fleet_split(
         return math.fsum(v for s in series if (v := num(s)) is not None)
 
     for q in queries:
-        recipe = _recipe(q.name)
+        recipe = _recipe(q)
         if recipe is None or q.name in own:
             continue
         how, roles = recipe
@@ -1043,6 +1066,17 @@ def fleet_split(
             out[q.name] = [
                 {"metric": {"worker": w}, "value": [stamp(first), _fmt(v)]} for w, v in workers.items()
             ]
+        elif how == "series":  # a subquery's points summed per step over the pods, as `sum`
+            at: dict[Any, list[float]] = {}
+            for s in first:
+                for point in s.get("values") or []:
+                    try:
+                        at.setdefault(point[0], []).append(float(point[1]))
+                    except (IndexError, TypeError, ValueError):
+                        continue  # a malformed point is left out
+            out[q.name] = (
+                [{"metric": {}, "values": [[t, _fmt(math.fsum(at[t]))] for t in sorted(at)]}] if at else []
+            )
         elif how == "by_pod":
             pods = {s["metric"]["pod"]: v for s in first if (v := num(s)) is not None}  # one per pod
             out[q.name] = [

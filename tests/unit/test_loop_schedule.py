@@ -162,7 +162,10 @@ class FleetProm:
                 value = (
                     self.now - 1 if role == "sample_time" else 2.0 if role.startswith("prompt_count") else 0.5
                 )
-                if role.endswith("_bucket"):
+                if role.startswith("arrival_counts."):  # a subquery: arrivals per step
+                    step = float(role.rsplit(".", 1)[1])
+                    series.append({"metric": labels, "values": [[self.now - step, "3"], [self.now, "5"]]})
+                elif role.endswith("_bucket"):
                     series += [{"metric": {**labels, "le": "+Inf"}, "value": [self.now, str(value)]}]
                 else:
                     series.append({"metric": labels, "value": [self.now, str(value)]})
@@ -178,7 +181,17 @@ class FleetProm:
         (["http://127.0.0.1:9090", "http://127.0.0.2:9090"], 2),  # two Prometheus: two batches
     ],
 )
-def test_one_query_per_metric_per_tick_for_every_due_object(urls: list[str | None], batches_expected: int):
+def test_one_query_per_metric_per_tick_for_every_due_object(
+    urls: list[str | None], batches_expected: int, monkeypatch: pytest.MonkeyPatch
+):
+    readings: dict[str, loop.SizingReadings] = {}
+    read_sizing = loop.read_sizing
+
+    async def recorded(kube, body, *args, **kwargs) -> loop.SizingReadings:
+        readings[body["metadata"]["name"]] = got = await read_sizing(kube, body, *args, **kwargs)
+        return got
+
+    monkeypatch.setattr(loop, "read_sizing", recorded)
     kube = FakeKube()
     prom = FleetProm(kube, T0)
     _, opts = fleet(0)
@@ -203,14 +216,15 @@ def test_one_query_per_metric_per_tick_for_every_due_object(urls: list[str | Non
             await task
 
     asyncio.run(main())
-    # The decision's metrics: one batch per Prometheus for the eight objects, each series once.
-    # (The optional sizing inputs, a range query per object, are still asked per object.)
-    batches = [c for c in prom.calls if any(n.startswith(metrics.FLEET_PREFIX) for n in c)]
-    assert len(batches) == batches_expected
-    for batch in batches:
+    # The decision's metrics, sizing inputs included: one batch per Prometheus for the eight
+    # objects, each series once, and nothing asked per object.
+    assert len(prom.calls) == batches_expected
+    for batch in prom.calls:
         assert len(batch) == len(set(batch)) and all(n.startswith(metrics.FLEET_PREFIX) for n in batch)
-    assert all(c == ["arrival_counts_horizon"] for c in prom.calls if c not in batches)
+        assert any(n.startswith(f"{metrics.FLEET_PREFIX}arrival_counts.") for n in batch)
     for i in range(8):
         snap = loop.TRACKERS[(NS, f"llm-{i:04d}")].last_snapshot
         assert snap is not None and snap.ok, snap and snap.reason()
         assert snap.values["arrival_rps"] == 2.0  # its own prefill pod's rate, not the fleet's
+        # its own prefill pod's arrivals per step (the burstiness and headroom input)
+        assert readings[f"llm-{i:04d}"].arrival_counts == (3.0, 5.0)

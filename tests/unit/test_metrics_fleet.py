@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from disagg import metrics
+from disagg import loop, metrics
 from disagg.metrics import MetricError, QueryFailed
 
 NS = "ns"
@@ -169,3 +169,64 @@ def test_histogram_quantile_without_observations_or_inf_bucket_is_nan():
     assert math.isnan(metrics.histogram_quantile(0.5, [(0.1, 0.0), (math.inf, 0.0)]))
     assert math.isnan(metrics.histogram_quantile(0.5, [(0.1, 1.0), (0.2, 2.0)]))
     assert metrics.histogram_quantile(0.99, [(0.1, 5.0), (math.inf, 10.0)]) == 0.1  # in +Inf: last bound
+
+
+def sizing(obj: str) -> list[metrics.Query]:
+    return metrics.sizing_queries("vllm", NS, obj, POOLS, 60, 30, horizon_s=3600)
+
+
+def counts(pod: str, points: dict[float, float]) -> dict:
+    return {
+        "metric": {"namespace": NS, "pod": pod},
+        "values": [[t, metrics._fmt(v)] for t, v in sorted(points.items())],
+    }
+
+
+def test_the_sizing_inputs_are_fleet_series_split_like_the_objects_own():
+    """The request-size histograms and the arrival counts (a subquery) come from the tick's
+    fleet queries: one series per pod, summed per `le` and per step over the object's pool."""
+    qs = sizing("a")
+    roles = metrics.fleet_roles(qs)
+    fleet_q = {q.name: q.promql for q in metrics.fleet_queries("vllm", [NS], 60, 30, roles)}
+    # One counts series per (span, step), each pod's own increase per step.
+    assert fleet_q["fleet.arrival_counts.3600.30"] == (
+        '(sum by (namespace, pod) (increase(vllm:request_prompt_tokens_count{namespace=~"ns"}[30s])))'
+        "[3600s:30s]"
+    )
+    assert "fleet.arrival_counts.60.30" in fleet_q  # the window's counts, a series of its own
+    a_pre, a_dec, b_pre = pods("a", "prefill", 2), pods("a", "decode", 1), pods("b", "prefill", 1)
+    values = {a_pre[0]: 1.0, a_pre[1]: 3.0, a_dec[0]: 5.0, b_pre[0]: 100.0}
+    res = fleet(values)
+    res["fleet.arrival_counts.3600.30"] = [
+        counts(a_pre[0], {T - 60: 2.0, T - 30: 4.0, T: 1.0}),
+        counts(a_pre[1], {T - 30: 6.0, T: 0.0}),  # started later: no point at T - 60
+        counts(a_dec[0], {T - 30: 50.0, T: 50.0}),  # decode pods are not the arrival pool
+        counts(b_pre[0], {T - 30: 70.0, T: 70.0}),  # another object
+    ]
+    got = metrics.fleet_split(res, qs, NS, "a", 0.9)
+    assert got["arrival_counts_horizon"] == [
+        {"metric": {}, "values": [[T - 60, "2.0"], [T - 30, "10.0"], [T, "1.0"]]}
+    ]
+    assert got["arrival_counts"] == []  # its series was not answered: missing, never zero
+    assert {s["metric"]["le"]: float(s["value"][1]) for s in got["prompt_tokens_histogram"]} == {
+        "0.5": 2.0,
+        "+Inf": 4.0,
+    }
+    assert float(got["prompt_tokens_sum_rate"][0]["value"][1]) == 4.0
+    assert float(got["output_tokens_sum_rate"][0]["value"][1]) == 5.0
+    # Parsed by the loop exactly as its own answers would be.
+    own = {
+        "prompt_tokens_histogram": [
+            {"metric": {"le": "0.5"}, "value": [T, "2.0"]},
+            {"metric": {"le": "+Inf"}, "value": [T, "4.0"]},
+        ],
+        "prompt_tokens_sum_rate": [{"metric": {}, "value": [T, "4.0"]}],
+        "output_tokens_histogram": [
+            {"metric": {"le": "0.5"}, "value": [T, "2.5"]},
+            {"metric": {"le": "+Inf"}, "value": [T, "5.0"]},
+        ],
+        "output_tokens_sum_rate": [{"metric": {}, "value": [T, "5.0"]}],
+        "arrival_counts_horizon": [{"metric": {}, "values": [[T - 60, "2"], [T - 30, "10"], [T, "1"]]}],
+    }
+    assert loop.sizing_readings(got, 30.0) == loop.sizing_readings(own, 30.0)
+    assert loop.sizing_readings(got, 30.0).arrival_counts == (2.0, 10.0, 1.0)

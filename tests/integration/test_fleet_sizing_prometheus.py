@@ -1,0 +1,109 @@
+"""The sizing inputs through real Prometheus: the tick's fleet queries (one per series for every
+object, the arrival counts a subquery grouped by pod) split in memory give each object the
+readings its own queries give, evaluated at the same instant."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from disagg import loop, metrics
+
+NS = "ns"
+# pod -> (role, requests per second); the names follow the pods of a pool's Deployment
+PODS = {
+    "a-prefill-7d9f8c6b5-ab001": ("prefill", 3.0),
+    "a-prefill-7d9f8c6b5-ab002": ("prefill", 1.0),
+    "a-decode-7d9f8c6b5-ab001": ("decode", 4.0),
+    "b-prefill-7d9f8c6b5-ab001": ("prefill", 7.0),  # another object in the same namespace
+}
+PROMPT_LE = (256.0, 1024.0, 4096.0)
+OUTPUT_LE = (64.0, 256.0)
+WINDOW_S, STEP_S, SPAN_S = 6, 2, 10
+
+
+def exposition(elapsed_s: float) -> str:
+    """vLLM's token histograms for every pod: requests arrive at the pod's rate; a quarter of
+    the prompts fall in each bucket (the last in +Inf) and outputs alternate two buckets."""
+    lines = []
+    for pod, (role, rps) in PODS.items():
+        n = int(rps * elapsed_s)
+        labels = f'namespace="{NS}",pod="{pod}"'
+        metric, les = (
+            ("vllm:request_prompt_tokens", PROMPT_LE)
+            if role == "prefill"
+            else ("vllm:request_generation_tokens", OUTPUT_LE)
+        )
+        share = [n * (i + 1) // (len(les) + 1) for i in range(len(les))]
+        for le, c in zip(les, share, strict=True):
+            lines.append(f'{metric}_bucket{{{labels},le="{le:g}"}} {c}')
+        lines.append(f'{metric}_bucket{{{labels},le="+Inf"}} {n}')
+        lines.append(f"{metric}_count{{{labels}}} {n}")
+        lines.append(f"{metric}_sum{{{labels}}} {n * (900 if role == 'prefill' else 120)}")
+    return "\n".join(lines) + "\n"
+
+
+class AtInstant:
+    """A metrics source asking every query at one fixed evaluation time."""
+
+    def __init__(self, url: str, at: float) -> None:
+        self.url, self.at = url, at
+
+    def _one(self, promql: str) -> list[dict]:
+        qs = urllib.parse.urlencode({"query": promql, "time": f"{self.at:.3f}"})
+        with urllib.request.urlopen(f"{self.url}/api/v1/query?{qs}", timeout=5) as r:
+            body = json.loads(r.read())
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    async def run(self, queries: list[metrics.Query]) -> dict:
+        return {q.name: self._one(q.promql) for q in queries}
+
+
+@pytest.mark.prometheus
+def test_fleet_split_sizing_readings_equal_the_objects_own_in_real_prometheus(prometheus_factory):
+    t0 = time.monotonic()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = exposition(time.monotonic() - t0).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        prom = prometheus_factory({"engines": [f"127.0.0.1:{server.server_port}"]})
+        time.sleep(SPAN_S + WINDOW_S + 2)  # a span of counts and a window of rates
+        at = time.time() - 1.0
+        source = AtInstant(prom.url, at)
+        queries = metrics.sizing_queries(
+            "vllm", NS, "a", ("prefill", "decode"), WINDOW_S, STEP_S, horizon_s=SPAN_S
+        )
+        own = asyncio.run(source.run(queries))
+        roles = metrics.fleet_roles(queries)
+        fleet = asyncio.run(source.run(metrics.fleet_queries("vllm", [NS], WINDOW_S, None, roles)))
+        assert not [n for n, r in fleet.items() if not r], fleet  # every fleet series answered
+        split = metrics.fleet_split(fleet, queries, NS, "a", 0.9)
+        assert set(split) == {q.name for q in queries}
+        got, want = loop.sizing_readings(split, STEP_S), loop.sizing_readings(own, STEP_S)
+        assert not want.problems and want.sizes is not None and want.arrival_counts, want
+        # about 4 arrivals per second into "a"'s prefill pool (not "b"'s 7), counted per 2 s step
+        assert 6.0 <= sum(want.arrival_counts) / len(want.arrival_counts) <= 10.0, want
+        assert got.sizes == want.sizes
+        assert got.arrival_counts == pytest.approx(want.arrival_counts, rel=1e-12)
+        assert got.count_interval_s == want.count_interval_s
+    finally:
+        server.shutdown()
