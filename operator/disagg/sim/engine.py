@@ -417,8 +417,21 @@ class Cluster:
                 self._start_serial(job, now)
 
     def _pick(self, role: str):
+        """The least-loaded worker of `role` that is not draining, the first of equals."""
         best = None
         bl = INF
+        if role in (DECODE, COLOCATED):
+            # A serving worker's load (ServeWorker.load, inlined: this is the simulator's
+            # hottest loop) counts held sequences, never below zero: the first idle worker is
+            # the pick, and a large, mostly idle pool is not scanned to its end.
+            for w in self.pools[role]:
+                if not w.draining:
+                    lo = w.held / w.slots
+                    if lo < bl:
+                        best, bl = w, lo
+                        if lo == 0.0:
+                            break
+            return best
         for w in self.pools[role]:
             if not w.draining:
                 lo = w.load()

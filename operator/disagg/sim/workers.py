@@ -409,6 +409,7 @@ class ServeWorker(Component):
         "d",
         "draining",
         "fresh",
+        "held",
         "host",
         "incoming",
         "kv_area",
@@ -476,6 +477,9 @@ class ServeWorker(Component):
         self.pq: deque[Job] = deque()
         self.fresh: list[Job] = []  # joined, first decode step not started yet
         self.incoming = 0  # KV reservations whose transfer has not landed
+        # Sequences held: batch, waiting, local prefill queue and running prefill, incoming
+        # reservations. Kept as a count (the routing load's numerator, read on every pick).
+        self.held = 0
         self.steps = 0  # decode steps completed up to t_base
         self.t_base = 0.0
         self.d = 0.0
@@ -499,12 +503,10 @@ class ServeWorker(Component):
 
     # -- routing signals
     def load(self) -> float:
-        return (
-            len(self.batch) + len(self.waiting) + len(self.pq) + self.incoming + (self.pf_job is not None)
-        ) / self.slots
+        return self.held / self.slots
 
     def in_flight(self) -> int:
-        return len(self.batch) + len(self.waiting) + len(self.pq) + self.incoming + (self.pf_job is not None)
+        return self.held
 
     def _free(self) -> int:
         return self.slots - len(self.batch) - (self.pf_job is not None)
@@ -543,9 +545,11 @@ class ServeWorker(Component):
     # -- mutations
     def reserve(self) -> None:
         self.incoming += 1
+        self.held += 1
 
     def unreserve(self) -> None:
         self.incoming -= 1
+        self.held -= 1
 
     def offer_kv(self, job: Job, now: float) -> None:
         """The job's KV has landed (its reservation holds it); it waits for a slot."""
@@ -561,6 +565,7 @@ class ServeWorker(Component):
         job.t_stage = now
         self.pf_stage.enter(now)
         self.pq.append(job)
+        self.held += 1
         self._wake(now)
 
     # -- token gaps
@@ -631,6 +636,7 @@ class ServeWorker(Component):
             j.gaps = self.gap_runs(end - j.output + 2, end)
             self.kv_used -= j.prompt + j.output
             finished.append(j)
+        self.held -= len(finished)
         # Prefill progress.
         pf_done = None
         job = self.pf_job
@@ -749,6 +755,7 @@ class ServeWorker(Component):
             self.pf_stage.leave(now, now - self.pf_job.t_stage)
             lost.append(self.pf_job)
             self.pf_job = None
+        self.held = self.incoming
         self.mode = IDLE
         self.next_time = INF
         self.log_k.clear()
