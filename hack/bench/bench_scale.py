@@ -3,6 +3,7 @@
 
     hack/bench/bench_scale.py 100 300                # autoscaling disabled
     hack/bench/bench_scale.py --autoscaling 1 50     # real Prometheus + `disagg emulate`, 10 s interval
+    hack/bench/bench_scale.py --autoscaling --emulators 4 500   # the fleet over four emulators
 
 Without a size it prints this help and exits (so `make bench` does not start a long run).
 For each N it starts `disagg run` (this checkout's code) watching a fresh namespace, applies N
@@ -131,7 +132,11 @@ class Cluster:
 # ---------------------------------------------------------------------------- objects
 
 
-def dd(name: str, prom_url: str | None, router: bool = False) -> dict:
+#: The label that says which emulator process (`--emulators`) emulates an object's pods.
+EMULATOR_LABEL = "bench.disagg.dev/emulator"
+
+
+def dd(name: str, prom_url: str | None, router: bool = False, emulator: int = 0) -> dict:
     container = {"name": "vllm", "image": "example.invalid/vllm:bench", "ports": [{"containerPort": 8000}]}
     pool = {
         "replicas": 1,
@@ -148,7 +153,7 @@ def dd(name: str, prom_url: str | None, router: bool = False) -> dict:
             "metricWindowSeconds": 10,
             "prometheus": {"url": prom_url},
         }
-    return disagg_deployment(
+    obj = disagg_deployment(
         name,
         {"prefill": {**pool, "maxReplicas": 4}, "decode": {**pool, "maxReplicas": 8}},
         autoscaling,
@@ -156,6 +161,8 @@ def dd(name: str, prom_url: str | None, router: bool = False) -> dict:
         # Off by default: two pods and two Services per object (with it: three of each).
         router={"enabled": router},
     )
+    obj["metadata"].setdefault("labels", {})[EMULATOR_LABEL] = str(emulator)
+    return obj
 
 
 def ready_count(cluster: Cluster, ns: str) -> int:
@@ -239,7 +246,7 @@ class Run:
         self.ns = f"bench-scale-{n}-{uuid.uuid4().hex[:5]}"
         self.port = free_port()
         self.op: subprocess.Popen | None = None
-        self.emulator: subprocess.Popen | None = None
+        self.emulators: list[subprocess.Popen] = []
         self.prom = None
         self.figures: dict[str, object] = {"N": n}
         # Autoscaling: the rate steps up after convergence and the steady window (apply -> Ready
@@ -269,27 +276,36 @@ class Run:
     def start_autoscaling_stack(self, rate: float) -> None:
         from disagg.devtools.prometheus import PrometheusServer
 
-        emu_port = free_port()
+        # One emulator process per part of the fleet (objects round-robin, by EMULATOR_LABEL),
+        # each with its own metrics port, all scraped by the one Prometheus.
+        parts = self.args.emulators
+        ports = [free_port() for _ in range(parts)]
         self.prom = PrometheusServer(
-            targets={"emulator": [f"127.0.0.1:{emu_port}"]},
+            targets={"emulator": [f"127.0.0.1:{port}" for port in ports]},
             scrape_interval="1s",
             workdir=self.tmp / f"prom-{self.n}",
         ).start()
         step_at = self.step_after
-        schedule = f"0:{rate * self.n:g},{step_at}:{rate * self.args.step_factor * self.n:g}"
-        cmd = [sys.executable, "-m", "disagg.cli", "emulate", "--kubeconfig", self.cluster.kubeconfig]
-        cmd += ["--namespace", self.ns, "--metrics-port", str(emu_port), "--schedule", schedule]
-        cmd += ["--duration", str(step_at + self.args.step_watch + 60)]
-        log = open(self.tmp / f"emulator-{self.n}.log", "ab")  # noqa: SIM115
-        self.emulator = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=code_env(self.cluster.kubeconfig)
-        )
-        log.close()
+        for k, port in enumerate(ports):
+            objects = len(range(k, self.n, parts))
+            low, high = rate * objects, rate * self.args.step_factor * objects
+            cmd = [sys.executable, "-m", "disagg.cli", "emulate", "--kubeconfig", self.cluster.kubeconfig]
+            cmd += ["--namespace", self.ns, "--selector", f"{EMULATOR_LABEL}={k}"]
+            cmd += ["--metrics-port", str(port), "--schedule", f"0:{low:g},{step_at}:{high:g}"]
+            cmd += ["--duration", str(step_at + self.args.step_watch + 60)]
+            log = open(self.tmp / f"emulator-{self.n}-{k}.log", "ab")  # noqa: SIM115
+            self.emulators.append(
+                subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, env=code_env(self.cluster.kubeconfig)
+                )
+            )
+            log.close()
         self.emulator_started = time.monotonic()
 
     def close(self) -> None:
         self.stop_operator()
-        stop(self.emulator, 15)
+        for emulator in self.emulators:
+            stop(emulator, 15)
         if self.prom is not None:
             self.prom.close()
         self.cluster.kubectl("delete", "namespace", self.ns, "--wait=false", check=False)
@@ -298,7 +314,10 @@ class Run:
     def converge(self) -> None:
         prom_url = self.prom.url if self.prom is not None else None
         m0 = scrape(self.port)
-        docs = [json.dumps(dd(f"o{i:04d}", prom_url, self.args.router)) for i in range(self.n)]
+        docs = [
+            json.dumps(dd(f"o{i:04d}", prom_url, self.args.router, i % self.args.emulators))
+            for i in range(self.n)
+        ]
         t0 = time.monotonic()
         for i in range(0, self.n, APPLY_CHUNK):
             self.cluster.kubectl(
@@ -510,12 +529,20 @@ def main() -> int:
     )
     ap.add_argument("--logs", type=Path, help="keep the operator's (and emulator's) logs in this directory")
     ap.add_argument("--step-watch", type=int, default=90, help="autoscaling: how long to watch the step")
+    ap.add_argument(
+        "--emulators",
+        type=int,
+        default=1,
+        help="autoscaling: emulator processes sharing the fleet (`disagg emulate --selector`; default 1)",
+    )
     args = ap.parse_args()
     if not args.sizes:
         ap.print_help()
         return 0
     if any(n < 1 for n in args.sizes):
         ap.error("sizes must be positive")
+    if args.emulators < 1:
+        ap.error("--emulators must be at least 1")
     cluster = Cluster(max(args.sizes))
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
     cluster.kubectl("wait", "--for=condition=Established", "crd/disaggdeployments.disagg.dev")

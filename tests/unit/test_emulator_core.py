@@ -514,6 +514,32 @@ def test_pod_watcher_gate_drain_and_deletion():
     assert fleet.summary()["lost_by_pod"] == {"ns/d0": 4}
 
 
+def test_emulators_split_a_fleet_by_label_selector():
+    """Two emulator processes, each given a selector, emulate disjoint objects: each only the
+    pods of the DisaggDeployments its selector matches."""
+    from fakes import FakeKube
+
+    kube = FakeKube()
+    for name, part in (("a", "one"), ("b", "two"), ("c", "one")):
+        kube.put(
+            {
+                "apiVersion": "disagg.dev/v1alpha1",
+                "kind": "DisaggDeployment",
+                "metadata": {"name": name, "namespace": "ns", "generation": 1, "labels": {"part": part}},
+                "spec": SPEC,
+            }
+        )
+        for p in (pod(f"{name}-p0", "prefill"), pod(f"{name}-d0", "decode")):
+            p["metadata"]["labels"]["disagg.dev/deployment"] = name
+            kube.put({"kind": "Pod", **p})
+    emulated = {}
+    for part in ("one", "two"):
+        fleet = Fleet()
+        asyncio.run(PodWatcher(kube, fleet, lambda: 0.0, namespace="ns", selector=f"part={part}").sync())
+        emulated[part] = sorted(p.name for p in fleet.live_pods())
+    assert emulated == {"one": ["a-d0", "a-p0", "c-d0", "c-p0"], "two": ["b-d0", "b-p0"]}
+
+
 def test_failed_listing_removes_nothing():
     class Broken:
         async def list(self, *a, **k):

@@ -38,6 +38,14 @@ def register(subparsers: Any) -> None:
     c.add_argument("--namespace", "-n", help="only this namespace (default: all namespaces)")
     c.add_argument("--deployment", help="only this DisaggDeployment")
     c.add_argument(
+        "--selector",
+        "-l",
+        metavar="LABELS",
+        help="only the DisaggDeployments this label selector matches (the syntax of `disagg run "
+        "--shard-selector`): several emulator processes, each with its own selector and metrics "
+        "port, share a fleet too large for one",
+    )
+    c.add_argument(
         "--poll-interval", type=float, default=0.5, help="seconds between pod listings (default 0.5)"
     )
     s = p.add_argument_group("standalone fleet (no cluster)")
@@ -291,7 +299,13 @@ def run(args: argparse.Namespace) -> int:
                 grace_s=args.grace,
                 serve=serving(fleet, address_of) if args.serve else None,
             )
+        from disagg import shard
         from disagg.kube import Kube
+
+        try:
+            selector = str(shard.parse_selector(args.selector)) or None
+        except ValueError as exc:
+            raise UsageError(f"--selector: {exc}") from None
 
         kube = await Kube.connect(args.kubeconfig)
         fleet = Fleet(max_queue=args.max_queue, gone_retention_s=args.gone_retention)
@@ -308,6 +322,7 @@ def run(args: argparse.Namespace) -> int:
                     now,
                     namespace=args.namespace,
                     deployment=args.deployment,
+                    selector=selector,
                     engine=None if args.engine == "auto" else args.engine,
                     chunked=args.chunked,
                     failure_prob=args.kv_failure_prob,

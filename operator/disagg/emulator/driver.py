@@ -105,6 +105,12 @@ def pod_address(pod: dict, default_port: int = 8000) -> tuple[str, int] | None:
     return ip, default_port
 
 
+def owner_key(pod: dict) -> tuple[str, str]:
+    """(namespace, DisaggDeployment name) of a pool pod, from its labels."""
+    meta = pod.get("metadata") or {}
+    return meta.get("namespace", ""), (meta.get("labels") or {}).get(LABEL_DEPLOYMENT, "")
+
+
 def pod_routable(pod: dict) -> bool:
     """Running, gate `disagg.dev/routable` True, not terminating, no drain annotation."""
     meta = pod.get("metadata") or {}
@@ -132,6 +138,7 @@ class PodWatcher:
         *,
         namespace: str | None = None,
         deployment: str | None = None,
+        selector: str | None = None,
         engine: str | None = None,
         chunked: bool | None = None,
         failure_prob: float = 0.0,
@@ -142,6 +149,7 @@ class PodWatcher:
         self.now = now
         self.namespace = namespace
         self.deployment = deployment
+        self.selector = selector  # a label selector on DisaggDeployments (None: all)
         self.engine = engine
         self.chunked = chunked
         self.failure_prob = failure_prob
@@ -153,7 +161,7 @@ class PodWatcher:
     async def sync(self) -> None:
         from disagg.api import KIND
 
-        dds = await self.kube.list(KIND, self.namespace)
+        dds = await self.kube.list(KIND, self.namespace, self.selector)
         selector = f"{LABEL_DEPLOYMENT}={self.deployment}" if self.deployment else LABEL_DEPLOYMENT
         pods = await self.kube.list("Pod", self.namespace, selector)
         specs = {}
@@ -162,6 +170,8 @@ class PodWatcher:
             if self.deployment and m["name"] != self.deployment:
                 continue
             specs[(m["namespace"], m["name"])] = dd
+        if self.selector:  # the pods of the selected objects only: others are another emulator's
+            pods = [p for p in pods if owner_key(p) in specs]
         self.apply(specs, pods, self.now())
 
     def _deployment(self, key: tuple[str, str], dd: dict | None, now: float) -> DeploymentEmulator | None:
