@@ -1,8 +1,9 @@
 """The simulator's routing pick: a serving worker's load is a kept count of the sequences it
-holds (`ServeWorker.held`), read on every pick, and a pick stops at the first idle worker. At
-every pick, over placements, chunking, KV limits, transfer failures, drains and removals, the
-count equals a recount of the worker's queues and the pick is the full scan's (the least
-loaded worker that is not draining, the first of equals)."""
+holds (`ServeWorker.held`), read on every pick, and a pick stops at the first idle worker; a
+prefill or encoder worker's load is read inline. At every pick, over placements, chunking, KV
+limits, transfer failures, drains and removals, the count equals a recount of the worker's
+queues and the pick is the full scan's (the least loaded worker that is not draining, the
+first of equals)."""
 
 from __future__ import annotations
 
@@ -33,14 +34,15 @@ def checked_picks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     def checked(self: Cluster, role: str):
         got = pick(self, role)
+        pool = self.pools[role]
+        load = (lambda w: recount(w) / w.slots) if role in (DECODE, COLOCATED) else (lambda w: w.load())
         if role in (DECODE, COLOCATED):
-            pool = self.pools[role]
             for w in pool:
                 assert w.held == recount(w), (w.name, w.held, recount(w))
-            open_ = [w for w in pool if not w.draining]
-            want = min(open_, key=lambda w: recount(w) / w.slots) if open_ else None
-            assert got is want, (role, got and got.name, want and want.name)
             picks.append(1)
+        open_ = [w for w in pool if not w.draining]
+        want = min(open_, key=load) if open_ else None  # min: the first of equals
+        assert got is want, (role, got and got.name, want and want.name)
         return got
 
     monkeypatch.setattr(Cluster, "_pick", checked)

@@ -156,6 +156,7 @@ class Cluster:
         self.stages: dict[str, StageStats] = {}
         self.pools: dict[str, list] = {ENCODER: [], PREFILL: [], DECODE: [], COLOCATED: []}
         self.workers: list = []  # every worker ever added (for utilisation)
+        self.added_per_role: dict[str, int] = {}  # workers ever added, per role (their names)
         self.life: dict = {}  # worker -> [added, removed]
         self.links: list[Link] = []
         self.shared_link: Link | None = None
@@ -300,7 +301,9 @@ class Cluster:
     def add_worker(self, role: str, now: float | None = None) -> FcfsWorker | ServeWorker:
         now = self.now if now is None else now
         cache = PrefixCache(self.cfg.prefix_cache_tokens) if self.cfg.prefix_cache_tokens else None
-        name = f"{role}-{sum(1 for w in self.workers if w.role == role)}"
+        k = self.added_per_role.get(role, 0)
+        self.added_per_role[role] = k + 1
+        name = f"{role}-{k}"
         if role == ENCODER:
             w = FcfsWorker(self, ENCODER, name, self.stage("encoder"))
         elif role == PREFILL:
@@ -432,9 +435,10 @@ class Cluster:
                         if lo == 0.0:
                             break
             return best
+        now = self.now
         for w in self.pools[role]:
             if not w.draining:
-                lo = w.load()
+                lo = w.load_s - (now - w.t_start) if w.cur is not None else w.load_s  # FcfsWorker.load
                 if lo < bl:
                     best, bl = w, lo
         return best
