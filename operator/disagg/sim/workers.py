@@ -27,7 +27,7 @@ from collections import deque
 from heapq import heappop, heappush
 
 from disagg.names import POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
-from disagg.sim.core import INF, Job, PrefixCache, StageStats
+from disagg.sim.core import INF, Job, PrefixCache, StageStats, slot_deepcopy
 
 ENCODER = POOL_ENCODER
 PREFILL = POOL_PREFILL
@@ -40,6 +40,7 @@ QUEUED = -2.0  # Unit.tag of a send waiting for a place on its link
 class Component:
     """Scheduling bookkeeping shared by every event source."""
 
+    __deepcopy__ = slot_deepcopy
     __slots__ = ("next_time", "sched", "ver")
 
     def __init__(self) -> None:
@@ -56,6 +57,7 @@ class FcfsWorker(Component):
     last mark is the end of service.
     """
 
+    __deepcopy__ = slot_deepcopy
     __slots__ = (
         "busy_s",
         "cache",
@@ -188,6 +190,7 @@ class FcfsWorker(Component):
 class Unit:
     """One send on a link: a whole KV state or one chunk of it."""
 
+    __deepcopy__ = slot_deepcopy
     __slots__ = ("attempt", "dead", "fails", "idx", "job", "nbytes", "t0", "tag", "work")
 
     def __init__(self, job: Job, attempt: int, idx: int, work: float, nbytes: float, fails: bool) -> None:
@@ -215,6 +218,7 @@ class Link(Component):
     stage's queue length and waits are this queue's.
     """
 
+    __deepcopy__ = slot_deepcopy
     __slots__ = (
         "active_n",
         "busy_s",
@@ -401,6 +405,7 @@ class ServeWorker(Component):
 
     LOG_TRIM = 4096  # log entries before the first trim
 
+    __deepcopy__ = slot_deepcopy
     __slots__ = (
         "batch",
         "busy_s",
