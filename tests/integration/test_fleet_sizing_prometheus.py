@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 import urllib.parse
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from textserver import serve_text
 
 from disagg import loop, metrics
 
@@ -71,19 +70,7 @@ class AtInstant:
 def test_fleet_split_sizing_readings_equal_the_objects_own_in_real_prometheus(prometheus_factory):
     t0 = time.monotonic()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = exposition(time.monotonic() - t0).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve_text(lambda: exposition(time.monotonic() - t0))
     try:
         prom = prometheus_factory({"engines": [f"127.0.0.1:{server.server_port}"]})
         time.sleep(SPAN_S + WINDOW_S + 2)  # a span of counts and a window of rates
