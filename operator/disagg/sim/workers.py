@@ -40,7 +40,7 @@ QUEUED = -2.0  # Unit.tag of a send waiting for a place on its link
 class Component:
     """Scheduling bookkeeping shared by every event source."""
 
-    __deepcopy__ = slot_deepcopy
+    __deepcopy__ = slot_deepcopy  # inherited by every worker and link
     __slots__ = ("next_time", "sched", "ver")
 
     def __init__(self) -> None:
@@ -57,7 +57,6 @@ class FcfsWorker(Component):
     last mark is the end of service.
     """
 
-    __deepcopy__ = slot_deepcopy
     __slots__ = (
         "busy_s",
         "cache",
@@ -218,7 +217,6 @@ class Link(Component):
     stage's queue length and waits are this queue's.
     """
 
-    __deepcopy__ = slot_deepcopy
     __slots__ = (
         "active_n",
         "busy_s",
@@ -405,7 +403,6 @@ class ServeWorker(Component):
 
     LOG_TRIM = 4096  # log entries before the first trim
 
-    __deepcopy__ = slot_deepcopy
     __slots__ = (
         "batch",
         "busy_s",
