@@ -447,19 +447,36 @@ def fleet_key(spec: api.DisaggDeploymentSpec, namespace: str) -> tuple:
     return (*windows, namespace, a.prometheus.model_dump_json())
 
 
+#: Most characters of DisaggDeployment names one fleet batch asks for in its pod filter
+#: (metrics.owners_pod_regex): the queries are GET URLs, which proxies in front of Prometheus
+#: commonly cap at 8 KiB. A tick with more due objects sends one batch per this many characters.
+FLEET_FILTER_MAX_CHARS = 4000
+
+
 class FleetBatch:
     """The objects of one tick that share a fleet key: their namespaces and series, then one
-    query per series for them all (`start`), awaited by each object's step."""
+    query per series for them all (`run`), asking only for those objects' pods, awaited by
+    each object's step."""
 
     def __init__(self, key: tuple, prometheus: api.PrometheusConfig | None = None) -> None:
         self.key = key
         self.prometheus = prometheus  # the spec's (None: the operator's --prometheus-url)
         self.namespaces: set[str] = set()
+        self.deployments: set[str] = set()
+        self.filter_chars = 0
         self.roles: set[str] = set()
         self.future: asyncio.Future | None = None
 
+    def full(self) -> bool:
+        """Whether the pod filter has reached FLEET_FILTER_MAX_CHARS (the next object goes to
+        another batch)."""
+        return self.filter_chars >= FLEET_FILTER_MAX_CHARS
+
     def add(self, spec: api.DisaggDeploymentSpec, namespace: str, name: str) -> asyncio.Future:
         self.namespaces.add(namespace)
+        if name not in self.deployments:
+            self.deployments.add(name)
+            self.filter_chars += len(name) + 2
         self.roles |= metrics.fleet_roles(
             object_queries(spec, namespace, name) + sizing_query_list(spec, namespace, name),
             own=list(spec.autoscaling.queries or {}),
@@ -471,7 +488,9 @@ class FleetBatch:
     async def run(self, kube: Kube, opts: LoopOptions) -> None:
         engine, window_s, short_s, namespace, _ = self.key
         assert self.future is not None
-        queries = metrics.fleet_queries(engine, sorted(self.namespaces), window_s, short_s, self.roles)
+        queries = metrics.fleet_queries(
+            engine, sorted(self.namespaces), window_s, short_s, self.roles, sorted(self.deployments)
+        )
         try:
             source = opts.metrics_source or await client_for(
                 kube, namespace or "", self.prometheus, opts.prometheus_url
@@ -1054,7 +1073,7 @@ async def tick(kube: Kube, opts: LoopOptions, now: float, wait: bool = False) ->
     kube = cached(kube, opts)
     started = time.monotonic()
     tasks: list[asyncio.Task] = []
-    batches: dict[tuple, FleetBatch] = {}
+    batches: dict[tuple, list[FleetBatch]] = {}
     for body in objs:
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
@@ -1074,15 +1093,16 @@ async def tick(kube: Kube, opts: LoopOptions, now: float, wait: bool = False) ->
             and not spec.autoscaling.paused
         ):
             fk = fleet_key(spec, key[0])
-            if fk not in batches:
-                batches[fk] = FleetBatch(fk, spec.autoscaling.prometheus)
-            fleet = batches[fk].add(spec, *key)
+            open_ = batches.setdefault(fk, [])
+            if not open_ or open_[-1].full():
+                open_.append(FleetBatch(fk, spec.autoscaling.prometheus))
+            fleet = open_[-1].add(spec, *key)
         task = asyncio.create_task(
             _step_in_task(kube, body, opts, now, due, started, fleet), name=f"disagg-step-{key[0]}/{key[1]}"
         )
         INFLIGHT[key] = task
         tasks.append(task)
-    for batch in batches.values():
+    for batch in (b for group in batches.values() for b in group):
         # The tick's metrics, one query per series: held by the tasks (cancelled with them).
         tasks.append(asyncio.create_task(batch.run(kube, opts), name=f"disagg-fleet-{batch.key}"))
     if wait:

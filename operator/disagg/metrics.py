@@ -917,22 +917,36 @@ def _fleet_promql(p: Preset, role: str, ns: str, window_s: int, short_window_s: 
     return table.get(role)
 
 
+def owners_pod_regex(deployments: Sequence[str]) -> str:
+    """RE2 pattern matching the pods of every pool and of the router of the DisaggDeployments
+    `deployments` (and possibly of others whose names begin the same way: a superset, which the
+    split narrows per object). A pod's generated name begins with ``<name>-`` cut to
+    GENERATE_NAME_BASE_MAX characters (see pod_name_regex)."""
+    prefixes = sorted({_escape(f"{d}-"[:GENERATE_NAME_BASE_MAX]) for d in deployments})
+    return "(?:" + "|".join(prefixes) + ").*"
+
+
 def fleet_queries(
     engine: str,
     namespaces: Sequence[str],
     window_s: int,
     short_window_s: int | None,
     roles: set[str],
+    deployments: Sequence[str] | None = None,
 ) -> list[Query]:
-    """One query per fleet series in `roles`, over every pod of `namespaces` (named
-    `fleet.<role>`), for the objects that share the engine and the windows."""
+    """One query per fleet series in `roles`, over the pods of `namespaces` (named
+    `fleet.<role>`), for the objects that share the engine and the windows. With `deployments`,
+    only the pods of those DisaggDeployments are asked for (`owners_pod_regex`): a tick's
+    answers then grow with the objects due in it, not with every object of the namespaces."""
     if not namespaces:
         raise ValueError("fleet queries need at least one namespace")
     p = preset(engine)
-    ns = 'namespace=~"' + "|".join(sorted(set(namespaces))) + '"'
+    selector = 'namespace=~"' + "|".join(sorted(set(namespaces))) + '"'
+    if deployments:
+        selector += f',pod=~"{owners_pod_regex(deployments)}"'
     out = []
     for role in sorted(roles):
-        promql = _fleet_promql(p, role, ns, window_s, short_window_s)
+        promql = _fleet_promql(p, role, selector, window_s, short_window_s)
         if promql is not None:
             out.append(Query(FLEET_PREFIX + role, promql, "fleet", required=False))
     return out
@@ -1010,11 +1024,14 @@ def fleet_split(
         if pods_of not in pattern_of:  # the PromQL pattern, its string-literal escaping undone
             pattern_of[pods_of] = re.compile(pod_name_regex(pods_of).replace("\\\\", "\\"))
         pat = pattern_of[pods_of]
+        # every such pod name begins with this (a cheap test before the pattern's)
+        prefix = f"{pods_of}-"[:GENERATE_NAME_BASE_MAX]
         return [
             s
             for s in res or []
-            if (s.get("metric") or {}).get("namespace") == namespace
-            and pat.fullmatch((s.get("metric") or {}).get("pod") or "")
+            if (pod := (s.get("metric") or {}).get("pod") or "").startswith(prefix)
+            and (s.get("metric") or {}).get("namespace") == namespace
+            and pat.fullmatch(pod)
         ]
 
     def num(s: Mapping[str, Any]) -> float | None:

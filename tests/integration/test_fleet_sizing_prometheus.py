@@ -92,5 +92,12 @@ def test_fleet_split_sizing_readings_equal_the_objects_own_in_real_prometheus(pr
         assert got.sizes == want.sizes
         assert got.arrival_counts == pytest.approx(want.arrival_counts, rel=1e-12)
         assert got.count_interval_s == want.count_interval_s
+        # Asked for "a"'s pods only (the tick's due objects), Prometheus answers those alone, and
+        # the split is the same.
+        only_a = asyncio.run(source.run(metrics.fleet_queries("vllm", [NS], WINDOW_S, None, roles, ["a"])))
+        pods = {s["metric"]["pod"] for answer in only_a.values() for s in answer}
+        assert pods and all(p.startswith("a-") for p in pods), pods
+        split_a = metrics.fleet_split(only_a, queries, NS, "a", 0.9)
+        assert loop.sizing_readings(split_a, STEP_S) == got
     finally:
         server.shutdown()

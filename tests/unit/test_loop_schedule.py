@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -149,15 +150,18 @@ class FleetProm:
     def __init__(self, kube: FakeKube, now: float) -> None:
         self.kube, self.now = kube, now
         self.calls: list[list[str]] = []
+        self.answered_pods: list[set[str]] = []  # per call: the pods its answers hold
 
     async def run(self, queries: list[metrics.Query]) -> dict:
         self.calls.append([q.name for q in queries])
         out: dict = {}
-        pods = [o for (k, _, _), o in self.kube.objects.items() if k == "Pod"]
+        answered: set[str] = set()
+        self.answered_pods.append(answered)
         for q in queries:
             role = q.name.removeprefix(metrics.FLEET_PREFIX)
             series = []
-            for p in pods:
+            for p in self.pods(q.promql):
+                answered.add(p["metadata"]["name"])
                 labels = {"namespace": p["metadata"]["namespace"], "pod": p["metadata"]["name"]}
                 value = (
                     self.now - 1 if role == "sample_time" else 2.0 if role.startswith("prompt_count") else 0.5
@@ -171,6 +175,15 @@ class FleetProm:
                     series.append({"metric": labels, "value": [self.now, str(value)]})
             out[q.name] = series
         return out
+
+    def pods(self, promql: str) -> list[dict]:
+        """The pods a query selects, as Prometheus would by its `pod=~"..."` matcher (all without)."""
+        pods = [o for (k, _, _), o in self.kube.objects.items() if k == "Pod"]
+        found = re.search(r'pod=~"((?:[^"\\]|\\.)*)"', promql)
+        if found is None:
+            return pods
+        pattern = re.compile(found.group(1).replace("\\\\", "\\"))  # the string literal's escaping undone
+        return [p for p in pods if pattern.fullmatch(p["metadata"]["name"])]
 
 
 @pytest.mark.parametrize(
@@ -228,3 +241,65 @@ def test_one_query_per_metric_per_tick_for_every_due_object(
         assert snap.values["arrival_rps"] == 2.0  # its own prefill pod's rate, not the fleet's
         # its own prefill pod's arrivals per step (the burstiness and headroom input)
         assert readings[f"llm-{i:04d}"].arrival_counts == (3.0, 5.0)
+
+
+def put_object(kube: FakeKube, name: str) -> None:
+    kube.put(disagg_deployment(name, spec(), NS))
+    for pool in ("prefill", "decode"):
+        kube.put(deployment(name, pool, 1))
+        kube.put(pod(name, pool, 0, created=T0 - 600, admitted=T0 - 540))
+
+
+def test_a_tick_asks_only_for_the_pods_of_the_objects_due_in_it():
+    kube = FakeKube()
+    prom = FleetProm(kube, T0)
+    _, opts = fleet(0)
+    opts.metrics_source, opts.cache = prom, watch_cache(kube)
+    names = [f"llm-{i:04d}" for i in range(6)]
+    for name in names:
+        put_object(kube, name)
+    put_object(kube, "llm-0000-b")  # its pods begin like llm-0000's: asked for, never split in
+
+    async def main() -> None:
+        for body in opts.cache.disagg_deployments():
+            loop.tracker(body).next_due = T0 if body["metadata"]["name"] in names[:2] else T0 + 10
+        for task in await loop.tick(kube, opts, T0):
+            await task
+
+    asyncio.run(main())
+    assert len(prom.calls) == 1
+    owners = {p.rsplit("-", 3)[0] for p in prom.answered_pods[0]}
+    assert owners == {"llm-0000", "llm-0001", "llm-0000-b"}
+    for name in names[:2]:
+        snap = loop.TRACKERS[(NS, name)].last_snapshot
+        assert snap is not None and snap.ok, snap and snap.reason()
+        assert snap.values["arrival_rps"] == 2.0  # its own prefill pod only, not llm-00001's too
+    for name in names[2:]:
+        assert loop.TRACKERS[(NS, name)].last_snapshot is None  # not due: nothing read
+
+
+def test_many_due_objects_are_asked_for_in_batches_of_a_bounded_filter(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(loop, "FLEET_FILTER_MAX_CHARS", 24)  # full at two names of 10 characters (+2 each)
+    kube = FakeKube()
+    prom = FleetProm(kube, T0)
+    _, opts = fleet(0)
+    opts.metrics_source, opts.cache = prom, watch_cache(kube)
+    names = [f"llm-{i:06d}" for i in range(5)]
+    for name in names:
+        put_object(kube, name)
+
+    async def main() -> None:
+        for body in opts.cache.disagg_deployments():
+            loop.tracker(body).next_due = T0
+        for task in await loop.tick(kube, opts, T0):
+            await task
+
+    asyncio.run(main())
+    assert len(prom.calls) == 3  # 2 + 2 + 1 objects
+    owners = [{p.rsplit("-", 3)[0] for p in answered} for answered in prom.answered_pods]
+    assert sorted(len(o) for o in owners) == [1, 2, 2]
+    assert set().union(*owners) == set(names) and sum(len(o) for o in owners) == len(names)
+    for name in names:
+        snap = loop.TRACKERS[(NS, name)].last_snapshot
+        assert snap is not None and snap.ok, snap and snap.reason()
+        assert snap.values["arrival_rps"] == 2.0

@@ -4,6 +4,7 @@ each object's answers rebuilt in memory are the ones its own queries would have 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -230,3 +231,21 @@ def test_the_sizing_inputs_are_fleet_series_split_like_the_objects_own():
     }
     assert loop.sizing_readings(got, 30.0) == loop.sizing_readings(own, 30.0)
     assert loop.sizing_readings(got, 30.0).arrival_counts == (2.0, 10.0, 1.0)
+
+
+def generated_pod(deployment: str, template_hash: str = "7d9f8c6b5", random: str = "x7k2q") -> str:
+    """A pod name as Kubernetes generates it: <deployment>-<hash>- cut to 58 characters, then 5."""
+    return f"{deployment}-{template_hash}-"[: metrics.GENERATE_NAME_BASE_MAX] + random
+
+
+def test_the_pod_filter_holds_every_pod_of_the_objects_asked_for_and_no_other():
+    asked = ["a", "web.v2", "x" * 60]  # short, dotted, and long enough to be cut in pod names
+    pattern = re.compile(metrics.owners_pod_regex(asked).replace("\\\\", "\\"))
+    for name in asked:
+        for child in (f"{name}-prefill", f"{name}-decode", f"{name}-encoder", f"{name}-router"):
+            assert pattern.fullmatch(generated_pod(child)), (name, child)
+    for other in ("b", "webxv2", "aa", "x" * 59):  # "." is literal; "x"*59 is cut like "x"*60
+        hit = pattern.fullmatch(generated_pod(f"{other}-prefill"))
+        assert bool(hit) == (other == "x" * 59), other
+    q = metrics.fleet_queries("vllm", [NS], 60, 30, {"running"}, ["a"])[0]
+    assert 'namespace=~"ns",pod=~"(?:a-).*"' in q.promql
