@@ -4,6 +4,7 @@
     hack/bench/bench_scale.py 100 300                # autoscaling disabled
     hack/bench/bench_scale.py --autoscaling 1 50     # real Prometheus + `disagg emulate`, 10 s interval
     hack/bench/bench_scale.py --autoscaling --emulators 4 500   # the fleet over four emulators
+    hack/bench/bench_scale.py --direct 1000          # the same objects and children, no operator
 
 Without a size it prints this help and exits (so `make bench` does not start a long run).
 For each N it starts `disagg run` (this checkout's code) watching a fresh namespace, applies N
@@ -22,12 +23,18 @@ adds a third of each), and prints:
     window with the operator stopped (the cluster's own components), counting only the kinds
     and verbs the operator sends (OPERATOR_REQUESTS), so the figures are the operator's;
     `writes` are POST/PUT/PATCH/APPLY/DELETE;
-  * the operator's resident memory (RSS) in steady state;
-  * with --autoscaling: the gap between two decisions of an object, p50 / p99
+  * the operator's resident memory (RSS) and the cores it used in steady state;
+  * with --autoscaling (Prometheus scraping every max(1, N/100) s, the objects' metric window
+    4 scrapes, at least 10 s): the gap between two decisions of an object, p50 / p99
     (disagg_operator_decision_gap_seconds; the target is the 10 s interval), and the
     load step -> patched replicas latency: the emulator's total rate steps up, and the time
     until each object's decode Deployment has more replicas is reported (p50 / max over the
     objects).
+
+With --direct no operator runs: the N objects are stored, then the children the operator would
+write (its builders; no owner reference, no routable readiness gate) are applied by kubectl, and
+the time until every pool Deployment is available is printed: the cluster's own share of
+apply -> Ready, a lower bound for any operator on the same cluster and machine.
 
 Percentiles of histograms are interpolated within their buckets, and the max is the upper
 bound of the highest bucket hit (docs/scale.md has the figures measured on the project
@@ -51,7 +58,18 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
-from benchlib import ROOT, code_env, disagg_deployment, free_port, kubectl, operator_cmd, rss_mib, sh, stop
+from benchlib import (
+    ROOT,
+    code_env,
+    cpu_seconds,
+    disagg_deployment,
+    free_port,
+    kubectl,
+    operator_cmd,
+    rss_mib,
+    sh,
+    stop,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 #: How often apply -> Ready polls the objects' conditions (the figure's resolution): one LIST of
@@ -136,7 +154,15 @@ class Cluster:
 EMULATOR_LABEL = "bench.disagg.dev/emulator"
 
 
-def dd(name: str, prom_url: str | None, router: bool = False, emulator: int = 0) -> dict:
+def scrape_seconds(n: int) -> int:
+    """Prometheus' scrape interval (and timeout) for the emulators of an N-object run: an
+    emulator process serves the metrics of N/--emulators objects (about 100 samples per pod), and
+    at N=500 over four processes it could not answer within 1 s while emulating its load; a
+    target that times out leaves every object's metrics stale (the decisions then hold)."""
+    return max(1, math.ceil(n / 100))
+
+
+def dd(name: str, prom_url: str | None, router: bool = False, emulator: int = 0, scrape_s: int = 1) -> dict:
     container = {"name": "vllm", "image": "example.invalid/vllm:bench", "ports": [{"containerPort": 8000}]}
     pool = {
         "replicas": 1,
@@ -149,8 +175,8 @@ def dd(name: str, prom_url: str | None, router: bool = False, emulator: int = 0)
         autoscaling = {
             "enabled": True,
             "intervalSeconds": INTERVAL_S,
-            "scrapeIntervalSeconds": 1,
-            "metricWindowSeconds": 10,
+            "scrapeIntervalSeconds": scrape_s,
+            "metricWindowSeconds": max(10, 4 * scrape_s),
             "prometheus": {"url": prom_url},
         }
     obj = disagg_deployment(
@@ -163,6 +189,31 @@ def dd(name: str, prom_url: str | None, router: bool = False, emulator: int = 0)
     )
     obj["metadata"].setdefault("labels", {})[EMULATOR_LABEL] = str(emulator)
     return obj
+
+
+def direct_children(name: str, ns: str, router: bool) -> list[dict]:
+    """The children the operator writes for object `name` (its builders, the same pools), to be
+    applied without the operator: no owner reference (the garbage collector deletes the children
+    of an owner it cannot find) and no routable readiness gate (only the operator opens it)."""
+    from disagg import api, builders
+
+    spec = api.parse_spec(dd(name, None, router)["spec"])
+    owner = builders.Owner(name=name, namespace=ns, uid=str(uuid.uuid4()))
+    objs = builders.all_objects(owner, spec) + builders.router_objects(owner, spec)
+    for obj in objs:
+        obj["metadata"].pop("ownerReferences", None)
+        pod = obj.get("spec", {}).get("template", {}).get("spec")
+        if pod is not None:
+            pod.pop("readinessGates", None)
+    return objs
+
+
+def available_count(cluster: Cluster, ns: str) -> int:
+    """Deployments of the namespace whose every replica is available."""
+    items = cluster.get_json("deployments", "-n", ns)["items"]
+    return sum(
+        1 for d in items if (d.get("status") or {}).get("availableReplicas", 0) >= d["spec"]["replicas"]
+    )
 
 
 def ready_count(cluster: Cluster, ns: str) -> int:
@@ -250,8 +301,9 @@ class Run:
         self.prom = None
         self.figures: dict[str, object] = {"N": n}
         # Autoscaling: the rate steps up after convergence and the steady window (apply -> Ready
-        # takes ~0.5 s per object on the project machine) unless --step-after says when.
-        self.step_after = args.step_after or int(60 + 0.6 * n + args.settle_seconds + args.steady_seconds)
+        # took up to 0.72 s per object on the project machine with the emulators running)
+        # unless --step-after says when.
+        self.step_after = args.step_after or int(60 + 1.0 * n + args.settle_seconds + args.steady_seconds)
 
     def start_operator(self) -> None:
         extra = ["--allow-prometheus-url", self.prom.url] if self.prom is not None else []
@@ -282,7 +334,7 @@ class Run:
         ports = [free_port() for _ in range(parts)]
         self.prom = PrometheusServer(
             targets={"emulator": [f"127.0.0.1:{port}" for port in ports]},
-            scrape_interval="1s",
+            scrape_interval=f"{scrape_seconds(self.n)}s",
             workdir=self.tmp / f"prom-{self.n}",
         ).start()
         step_at = self.step_after
@@ -311,24 +363,24 @@ class Run:
         self.cluster.kubectl("delete", "namespace", self.ns, "--wait=false", check=False)
         self.cluster.wait_namespaces_gone()
 
+    def apply(self, docs: list[str], chunk: int) -> None:
+        """Server-side apply of JSON documents into the run's namespace, `chunk` per kubectl call."""
+        for i in range(0, len(docs), chunk):
+            self.cluster.kubectl(
+                "apply", "--server-side", "-n", self.ns, "-f", "-", input="\n---\n".join(docs[i : i + chunk])
+            )
+
     def converge(self) -> None:
         prom_url = self.prom.url if self.prom is not None else None
         m0 = scrape(self.port)
         docs = [
-            json.dumps(dd(f"o{i:04d}", prom_url, self.args.router, i % self.args.emulators))
+            json.dumps(
+                dd(f"o{i:04d}", prom_url, self.args.router, i % self.args.emulators, scrape_seconds(self.n))
+            )
             for i in range(self.n)
         ]
         t0 = time.monotonic()
-        for i in range(0, self.n, APPLY_CHUNK):
-            self.cluster.kubectl(
-                "apply",
-                "--server-side",
-                "-n",
-                self.ns,
-                "-f",
-                "-",
-                input="\n---\n".join(docs[i : i + APPLY_CHUNK]),
-            )
+        self.apply(docs, APPLY_CHUNK)
         # The API server's own share: accepting the objects (schema and CEL validation, storage),
         # before any of them is reconciled or Ready.
         self.figures["apply, kubectl until every object is stored (s)"] = time.monotonic() - t0
@@ -353,6 +405,36 @@ class Run:
             max_bound(tick),
         )
 
+    def direct(self) -> None:
+        """The cluster's own work for the same objects, without the operator: the N
+        DisaggDeployments stored, then the children the operator would write applied by kubectl,
+        until every pool Deployment is available. A lower bound on apply -> all Ready for any
+        operator on this cluster and machine."""
+        docs = [json.dumps(dd(f"o{i:04d}", None, self.args.router)) for i in range(self.n)]
+        children = [
+            json.dumps(obj)
+            for i in range(self.n)
+            for obj in direct_children(f"o{i:04d}", self.ns, self.args.router)
+        ]
+        per_object = len(children) // self.n
+        t0 = time.monotonic()
+        self.apply(docs, APPLY_CHUNK)
+        self.figures["direct: DisaggDeployments stored (s)"] = time.monotonic() - t0
+        t1 = time.monotonic()
+        self.apply(children, APPLY_CHUNK * per_object)
+        self.figures["direct: children stored (s)"] = time.monotonic() - t1
+        want = self.n * sum(1 for c in children[:per_object] if json.loads(c)["kind"] == "Deployment")
+        available = 0
+        while time.monotonic() - t0 < self.args.ready_timeout:
+            available = available_count(self.cluster, self.ns)
+            if available >= want:
+                break
+            time.sleep(READY_POLL_S)
+        took = time.monotonic() - t0
+        self.figures["direct: apply -> all pools available (s)"] = (
+            took if available >= want else f">{took:.0f} ({available}/{want} available)"
+        )
+
     def steady(self) -> None:
         time.sleep(self.args.settle_seconds)
         self.cluster.wait_namespaces_gone()
@@ -365,13 +447,15 @@ class Run:
             delta(scrape(self.port), fresh, "disagg_operator_loop_tick_seconds")["count"] < 2
         ):
             time.sleep(1)
+        assert self.op is not None
         m0, a0 = scrape(self.port), self.cluster.apiserver_requests()
-        w0 = time.time()
+        w0, c0 = time.time(), cpu_seconds(self.op.pid)
         time.sleep(s)
         m1, a1 = scrape(self.port), self.cluster.apiserver_requests()
-        w1 = time.time()
-        assert self.op is not None
+        w1, c1 = time.time(), cpu_seconds(self.op.pid)
         self.figures["steady RSS (MiB)"] = rss_mib(self.op.pid)
+        # Cores the operator process used: above ~0.9 it is CPU-bound (one Python process).
+        self.figures["operator CPU, steady (cores)"] = (c1 - c0) / (w1 - w0)
         tick = delta(m1, m0, "disagg_operator_loop_tick_seconds")
         self.figures["loop tick p50 / p99 / max (s), steady"] = (
             quantile(tick, 0.5),
@@ -461,11 +545,14 @@ class Run:
         load_start = os.getloadavg()[0]
         self.cluster.kubectl("create", "namespace", self.ns)
         try:
-            if self.args.autoscaling:
-                self.start_autoscaling_stack(self.args.rate_per_object)
-            self.start_operator()
-            self.converge()
-            self.steady()
+            if self.args.direct:
+                self.direct()
+            else:
+                if self.args.autoscaling:
+                    self.start_autoscaling_stack(self.args.rate_per_object)
+                self.start_operator()
+                self.converge()
+                self.steady()
             # The figures before the namespace's deletion (minutes at a large N) in close().
             print(
                 f"N={self.n} measured: {json.dumps({k: fmt(v) for k, v in self.figures.items() if not k.startswith('_')})}",
@@ -498,6 +585,8 @@ def report(results: list[dict[str, object]]) -> None:
     for i, k in enumerate(rows):
         print(f"{k:<{width}}  " + "  ".join(f"{col[i]:>{w}}" for col, w in zip(cols, colw, strict=True)))
     for r in results:
+        if "_requests" not in r:
+            continue
         reqs = r["_requests"]
         top = sorted(reqs.items(), key=lambda kv: -kv[1])[:8]  # type: ignore[union-attr]
         detail = ", ".join(f"{verb} {res or '-'} {v:.0f}" for (verb, res), v in top)
@@ -530,6 +619,12 @@ def main() -> int:
     ap.add_argument("--logs", type=Path, help="keep the operator's (and emulator's) logs in this directory")
     ap.add_argument("--step-watch", type=int, default=90, help="autoscaling: how long to watch the step")
     ap.add_argument(
+        "--direct",
+        action="store_true",
+        help="no operator: store the objects, apply the children it would write, time until they are "
+        "available (the cluster's own share of apply -> Ready)",
+    )
+    ap.add_argument(
         "--emulators",
         type=int,
         default=1,
@@ -541,6 +636,8 @@ def main() -> int:
         return 0
     if any(n < 1 for n in args.sizes):
         ap.error("sizes must be positive")
+    if args.direct and args.autoscaling:
+        ap.error("--direct measures the cluster without the operator: no --autoscaling")
     if args.emulators < 1:
         ap.error("--emulators must be at least 1")
     cluster = Cluster(max(args.sizes))

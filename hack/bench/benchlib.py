@@ -92,6 +92,12 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process has used so far (user + system, /proc/<pid>/stat), seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stop(proc: subprocess.Popen | None, timeout: float = 15) -> None:
     """Stop one process this benchmark started, by its PID."""
     if proc is None or proc.poll() is not None:
