@@ -34,7 +34,8 @@ adds a third of each), and prints:
 With --direct no operator runs: the N objects are stored, then the children the operator would
 write (its builders; no owner reference, no routable readiness gate) are applied by kubectl, and
 the time until every pool Deployment is available is printed: the cluster's own share of
-apply -> Ready, a lower bound for any operator on the same cluster and machine.
+apply -> Ready (close to a bound for any operator on the same cluster and machine; not a
+strict one, as kubectl sends one write at a time).
 
 Percentiles of histograms are interpolated within their buckets, and the max is the upper
 bound of the highest bucket hit (docs/scale.md has the figures measured on the project
@@ -408,7 +409,7 @@ class Run:
     def direct(self) -> None:
         """The cluster's own work for the same objects, without the operator: the N
         DisaggDeployments stored, then the children the operator would write applied by kubectl,
-        until every pool Deployment is available. A lower bound on apply -> all Ready for any
+        until every pool Deployment is available. Close to a bound on apply -> all Ready for any
         operator on this cluster and machine."""
         docs = [json.dumps(dd(f"o{i:04d}", None, self.args.router)) for i in range(self.n)]
         children = [
