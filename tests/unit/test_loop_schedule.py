@@ -250,51 +250,45 @@ def put_object(kube: FakeKube, name: str) -> None:
         kube.put(pod(name, pool, 0, created=T0 - 600, admitted=T0 - 540))
 
 
-def test_a_tick_asks_only_for_the_pods_of_the_objects_due_in_it():
+def tick_fleet(names: list[str], due: set[str]) -> FleetProm:
+    """One tick at T0 over objects `names`, those in `due` due then (the others 10 s later), their
+    fleet queries answered by a FleetProm; returns it."""
     kube = FakeKube()
     prom = FleetProm(kube, T0)
     _, opts = fleet(0)
     opts.metrics_source, opts.cache = prom, watch_cache(kube)
-    names = [f"llm-{i:04d}" for i in range(6)]
     for name in names:
         put_object(kube, name)
-    put_object(kube, "llm-0000-b")  # its pods begin like llm-0000's: asked for, never split in
 
     async def main() -> None:
         for body in opts.cache.disagg_deployments():
-            loop.tracker(body).next_due = T0 if body["metadata"]["name"] in names[:2] else T0 + 10
+            loop.tracker(body).next_due = T0 if body["metadata"]["name"] in due else T0 + 10
         for task in await loop.tick(kube, opts, T0):
             await task
 
     asyncio.run(main())
+    return prom
+
+
+def test_a_tick_asks_only_for_the_pods_of_the_objects_due_in_it():
+    names = [f"llm-{i:04d}" for i in range(6)]
+    # llm-0000-b: its pods begin like llm-0000's, so they are asked for, but never split in
+    prom = tick_fleet([*names, "llm-0000-b"], set(names[:2]))
     assert len(prom.calls) == 1
     owners = {p.rsplit("-", 3)[0] for p in prom.answered_pods[0]}
     assert owners == {"llm-0000", "llm-0001", "llm-0000-b"}
     for name in names[:2]:
         snap = loop.TRACKERS[(NS, name)].last_snapshot
         assert snap is not None and snap.ok, snap and snap.reason()
-        assert snap.values["arrival_rps"] == 2.0  # its own prefill pod only, not llm-00001's too
+        assert snap.values["arrival_rps"] == 2.0  # its own prefill pod only, not llm-0000-b's too
     for name in names[2:]:
         assert loop.TRACKERS[(NS, name)].last_snapshot is None  # not due: nothing read
 
 
 def test_many_due_objects_are_asked_for_in_batches_of_a_bounded_filter(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(loop, "FLEET_FILTER_MAX_CHARS", 24)  # full at two names of 10 characters (+2 each)
-    kube = FakeKube()
-    prom = FleetProm(kube, T0)
-    _, opts = fleet(0)
-    opts.metrics_source, opts.cache = prom, watch_cache(kube)
     names = [f"llm-{i:06d}" for i in range(5)]
-    for name in names:
-        put_object(kube, name)
-
-    async def main() -> None:
-        for body in opts.cache.disagg_deployments():
-            loop.tracker(body).next_due = T0
-        for task in await loop.tick(kube, opts, T0):
-            await task
-
-    asyncio.run(main())
+    prom = tick_fleet(names, set(names))
     assert len(prom.calls) == 3  # 2 + 2 + 1 objects
     owners = [{p.rsplit("-", 3)[0] for p in answered} for answered in prom.answered_pods]
     assert sorted(len(o) for o in owners) == [1, 2, 2]
