@@ -157,7 +157,7 @@ EMULATOR_LABEL = "bench.disagg.dev/emulator"
 
 def scrape_seconds(n: int) -> int:
     """Prometheus' scrape interval (and timeout) for the emulators of an N-object run: an
-    emulator process serves the metrics of N/--emulators objects (about 100 samples per pod), and
+    emulator process serves the metrics of N/--emulators objects (about 50 samples per pod), and
     at N=500 over four processes it could not answer within 1 s while emulating its load; a
     target that times out leaves every object's metrics stale (the decisions then hold)."""
     return max(1, math.ceil(n / 100))
