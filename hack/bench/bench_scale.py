@@ -412,11 +412,9 @@ class Run:
         until every pool Deployment is available. Close to a bound on apply -> all Ready for any
         operator on this cluster and machine."""
         docs = [json.dumps(dd(f"o{i:04d}", None, self.args.router)) for i in range(self.n)]
-        children = [
-            json.dumps(obj)
-            for i in range(self.n)
-            for obj in direct_children(f"o{i:04d}", self.ns, self.args.router)
-        ]
+        objs = [obj for i in range(self.n) for obj in direct_children(f"o{i:04d}", self.ns, self.args.router)]
+        children = [json.dumps(obj) for obj in objs]
+        want = sum(1 for obj in objs if obj["kind"] == "Deployment")
         per_object = len(children) // self.n
         t0 = time.monotonic()
         self.apply(docs, APPLY_CHUNK)
@@ -424,7 +422,6 @@ class Run:
         t1 = time.monotonic()
         self.apply(children, APPLY_CHUNK * per_object)
         self.figures["direct: children stored (s)"] = time.monotonic() - t1
-        want = self.n * sum(1 for c in children[:per_object] if json.loads(c)["kind"] == "Deployment")
         available = 0
         while time.monotonic() - t0 < self.args.ready_timeout:
             available = available_count(self.cluster, self.ns)

@@ -148,6 +148,19 @@ GENERATE_NAME_BASE_MAX = 58
 GENERATE_NAME_RANDOM = 5
 
 
+def generated_name_prefix(owner_name: str) -> str:
+    """What every pod name of `owner_name` begins with (a Deployment's, or a DisaggDeployment's,
+    whose children are named ``<name>-<pool>``): ``<name>-`` cut where Kubernetes cuts
+    generateName."""
+    return f"{owner_name}-"[:GENERATE_NAME_BASE_MAX]
+
+
+def promql_pattern(regex: str) -> re.Pattern[str]:
+    """An RE2 pattern as written inside a PromQL string literal (pod_name_regex,
+    owners_pod_regex), compiled for Python: the literal's backslash escaping undone."""
+    return re.compile(regex.replace("\\\\", "\\"))
+
+
 def pod_name_regex(deployment_name: str) -> str:
     """RE2 pattern of exactly the pod names a Deployment's ReplicaSets generate, truncation included.
 
@@ -922,7 +935,7 @@ def owners_pod_regex(deployments: Sequence[str]) -> str:
     `deployments` (and possibly of others whose names begin the same way: a superset, which the
     split narrows per object). A pod's generated name begins with ``<name>-`` cut to
     GENERATE_NAME_BASE_MAX characters (see pod_name_regex)."""
-    prefixes = sorted({_escape(f"{d}-"[:GENERATE_NAME_BASE_MAX]) for d in deployments})
+    prefixes = sorted({_escape(generated_name_prefix(d)) for d in deployments})
     return "(?:" + "|".join(prefixes) + ").*"
 
 
@@ -1021,11 +1034,10 @@ def fleet_split(
         res = results.get(FLEET_PREFIX + role)
         if isinstance(res, Exception):
             return res
-        if pods_of not in pattern_of:  # the PromQL pattern, its string-literal escaping undone
-            pattern_of[pods_of] = re.compile(pod_name_regex(pods_of).replace("\\\\", "\\"))
+        if pods_of not in pattern_of:
+            pattern_of[pods_of] = promql_pattern(pod_name_regex(pods_of))
         pat = pattern_of[pods_of]
-        # every such pod name begins with this (a cheap test before the pattern's)
-        prefix = f"{pods_of}-"[:GENERATE_NAME_BASE_MAX]
+        prefix = generated_name_prefix(pods_of)  # a cheap test before the pattern's
         return [
             s
             for s in res or []

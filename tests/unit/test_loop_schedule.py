@@ -182,7 +182,7 @@ class FleetProm:
         found = re.search(r'pod=~"((?:[^"\\]|\\.)*)"', promql)
         if found is None:
             return pods
-        pattern = re.compile(found.group(1).replace("\\\\", "\\"))  # the string literal's escaping undone
+        pattern = metrics.promql_pattern(found.group(1))
         return [p for p in pods if pattern.fullmatch(p["metadata"]["name"])]
 
 

@@ -4,7 +4,6 @@ each object's answers rebuilt in memory are the ones its own queries would have 
 from __future__ import annotations
 
 import math
-import re
 
 import pytest
 
@@ -240,7 +239,7 @@ def generated_pod(deployment: str, template_hash: str = "7d9f8c6b5", random: str
 
 def test_the_pod_filter_holds_every_pod_of_the_objects_asked_for_and_no_other():
     asked = ["a", "web.v2", "x" * 60]  # short, dotted, and long enough to be cut in pod names
-    pattern = re.compile(metrics.owners_pod_regex(asked).replace("\\\\", "\\"))
+    pattern = metrics.promql_pattern(metrics.owners_pod_regex(asked))
     for name in asked:
         for child in (f"{name}-prefill", f"{name}-decode", f"{name}-encoder", f"{name}-router"):
             assert pattern.fullmatch(generated_pod(child)), (name, child)
@@ -249,3 +248,15 @@ def test_the_pod_filter_holds_every_pod_of_the_objects_asked_for_and_no_other():
         assert bool(hit) == (other == "x" * 59), other
     q = metrics.fleet_queries("vllm", [NS], 60, 30, {"running"}, ["a"])[0]
     assert 'namespace=~"ns",pod=~"(?:a-).*"' in q.promql
+
+
+def test_a_long_named_objects_cut_pod_names_are_still_its_own():
+    """Kubernetes cuts a long Deployment's pod names (generateName at 58 characters): the split
+    still finds them, and only them."""
+    long = "l" * 56  # "<long>-prefill-" is cut inside "prefill"
+    mine = [generated_pod(f"{long}-prefill", random=f"p{i}abc") for i in range(2)]
+    other = generated_pod(f"{long}x-prefill")  # another object whose cut names begin alike
+    assert all(len(p) == metrics.GENERATE_NAME_BASE_MAX + metrics.GENERATE_NAME_RANDOM for p in mine)
+    res = fleet({mine[0]: 1.0, mine[1]: 2.0, other: 100.0})
+    got = metrics.fleet_split(res, queries(long), NS, long, 0.9)
+    assert got["arrival_rps"][0]["value"][1] == "3.0"  # its two prefill pods, not the other's
