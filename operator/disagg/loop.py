@@ -69,6 +69,16 @@ DEFAULT_CONCURRENCY = 16
 #: forecast's rate samples) to this long, at one write per object per this long.
 SCALER_STATE_REFRESH_S = 300.0
 
+#: `status.lastDecision` is rewritten at once when the reason, the targets or a condition
+#: change; for its inputs alone (the arrival rate moving by more than
+#: `LAST_DECISION_RATE_TOLERANCE`) at most this often. A rate measured over a short window
+#: moves by more than that from one decision to the next under any real load (Poisson noise at
+#: a few requests a second), which would otherwise cost one status write per decision.
+LAST_DECISION_REFRESH_S = 60.0
+
+#: The relative move of the arrival rate that is worth showing in `status.lastDecision`.
+LAST_DECISION_RATE_TOLERANCE = 0.1
+
 
 class MetricsSource(Protocol):
     async def run(self, queries: list[metrics.Query]) -> dict[str, Any]: ...
@@ -783,7 +793,7 @@ async def write_decision_status(
             names.COND_METRICS_AVAILABLE,
             snap.ok,
             "MetricsFresh" if snap.ok else "MetricsMissing",
-            snap.reason()[:1000],
+            snap.condition_message()[:1000],
             gen,
         ),
         status.condition(
@@ -796,16 +806,13 @@ async def write_decision_status(
     ]
     old = body.get("status") or {}
     prev = old.get("lastDecision") or {}
-    same = (
-        prev.get("reason") == record["reason"]
-        and (prev.get("outputs") or {}).get("targets") == record["outputs"]["targets"]
-        and _close((prev.get("inputs") or {}).get("arrivalRps"), record["inputs"].get("arrivalRps"))
-    )
     new_status: dict[str, Any] = {"conditions": status.merge_conditions(old.get("conditions"), conds)}
     persist = state_write_reason(tr, outcome.state.policy, outcome.record.time)
     if persist is not None:
         new_status["scalerState"] = outcome.state.to_dict()
-    if not same or not status.conditions_equal(old.get("conditions"), new_status["conditions"]):
+    if last_decision_outdated(prev, record, outcome.record.time) or not status.conditions_equal(
+        old.get("conditions"), new_status["conditions"]
+    ):
         # A merge patch keeps the keys it does not mention: the fields of the previous decision
         # this one lacks (e.g. the arrival rate when the metrics are missing) are cleared.
         new_status["lastDecision"] = replacing(prev, record)
@@ -836,11 +843,21 @@ def replacing(old: Any, new: Any) -> Any:
     return out
 
 
-def _close(a: float | None, b: float | None, rel: float = 0.1) -> bool:
-    """Equal within `rel` (so a steady load does not rewrite the status every interval)."""
-    if a is None or b is None:
-        return a is None and b is None
-    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-9)
+def last_decision_outdated(prev: Mapping[str, Any], record: Mapping[str, Any], now: float) -> bool:
+    """Whether `status.lastDecision` (`prev`) no longer tells what the operator decides
+    (`record`): another reason or other targets at once; the arrival rate moved by more than
+    LAST_DECISION_RATE_TOLERANCE only once the record is LAST_DECISION_REFRESH_S old."""
+    if prev.get("reason") != record["reason"]:
+        return True
+    if (prev.get("outputs") or {}).get("targets") != record["outputs"]["targets"]:
+        return True
+    was, rate = (prev.get("inputs") or {}).get("arrivalRps"), record["inputs"].get("arrivalRps")
+    if was is None or rate is None:
+        moved = (was is None) != (rate is None)
+    else:
+        moved = abs(was - rate) > LAST_DECISION_RATE_TOLERANCE * max(abs(was), abs(rate), 1e-9)
+    written = status.parse_time(prev.get("time"))
+    return moved and (written is None or now - written >= LAST_DECISION_REFRESH_S)
 
 
 def export_metrics(
@@ -1041,10 +1058,17 @@ async def _step_in_task(
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
     try:
+        queued = time.monotonic() - started
+        if fleet is not None:
+            # The tick's shared metrics are awaited before a slot is taken: the slots bound the
+            # work on the API server, and a slow (or hung) Prometheus must not hold them from
+            # objects that read another one or have their metrics already.
+            await asyncio.shield(fleet)
+        asked = time.monotonic()
         async with _slots_for(opts), reconcile.lock_for(*key):
             # A task that waited longer than a tick for a slot or the object's lock takes the
             # time it starts at; otherwise the tick's (one time for every object of a tick).
-            waited = time.monotonic() - started
+            waited = queued + time.monotonic() - asked
             await step(kube, body, opts, now + waited if waited > opts.tick_s else now, due=due, fleet=fleet)
     except asyncio.CancelledError:
         raise

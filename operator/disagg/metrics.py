@@ -437,26 +437,32 @@ class QueryFailed(Exception):
     """
 
 
+METRICS_FRESH = "all metrics present and fresh"
+
+
 class MetricError(ValueError):
     """A value that must be treated as missing."""
 
-    def __init__(self, name: str, kind: str, detail: str) -> None:
+    def __init__(self, name: str, kind: str, detail: str, steady: str | None = None) -> None:
         super().__init__(f"{name}: {detail}")
         self.name = name
         self.kind = kind  # missing | nan | inf | negative | multiple | stale | invalid
+        # The detail without the figures that change from one read to the next (a sample's
+        # age, the bad value): what a status condition shows.
+        self.steady = f"{name}: {steady or detail}"
 
 
 def _value(sample: Mapping[str, Any], name: str) -> float:
     try:
         v = float(sample["value"][1])
     except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise MetricError(name, "invalid", f"malformed sample {sample!r}") from exc
+        raise MetricError(name, "invalid", f"malformed sample {sample!r}", "malformed sample") from exc
     if math.isnan(v):
         raise MetricError(name, "nan", "value is NaN")
     if math.isinf(v):
         raise MetricError(name, "inf", "value is infinite")
     if v < 0:
-        raise MetricError(name, "negative", f"value {v} is negative")
+        raise MetricError(name, "negative", f"value {v} is negative", "a negative value")
     return v
 
 
@@ -532,7 +538,14 @@ class Snapshot:
         return not self.problems
 
     def reason(self) -> str:
-        return "; ".join(str(p) for p in self.problems[:5]) or "all metrics present and fresh"
+        """The problems with their figures (a sample's age, a bad value): for Events and logs."""
+        return "; ".join(str(p) for p in self.problems[:5]) or METRICS_FRESH
+
+    def condition_message(self) -> str:
+        """The problems without their figures, for the MetricsAvailable condition: the same
+        outage gives the same message from one decision to the next (a stale sample's age grows
+        every decision), so it does not rewrite the status each time."""
+        return "; ".join(p.steady for p in self.problems[:5]) or METRICS_FRESH
 
     def in_flight(self, pool: str) -> dict[str, float]:
         return self.by_pod.get(f"in_flight.{pool}", {})
@@ -593,7 +606,10 @@ def build_snapshot(
             elif now - t > max_age:
                 snap.problems.append(
                     MetricError(
-                        f"{pool}/{pod}", "stale", f"last sample {now - t:.1f} s old (max {max_age:.0f} s)"
+                        f"{pool}/{pod}",
+                        "stale",
+                        f"last sample {now - t:.1f} s old (max {max_age:.0f} s)",
+                        f"no sample in the last {max_age:.0f} s",
                     )
                 )
         running = snap.by_pod.get(f"running_by_pod.{pool}", {})
@@ -612,6 +628,7 @@ def build_snapshot(
                 "kv_usage_max",
                 "invalid",
                 f"{usage} > 1: a percentage where a fraction was expected (renamed or rescaled metric?)",
+                "above 1: a percentage where a fraction was expected (renamed or rescaled metric?)",
             )
         )
     return snap

@@ -114,7 +114,7 @@ def test_a_sample_older_than_two_scrapes_is_stale(age_scrapes: float, fresh: boo
     w.step()
     assert w.condition(names.COND_METRICS_AVAILABLE)["status"] == ("True" if fresh else "False")
     if not fresh:
-        assert f"old (max {2 * SCRAPE:.0f} s)" in w.condition(names.COND_METRICS_AVAILABLE)["message"]
+        assert f"no sample in the last {2 * SCRAPE:.0f} s" in w.condition(names.COND_METRICS_AVAILABLE)["message"]
         assert w.status()["lastDecision"]["reason"] == "HoldStaleMetrics"
 
 
@@ -468,6 +468,57 @@ def test_the_scaler_state_is_written_when_the_recommendation_changes_and_refresh
     assert out is not None and out.changed
     rec = w.status()["scalerState"]["policy"]["recommendations"][-1]
     assert rec["t"] == w.now
+
+
+def test_a_noisy_steady_rate_rewrites_the_last_decision_at_most_once_a_refresh():
+    """A rate measured over a short window moves by more than the tolerance from one decision
+    to the next under any real load; with the targets and the reason unchanged that rewrites
+    `lastDecision` at most every LAST_DECISION_REFRESH_S, and then with the rate of the time."""
+    w = World(prefill=1, decode=2)
+    w.load(2.0)
+    for _ in range(3):
+        w.step()
+    first = w.status()["lastDecision"]
+    w.kube.calls.clear()
+    rates = [2.0 * (1.15 if i % 2 else 0.85) for i in range(12)]  # +-15 % every 10 s, 120 s
+    for rate in rates:
+        w.load(rate)
+        out = w.step(dt=10.0)
+        assert out is not None and out.reason == first["reason"]
+        assert out.targets == first["outputs"]["targets"]
+    assert 1 <= _status_writes(w.kube) <= 120 / loop.LAST_DECISION_REFRESH_S + 1, w.kube.calls
+    last = w.status()["lastDecision"]
+    assert last["time"] != first["time"]  # refreshed, not frozen
+    assert last["inputs"]["arrivalRps"] in {round(r, 6) for r in rates}
+
+
+def test_other_targets_rewrite_the_last_decision_at_once():
+    w = World(prefill=1, decode=2)
+    w.load(2.0)
+    for _ in range(3):
+        w.step(dt=10.0)
+    w.load(8.0, short=8.0)
+    out = w.step(dt=10.0)  # 10 s after the last write, well inside the refresh
+    assert out is not None and out.changed
+    assert w.status()["lastDecision"]["outputs"]["targets"] == out.targets
+
+
+def test_an_outage_writes_the_condition_once_though_the_samples_age():
+    """A stale sample is older at every decision; the condition shows the problem without
+    its age, so a held outage writes the status once, not every decision."""
+    w = World(prefill=1, decode=2)
+    w.step()
+    w.kube.calls.clear()
+    for i in range(6):
+        w.prom.sample_age_s = (3 + i) * SCRAPE  # the last scrape grows older
+        out = w.step()
+        assert out is not None and out.reason == "HoldStaleMetrics"
+    assert _status_writes(w.kube) == 1, w.kube.calls
+    cond = w.condition(names.COND_METRICS_AVAILABLE)
+    assert cond["status"] == "False"
+    assert "no sample in the last" in cond["message"] and "s old" not in cond["message"]
+    # the decision record has the detail, as of the outage's first decision
+    assert "s old (max" in w.status()["lastDecision"]["inputs"]["metricsProblem"]
 
 
 def _steady_high_then_drop(restart_at: int | None) -> float:

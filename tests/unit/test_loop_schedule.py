@@ -297,3 +297,53 @@ def test_many_due_objects_are_asked_for_in_batches_of_a_bounded_filter(monkeypat
         snap = loop.TRACKERS[(NS, name)].last_snapshot
         assert snap is not None and snap.ok, snap and snap.reason()
         assert snap.values["arrival_rps"] == 2.0
+
+
+class HangsFor(FleetProm):
+    """A FleetProm that never answers a batch asking for the pods of `prefix` objects."""
+
+    def __init__(self, kube: FakeKube, now: float, prefix: str) -> None:
+        super().__init__(kube, now)
+        self.prefix = prefix
+
+    async def run(self, queries: list[metrics.Query]) -> dict:
+        if any(self.prefix in q.promql for q in queries):
+            await asyncio.Event().wait()
+        return await super().run(queries)
+
+
+def test_a_prometheus_that_does_not_answer_holds_no_slot_from_objects_reading_another():
+    """Objects wait for their tick's shared metrics before they take one of the loop's slots:
+    the slots bound the work on the API server, and a Prometheus that hangs (objects of one
+    namespace, one URL) must not keep objects on another Prometheus from being decided."""
+    kube = FakeKube()
+    prom = HangsFor(kube, T0, "hang-")
+    _, opts = fleet(0)
+    opts.metrics_source, opts.cache = prom, watch_cache(kube)
+    opts.concurrency = 2
+    hung = [f"hang-{i}" for i in range(4)]  # more than the slots, and first in the tick
+    for name in [*hung, "llm-0000", "llm-0001"]:
+        s = spec()
+        if name in hung:
+            s["autoscaling"]["prometheus"] = {"url": "http://127.0.0.2:9090"}
+        kube.put(disagg_deployment(name, s, NS))
+        for pool in ("prefill", "decode"):
+            kube.put(deployment(name, pool, 1))
+            kube.put(pod(name, pool, 0, created=T0 - 600, admitted=T0 - 540))
+
+    async def main() -> None:
+        bodies = opts.cache.disagg_deployments()
+        assert [b["metadata"]["name"] for b in bodies][:4] == hung
+        for body in bodies:
+            loop.tracker(body).next_due = T0
+        await loop.tick(kube, opts, T0)
+        for _ in range(200):
+            await asyncio.sleep(0.005)
+        for t in list(loop.INFLIGHT.values()):
+            t.cancel()
+
+    asyncio.run(main())
+    for name in ("llm-0000", "llm-0001"):
+        snap = loop.TRACKERS[(NS, name)].last_snapshot
+        assert snap is not None and snap.ok, snap and snap.reason()
+    assert all(loop.TRACKERS[(NS, name)].last_snapshot is None for name in hung)
