@@ -69,15 +69,16 @@ DEFAULT_CONCURRENCY = 16
 #: forecast's rate samples) to this long, at one write per object per this long.
 SCALER_STATE_REFRESH_S = 300.0
 
-#: `status.lastDecision` is rewritten at once when the reason, the targets or a condition
-#: change; for its inputs alone (the arrival rate moving by more than
-#: `LAST_DECISION_RATE_TOLERANCE`) at most this often. A rate measured over a short window
-#: moves by more than that from one decision to the next under any real load (Poisson noise at
-#: a few requests a second), which would otherwise cost one status write per decision.
-LAST_DECISION_REFRESH_S = 60.0
-
-#: The relative move of the arrival rate that is worth showing in `status.lastDecision`.
+#: `status.lastDecision` is rewritten when the reason, the planned sizes, the targets or a
+#: condition change, or when the arrival rate moves by more than this share and by more than
+#: the measurement's own noise (`rate_moved`).
 LAST_DECISION_RATE_TOLERANCE = 0.1
+
+#: How many standard deviations of the windowed rate's sampling noise a move of the rate must
+#: exceed to be written: a rate measured over a short window moves by more than 10 % from one
+#: decision to the next under any real load (a few requests a second are a few dozen arrivals a
+#: window), which would otherwise cost a status write per decision.
+RATE_NOISE_SIGMAS = 3.0
 
 
 class MetricsSource(Protocol):
@@ -810,9 +811,8 @@ async def write_decision_status(
     persist = state_write_reason(tr, outcome.state.policy, outcome.record.time)
     if persist is not None:
         new_status["scalerState"] = outcome.state.to_dict()
-    if last_decision_outdated(prev, record, outcome.record.time) or not status.conditions_equal(
-        old.get("conditions"), new_status["conditions"]
-    ):
+    outdated = last_decision_outdated(prev, record, config.window_s, outcome.record.arrival_dispersion)
+    if outdated or not status.conditions_equal(old.get("conditions"), new_status["conditions"]):
         # A merge patch keeps the keys it does not mention: the fields of the previous decision
         # this one lacks (e.g. the arrival rate when the metrics are missing) are cleared.
         new_status["lastDecision"] = replacing(prev, record)
@@ -843,21 +843,30 @@ def replacing(old: Any, new: Any) -> Any:
     return out
 
 
-def last_decision_outdated(prev: Mapping[str, Any], record: Mapping[str, Any], now: float) -> bool:
+def last_decision_outdated(
+    prev: Mapping[str, Any], record: Mapping[str, Any], window_s: float, dispersion: float | None = None
+) -> bool:
     """Whether `status.lastDecision` (`prev`) no longer tells what the operator decides
-    (`record`): another reason or other targets at once; the arrival rate moved by more than
-    LAST_DECISION_RATE_TOLERANCE only once the record is LAST_DECISION_REFRESH_S old."""
+    (`record`): another reason, other planned sizes or targets, or an arrival rate that moved
+    (`rate_moved`; over `window_s`, the counts' index of dispersion `dispersion`)."""
     if prev.get("reason") != record["reason"]:
         return True
-    if (prev.get("outputs") or {}).get("targets") != record["outputs"]["targets"]:
+    prev_out, out = prev.get("outputs") or {}, record["outputs"]
+    if prev_out.get("targets") != out["targets"] or prev_out.get("planned") != out.get("planned"):
         return True
     was, rate = (prev.get("inputs") or {}).get("arrivalRps"), record["inputs"].get("arrivalRps")
+    return rate_moved(was, rate, window_s, dispersion)
+
+
+def rate_moved(was: float | None, rate: float | None, window_s: float, dispersion: float | None) -> bool:
+    """Whether two arrival rates, each measured over `window_s`, differ by more than
+    LAST_DECISION_RATE_TOLERANCE of the larger and by more than RATE_NOISE_SIGMAS standard
+    deviations of their difference under the same load: a count over the window has variance
+    `dispersion` x mean (Poisson: 1), so each rate r has variance dispersion x r / window_s."""
     if was is None or rate is None:
-        moved = (was is None) != (rate is None)
-    else:
-        moved = abs(was - rate) > LAST_DECISION_RATE_TOLERANCE * max(abs(was), abs(rate), 1e-9)
-    written = status.parse_time(prev.get("time"))
-    return moved and (written is None or now - written >= LAST_DECISION_REFRESH_S)
+        return (was is None) != (rate is None)
+    noise = RATE_NOISE_SIGMAS * math.sqrt(max(1.0, dispersion or 1.0) * (was + rate) / max(window_s, 1e-9))
+    return abs(was - rate) > max(LAST_DECISION_RATE_TOLERANCE * max(was, rate), noise)
 
 
 def export_metrics(
