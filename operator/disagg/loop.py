@@ -1160,18 +1160,24 @@ async def prime(kube: Kube, opts: LoopOptions) -> None:
 async def run_forever(kube: Kube, opts: LoopOptions) -> None:
     log.info("autoscaler loop started (tick %.1fs, %d at once)", opts.tick_s, opts.concurrency)
     previous: float | None = None
-    while True:
-        started = time.monotonic()
-        if previous is not None:
-            opmetrics.LOOP_TICK.observe(started - previous)
-        previous = started
-        try:
-            await prime(kube, opts)
-            await tick(kube, opts, time.time())
-        except asyncio.CancelledError:
-            for task in list(INFLIGHT.values()):
-                task.cancel()
-            raise
-        except Exception:
-            log.exception("autoscaler tick failed; retrying")
-        await asyncio.sleep(max(0.05, opts.tick_s - (time.monotonic() - started)))
+    try:
+        while True:
+            started = time.monotonic()
+            if previous is not None:
+                opmetrics.LOOP_TICK.observe(started - previous)
+            previous = started
+            try:
+                await prime(kube, opts)
+                await tick(kube, opts, time.time())
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("autoscaler tick failed; retrying")
+            await asyncio.sleep(max(0.05, opts.tick_s - (time.monotonic() - started)))
+    finally:
+        # Stopped (cancelled, mostly while it sleeps between ticks): the steps still in flight
+        # end with it, before the caller closes the API client they write through.
+        running = list(INFLIGHT.values())
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)

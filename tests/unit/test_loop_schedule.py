@@ -347,3 +347,32 @@ def test_a_prometheus_that_does_not_answer_holds_no_slot_from_objects_reading_an
         snap = loop.TRACKERS[(NS, name)].last_snapshot
         assert snap is not None and snap.ok, snap and snap.reason()
     assert all(loop.TRACKERS[(NS, name)].last_snapshot is None for name in hung)
+
+
+def test_stopping_the_loop_between_ticks_ends_the_steps_still_in_flight(caplog: pytest.LogCaptureFixture):
+    """The operator stops the loop (mostly while it sleeps between ticks) and then closes the
+    API client: a step still waiting on Prometheus must end with the loop, not write through a
+    closed client afterwards."""
+    kube, opts = fleet(2, prom=SlowFor("llm-0000"))
+    opts.fleet_queries = False  # llm-0000 asks its own queries, which never get an answer
+    opts.tick_s = 0.05
+
+    async def main() -> None:
+        for body in opts.cache.disagg_deployments():
+            loop.tracker(body).next_due = 0.0  # due at the first tick
+        runner = asyncio.create_task(loop.run_forever(kube, opts))
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if (NS, "llm-0000") in loop.INFLIGHT:
+                break
+        stuck = loop.INFLIGHT[(NS, "llm-0000")]
+        await asyncio.sleep(0.02)  # the loop is between ticks
+        runner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await runner
+        # checked here: asyncio.run would cancel what is left when main returns
+        assert stuck.done() and stuck.cancelled()
+        assert not loop.INFLIGHT
+
+    asyncio.run(main())
+    assert not [r for r in caplog.records if "failed" in r.getMessage()]
