@@ -510,7 +510,8 @@ class FleetBatch:
         except Exception as exc:
             results = {q.name: exc for q in queries}
         if not self.future.done():
-            self.future.set_result(results)
+            # indexed once here, split by every object of the batch
+            self.future.set_result(metrics.FleetAnswers(results))
 
 
 def cached(kube: Kube, opts: LoopOptions) -> Kube:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1029,6 +1029,56 @@ def _le(text: str) -> float:
     return math.inf if text in ("+Inf", "Inf", "inf") else float(text)
 
 
+class FleetAnswers(Mapping[str, Any]):
+    """The answers of one batch of fleet queries (query name -> series, or the exception it
+    raised), with each series indexed once by its namespace and the Deployment its pod's name
+    says it belongs to. Every object of the batch splits its own series out of the same
+    answers (fleet_split); with the index that costs what its own series cost, not a scan of
+    the whole batch's (at hundreds of objects a tick, the scans were most of the operator's
+    CPU and held its event loop for seconds)."""
+
+    def __init__(self, results: Mapping[str, Sequence[Mapping[str, Any]] | Exception]) -> None:
+        self.results = dict(results)
+        # role -> ({(namespace, deployment): [(position, series)]}, {namespace: [(position, series)]})
+        self._index: dict[str, tuple[dict[tuple[str, str], list], dict[str, list]]] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        return self.results[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def candidates(self, role: str, namespace: str, deployment: str) -> list[Mapping[str, Any]] | Exception:
+        """The series of `role` that may be on pods of `deployment` in `namespace`, in the
+        answer's order: a superset the caller narrows with pod_name_regex. A pod name that
+        Kubernetes did not cut is ``<deployment>-<hash>-<random>``, so dropping its last two
+        segments names its Deployment; a name long enough to have been cut is a candidate for
+        every Deployment of its namespace."""
+        res = self.results.get(FLEET_PREFIX + role)
+        if isinstance(res, Exception):
+            return res
+        if role not in self._index:
+            owned: dict[tuple[str, str], list] = {}
+            long: dict[str, list] = {}
+            for position, s in enumerate(res or []):
+                labels = s.get("metric") or {}
+                pod, ns = labels.get("pod") or "", labels.get("namespace") or ""
+                if len(pod) >= GENERATE_NAME_BASE_MAX + GENERATE_NAME_RANDOM:
+                    long.setdefault(ns, []).append((position, s))
+                elif pod.count("-") >= 2:
+                    owned.setdefault((ns, pod.rsplit("-", 2)[0]), []).append((position, s))
+            self._index[role] = (owned, long)
+        owned, long = self._index[role]
+        found = owned.get((namespace, deployment), [])
+        cut = long.get(namespace)
+        if cut:
+            found = sorted(found + cut, key=lambda item: item[0])
+        return [s for _, s in found]
+
+
 def fleet_split(
     results: Mapping[str, Sequence[Mapping[str, Any]] | Exception],
     queries: Sequence[Query],
@@ -1044,20 +1094,21 @@ def fleet_split(
     per-worker counts are split by the pods of `router_deployment` (as build_queries was given
     it; None leaves them to the object's own queries)."""
     out: dict[str, Sequence[Mapping[str, Any]] | Exception] = {}
+    answers = results if isinstance(results, FleetAnswers) else FleetAnswers(results)
     pattern_of: dict[str, re.Pattern[str]] = {}
 
     def pool_series(role: str, pods_of: str) -> list[Mapping[str, Any]] | Exception:
         """The fleet series of `role` on this namespace's pods of the Deployment `pods_of`."""
-        res = results.get(FLEET_PREFIX + role)
-        if isinstance(res, Exception):
-            return res
+        candidates = answers.candidates(role, namespace, pods_of)
+        if isinstance(candidates, Exception):
+            return candidates
         if pods_of not in pattern_of:
             pattern_of[pods_of] = promql_pattern(pod_name_regex(pods_of))
         pat = pattern_of[pods_of]
         prefix = generated_name_prefix(pods_of)  # a cheap test before the pattern's
         return [
             s
-            for s in res or []
+            for s in candidates
             if (pod := (s.get("metric") or {}).get("pod") or "").startswith(prefix)
             and (s.get("metric") or {}).get("namespace") == namespace
             and pat.fullmatch(pod)

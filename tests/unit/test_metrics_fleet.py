@@ -3,6 +3,7 @@ each object's answers rebuilt in memory are the ones its own queries would have 
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -260,3 +261,33 @@ def test_a_long_named_objects_cut_pod_names_are_still_its_own():
     res = fleet({mine[0]: 1.0, mine[1]: 2.0, other: 100.0})
     got = metrics.fleet_split(res, queries(long), NS, long, 0.9)
     assert got["arrival_rps"][0]["value"][1] == "3.0"  # its two prefill pods, not the other's
+
+
+def test_the_index_finds_exactly_what_a_scan_of_every_series_finds():
+    """FleetAnswers indexes each series once by namespace and owning Deployment; what it hands
+    an object, narrowed by the pod pattern, is what a scan of the whole answer finds, in the
+    answer's order, for short, dotted, prefix-colliding and cut names, in two namespaces."""
+    owners = ["a", "a-b", "web.v2", "llm-0000", "llm-0000-b", "l" * 40, "l" * 56, "l" * 56 + "x", "m" * 70]
+    series = []
+    for i, (ns, owner) in enumerate(itertools.product((NS, "other"), owners)):
+        for pool in ("prefill", "decode", "router"):
+            for j in range(2):
+                pod = generated_pod(f"{owner}-{pool}", template_hash=f"h{i}{j}", random=f"r{j}{i:03d}"[:5])
+                series.append(sample(pod, 1.0, ns))
+    series.append(sample("not-a-generated-name", 1.0))
+    series.append({"metric": {"namespace": NS}, "value": [0, "1"]})  # no pod label
+    answers = metrics.FleetAnswers({metrics.FLEET_PREFIX + "running": series})
+    for ns, owner, pool in itertools.product((NS, "other"), owners, ("prefill", "decode", "router")):
+        deployment = f"{owner}-{pool}"
+        pattern = metrics.promql_pattern(metrics.pod_name_regex(deployment))
+        scanned = [
+            s
+            for s in series
+            if s["metric"].get("namespace") == ns and pattern.fullmatch(s["metric"].get("pod") or "")
+        ]
+        got = [
+            s
+            for s in answers.candidates("running", ns, deployment)
+            if pattern.fullmatch(s["metric"].get("pod") or "")
+        ]
+        assert got == scanned and len(scanned) >= 2, (ns, deployment)
