@@ -466,6 +466,18 @@ def _value(sample: Mapping[str, Any], name: str) -> float:
     return v
 
 
+def evaluation_time(result: Sequence[Mapping[str, Any]] | None) -> float | None:
+    """The time Prometheus evaluated an instant query at: its samples' timestamp (the same for
+    every series of one answer); None when the answer has no usable one."""
+    for s in result or []:
+        try:
+            t = float(s["value"][0])
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
+        return t if math.isfinite(t) else None
+    return None
+
+
 def parse_scalar(result: Sequence[Mapping[str, Any]] | None, name: str) -> float:
     """Exactly one finite, non-negative sample."""
     if not result:
@@ -532,10 +544,23 @@ class Snapshot:
     by_worker: dict[str, dict[str, float]] = field(default_factory=dict)
     problems: list[MetricError] = field(default_factory=list)
     failed: set[str] = field(default_factory=set)  # optional queries that failed (unknown, not empty)
+    # Per pool, when Prometheus evaluated its sample-time query (the answer's own timestamp).
+    evaluated_at: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def sample_age(self, pool: str, pod: str) -> float | None:
+        """How old the pod's newest sample was when Prometheus answered, on Prometheus' own clock
+        (the answer's timestamp minus the sample's), None without a sample. Neither the time the
+        decision waited after the query nor a skew between the operator's clock and
+        Prometheus' makes a sample look older than it was (an answer without a usable
+        timestamp is measured against the snapshot's time)."""
+        t = self.by_pod.get(f"sample_time_by_pod.{pool}", {}).get(pod)
+        if t is None:
+            return None
+        return self.evaluated_at.get(pool, self.time) - t
 
     def reason(self) -> str:
         """The problems with their figures (a sample's age, a bad value): for Events and logs."""
@@ -591,6 +616,9 @@ def build_snapshot(
                 snap.by_worker[q.name] = parse_by_pod(res, q.name, label="worker")
             else:
                 snap.by_pod[q.name] = parse_by_pod(res, q.name)
+                at = evaluation_time(res)
+                if q.name.startswith("sample_time_by_pod.") and at is not None:
+                    snap.evaluated_at[q.name.partition(".")[2]] = at
         except MetricError as err:
             if q.required or (q.required_with_pods and routable_pods.get(q.pool or "")):
                 snap.problems.append(err)
@@ -598,17 +626,16 @@ def build_snapshot(
                 snap.failed.add(q.name)
     # Freshness and completeness per pool: every routable pod must have a recent sample.
     for pool, pods in routable_pods.items():
-        times = snap.by_pod.get(f"sample_time_by_pod.{pool}", {})
         for pod in pods:
-            t = times.get(pod)
-            if t is None:
+            age = snap.sample_age(pool, pod)
+            if age is None:
                 snap.problems.append(MetricError(f"{pool}/{pod}", "missing", "pod reports no metrics"))
-            elif now - t > max_age:
+            elif age > max_age:
                 snap.problems.append(
                     MetricError(
                         f"{pool}/{pod}",
                         "stale",
-                        f"last sample {now - t:.1f} s old (max {max_age:.0f} s)",
+                        f"last sample {age:.1f} s old (max {max_age:.0f} s)",
                         f"no sample in the last {max_age:.0f} s",
                     )
                 )
@@ -673,8 +700,8 @@ def pod_in_flight_fresh(
     only lengthen a drain, never shorten it (a restarted router counts from 0 while the engine
     still finishes its streams). A router count that is missing, or a query that failed or was
     not asked, adds nothing; an unknown engine count stays unknown whatever the router says."""
-    t = snap.by_pod.get(f"sample_time_by_pod.{pool}", {}).get(pod)
-    if t is None or snap.time - t > 2 * scrape_interval_s:
+    age = snap.sample_age(pool, pod)
+    if age is None or age > 2 * scrape_interval_s:
         return None
     pending_name = f"pending_kv_by_pod.{pool}"
     if pending_name in snap.failed:

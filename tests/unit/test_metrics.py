@@ -189,6 +189,31 @@ def test_stale_pod_makes_the_snapshot_not_ok_and_its_in_flight_unknown():
     assert m.pod_in_flight_fresh(snap, "prefill", "p1", 1.0) is None
 
 
+@pytest.mark.parametrize(
+    ("decided_at", "age", "fresh"),
+    [
+        (NOW + 5, 1.8, True),  # the decision waited 5 s after Prometheus answered (a slot, a lock)
+        (NOW + 30, 1.8, True),  # the operator's clock 30 s ahead of Prometheus'
+        (NOW - 30, 1.8, True),  # or behind it
+        (NOW, 2.2, False),  # stale when Prometheus answered
+        (NOW - 30, 2.2, False),  # whatever the operator's clock says
+    ],
+)
+def test_a_samples_age_is_measured_when_prometheus_answered(decided_at: float, age: float, fresh: bool):
+    """The answer's timestamp is Prometheus' evaluation time (NOW here); a sample is stale when
+    it was more than two scrapes old then, not against the decision's clock."""
+    qs = m.build_queries("vllm", "n", "d", ["prefill", "decode"], 60, 0.9)
+    results = {q.name: [] for q in qs}
+    results["arrival_rps"] = [sample(4.0)]
+    for series in ("running_by_pod", "waiting_by_pod", "pending_kv_by_pod"):
+        results[f"{series}.prefill"] = [sample(0, pod="p1")]
+    results["sample_time_by_pod.prefill"] = [sample(NOW - age, pod="p1")]
+    snap = m.build_snapshot(qs, results, decided_at, 1.0, {"prefill": ["p1"]})
+    assert snap.ok is fresh, snap.reason()
+    assert snap.sample_age("prefill", "p1") == pytest.approx(age)
+    assert (m.pod_in_flight_fresh(snap, "prefill", "p1", 1.0) is not None) is fresh
+
+
 def test_routable_pod_without_metrics_is_incomplete():
     snap = routable_snapshot({"p1": 0}, {"p1": NOW}, ["p1", "p2"])
     assert not snap.ok
