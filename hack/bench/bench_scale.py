@@ -155,12 +155,13 @@ class Cluster:
 EMULATOR_LABEL = "bench.disagg.dev/emulator"
 
 
-def scrape_seconds(n: int) -> int:
-    """Prometheus' scrape interval (and timeout) for the emulators of an N-object run: an
-    emulator process serves the metrics of N/--emulators objects (about 50 samples per pod), and
-    at N=500 over four processes it could not answer within 1 s while emulating its load; a
-    target that times out leaves every object's metrics stale (the decisions then hold)."""
-    return max(1, math.ceil(n / 100))
+def scrape_seconds(n: int, chosen: int = 0) -> int:
+    """Prometheus' scrape interval (and timeout) for the emulators of an N-object run: `chosen`
+    (--scrape-seconds) or, by default, one second per 100 objects: an emulator process serves
+    the metrics of N/--emulators objects (about 50 samples per pod), and at N=500 over four
+    processes it could not answer within 1 s while emulating its load; a target that times
+    out leaves every object's metrics stale (the decisions then hold)."""
+    return chosen or max(1, math.ceil(n / 100))
 
 
 def dd(name: str, prom_url: str | None, router: bool = False, emulator: int = 0, scrape_s: int = 1) -> dict:
@@ -335,7 +336,7 @@ class Run:
         ports = [free_port() for _ in range(parts)]
         self.prom = PrometheusServer(
             targets={"emulator": [f"127.0.0.1:{port}" for port in ports]},
-            scrape_interval=f"{scrape_seconds(self.n)}s",
+            scrape_interval=f"{scrape_seconds(self.n, self.args.scrape_seconds)}s",
             workdir=self.tmp / f"prom-{self.n}",
         ).start()
         step_at = self.step_after
@@ -376,7 +377,13 @@ class Run:
         m0 = scrape(self.port)
         docs = [
             json.dumps(
-                dd(f"o{i:04d}", prom_url, self.args.router, i % self.args.emulators, scrape_seconds(self.n))
+                dd(
+                    f"o{i:04d}",
+                    prom_url,
+                    self.args.router,
+                    i % self.args.emulators,
+                    scrape_seconds(self.n, self.args.scrape_seconds),
+                )
             )
             for i in range(self.n)
         ]
@@ -616,6 +623,13 @@ def main() -> int:
     )
     ap.add_argument("--logs", type=Path, help="keep the operator's (and emulator's) logs in this directory")
     ap.add_argument("--step-watch", type=int, default=90, help="autoscaling: how long to watch the step")
+    ap.add_argument(
+        "--scrape-seconds",
+        type=int,
+        default=0,
+        help="autoscaling: Prometheus' scrape interval (default: max(1, N/100)); the same at two N "
+        "compares their load steps on equal metrics",
+    )
     ap.add_argument(
         "--direct",
         action="store_true",
