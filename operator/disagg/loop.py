@@ -69,8 +69,8 @@ DEFAULT_CONCURRENCY = 16
 #: forecast's rate samples) to this long, at one write per object per this long.
 SCALER_STATE_REFRESH_S = 300.0
 
-#: `status.lastDecision` is rewritten when the reason, the planned sizes, the targets or a
-#: condition change, or when the arrival rate moves by more than this share and by more than
+#: `status.lastDecision` is rewritten when the reason, the planned sizes, the targets, the next
+#: step or a condition change, or when the arrival rate moves by more than this share and by more than
 #: the measurement's own noise (`rate_moved`).
 LAST_DECISION_RATE_TOLERANCE = 0.1
 
@@ -848,12 +848,12 @@ def last_decision_outdated(
     prev: Mapping[str, Any], record: Mapping[str, Any], window_s: float, dispersion: float | None = None
 ) -> bool:
     """Whether `status.lastDecision` (`prev`) no longer tells what the operator decides
-    (`record`): another reason, other planned sizes or targets, or an arrival rate that moved
-    (`rate_moved`; over `window_s`, the counts' index of dispersion `dispersion`)."""
+    (`record`): another reason, other planned sizes, targets or next step, or an arrival rate
+    that moved (`rate_moved`; over `window_s`, the counts' index of dispersion `dispersion`)."""
     if prev.get("reason") != record["reason"]:
         return True
     prev_out, out = prev.get("outputs") or {}, record["outputs"]
-    if prev_out.get("targets") != out["targets"] or prev_out.get("planned") != out.get("planned"):
+    if any(prev_out.get(k) != out.get(k) for k in ("targets", "nextStep", "planned")):
         return True
     was, rate = (prev.get("inputs") or {}).get("arrivalRps"), record["inputs"].get("arrivalRps")
     return rate_moved(was, rate, window_s, dispersion)
