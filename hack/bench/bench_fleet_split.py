@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: splitting one tick's fleet answers into each due object's own (issue 18).
 
-    python hack/bench/bench_fleet_split.py [--objects 50 200 500] [--repeats 5]
+    python hack/bench/bench_fleet_split.py [--objects 50 200 500] [--repeats 3]
 
 A tick sends one query per metric for every due object (`metrics.fleet_queries`) and each
 object then splits its own series out of the shared answers (`metrics.fleet_split`), in the
@@ -106,7 +106,7 @@ def split_all(spec: api.DisaggDeploymentSpec, names: list[str], answers) -> None
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--objects", type=int, nargs="+", default=[50, 200, 500])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     spec = sample_spec()
     print(f"load average {os.getloadavg()[0]:.1f}; CPU ms to split one tick's answers for N objects")
