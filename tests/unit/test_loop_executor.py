@@ -484,9 +484,8 @@ def test_a_rate_moving_within_its_sampling_noise_writes_nothing():
     first = w.status()["lastDecision"]
     window = w.body()["spec"]["autoscaling"].get("metricWindowSeconds", 60)
     w.kube.calls.clear()
-    rates = [
-        2.0 * (1.15 if i % 2 else 0.85) for i in range(6)
-    ]  # +-15 %: 0.6 apart; 180 s (< the scalerState refresh)
+    # +-15 % (0.6 requests/s apart) for 180 s, less than the scalerState refresh
+    rates = [2.0 * (1.15 if i % 2 else 0.85) for i in range(6)]
     assert loop.RATE_NOISE_SIGMAS * (4.0 / window) ** 0.5 > 0.6  # within 3 sigma at this window
     for rate in rates:
         w.load(rate)
@@ -522,7 +521,7 @@ def test_other_targets_rewrite_the_last_decision_at_once():
     for _ in range(3):
         w.step(dt=10.0)
     w.load(8.0, short=8.0)
-    out = w.step(dt=10.0)  # 10 s after the last write, well inside the refresh
+    out = w.step(dt=10.0)
     assert out is not None and out.changed
     assert w.status()["lastDecision"]["outputs"]["targets"] == out.targets
 
