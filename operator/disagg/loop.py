@@ -1170,9 +1170,7 @@ async def run_forever(kube: Kube, opts: LoopOptions) -> None:
             try:
                 await prime(kube, opts)
                 await tick(kube, opts, time.time())
-            except asyncio.CancelledError:
-                raise
-            except Exception:
+            except Exception:  # not CancelledError (a BaseException): that stops the loop
                 log.exception("autoscaler tick failed; retrying")
             await asyncio.sleep(max(0.05, opts.tick_s - (time.monotonic() - started)))
     finally:

@@ -616,8 +616,7 @@ def build_snapshot(
                 snap.by_worker[q.name] = parse_by_pod(res, q.name, label="worker")
             else:
                 snap.by_pod[q.name] = parse_by_pod(res, q.name)
-                at = evaluation_time(res)
-                if q.name.startswith("sample_time_by_pod.") and at is not None:
+                if q.name.startswith("sample_time_by_pod.") and (at := evaluation_time(res)) is not None:
                     snap.evaluated_at[q.name.partition(".")[2]] = at
         except MetricError as err:
             if q.required or (q.required_with_pods and routable_pods.get(q.pool or "")):
