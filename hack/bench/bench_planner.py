@@ -18,7 +18,9 @@ Workloads (1,000 points each):
             or `disagg plan --sweep` does: the same shapes re-planned at new rates)
   sizes     1,000 demand points, each with its own request-size distribution (engine
             histograms: 1-2-5 buckets, 4 classes each) and arrival ca^2 (disagg.sizes;
-            target 100 ms, issue 14)
+            target 100 ms, issue 14); every run plans new (equal) distributions, so what
+            a distribution caches about itself (its slices) is computed inside the timed
+            call, as in the operator, where each decision builds a new one
 
 Entry points:
   plan()          the call the operator makes (operator/disagg/loop.py):
@@ -34,6 +36,8 @@ No assertion: this prints numbers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import math
 import os
 import random
@@ -101,6 +105,19 @@ def size_points(n: int = N) -> list[Demand]:
     ]
 
 
+def fresh_sizes(pts: list[Demand]) -> list[Demand]:
+    """The same demands with new, equal size distributions, built as the operator builds them
+    (`demand_with_sizes`, which reads their means): their slices are not cached yet."""
+    return [
+        demand_with_sizes(
+            d.arrival_rps, SizeDistribution(*dataclasses.astuple(d.sizes)), arrival_ca2=d.arrival_ca2
+        )
+        if d.sizes is not None
+        else d
+        for d in pts
+    ]
+
+
 def operator_args() -> tuple[StageModels, SLO, dict[str, PoolBounds]]:
     """What api.planner_inputs(...).plan passes for a default DisaggDeployment (no budget, disaggregated, serial)."""
     bounds = {
@@ -111,15 +128,20 @@ def operator_args() -> tuple[StageModels, SLO, dict[str, PoolBounds]]:
     return StageModels(), SLO(), bounds
 
 
-def timed_round_robin(jobs: list[tuple[str, Callable[[], object]]], repeats: int) -> dict[str, float]:
+def timed_round_robin(
+    jobs: list[tuple[str, Callable[[], Callable[[], object]]]], repeats: int
+) -> dict[str, float]:
     """Median CPU time (ms) of each job over `repeats` rounds, every planner cache cleared before each run.
 
-    The jobs run round-robin (one run of each per round), so a change in the shared
-    machine's load falls on every row alike and ratios between rows stay comparable.
+    A job is made anew for every run, outside the clock (its inputs' own caches start
+    empty), and only the call it returns is timed. The jobs run round-robin (one run of
+    each per round), so a change in the shared machine's load falls on every row alike
+    and ratios between rows stay comparable.
     """
     times: dict[str, list[float]] = {name: [] for name, _ in jobs}
     for _ in range(repeats):
-        for name, fn in jobs:
+        for name, make in jobs:
+            fn = make()
             planner._clear_caches()
             t0 = time.process_time()
             fn()
@@ -136,25 +158,27 @@ def main() -> None:
         f"({SIZES_TARGET_MS:.0f} ms with sizes); load average {os.getloadavg()[0]:.1f}"
     )
     sets = (("distinct", distinct_points()), ("repeated", repeated_points()), ("sizes", size_points()))
-    jobs: list[tuple[str, Callable[[], object]]] = []
+    jobs: list[tuple[str, Callable[[], Callable[[], object]]]] = []
     for name, pts in sets:
         models, slo, bounds = operator_args()
         fresh = [operator_args() for _ in pts]
 
-        def op(pts: list[Demand] = pts, models=models, slo=slo, bounds=bounds) -> object:
+        def op(pts: list[Demand], models=models, slo=slo, bounds=bounds) -> object:
             return [plan(d, models, slo, bounds, None, "disaggregated", chunked=False) for d in pts]
 
-        def op_fresh(pts: list[Demand] = pts, fresh=fresh) -> object:
+        def op_fresh(pts: list[Demand], fresh=fresh) -> object:
             return [
                 plan(d, m, s, b, None, "disaggregated", chunked=False)
                 for d, (m, s, b) in zip(pts, fresh, strict=True)
             ]
 
-        def reps(pts: list[Demand] = pts, models=models, slo=slo, bounds=bounds) -> object:
+        def reps(pts: list[Demand], models=models, slo=slo, bounds=bounds) -> object:
             return plan_replicas(pts, models, slo, bounds)
 
         for entry, fn in (("plan()", op), ("plan() fresh", op_fresh), ("plan_replicas()", reps)):
-            jobs.append((f"{name:<9}{entry:<17}", fn))
+            jobs.append(
+                (f"{name:<9}{entry:<17}", lambda fn=fn, pts=pts: functools.partial(fn, fresh_sizes(pts)))
+            )
     medians = timed_round_robin(jobs, args.repeats)
     for label, ms in medians.items():
         target = SIZES_TARGET_MS if label.startswith("sizes") else TARGET_MS

@@ -727,6 +727,10 @@ def kv_room_batch(
         # beyond this n even the smallest newcomer's mean does not fit: overflow >= 1/2 > tail
         fits = (capacity - f_min) / mean
         hi = max(0, min(hi, math.floor(fits)))
+    if hi >= 1 and 0.0 < tail < 0.5 and mean > 0 and max([a[1] for a in arrivals]) <= capacity:
+        # Every newcomer alone fits the cache: each term's gap / spread then falls as n grows, so
+        # the overflow is monotone in n and a search from a good guess ends where bisection does.
+        return _largest_within(within, _kv_room_guess(capacity, mean, var, arrivals, tail, hi), hi) + 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if within(mid):
@@ -734,6 +738,72 @@ def kv_room_batch(
         else:
             hi = mid - 1
     return lo + 1
+
+
+def _kv_room_guess(
+    capacity: float, mean: float, var: float, arrivals: tuple[tuple[float, float, float], ...], tail: float, hi: int
+) -> int:
+    """`kv_room_batch`'s answer under a normal newcomer (the mixture's mean and variance), in [1, hi].
+
+    Solves capacity - n x mean - mu = z sqrt(n var + sigma^2) for n, z the normal's
+    (1 - tail)-quantile: the smaller root of a quadratic in n. Only a starting point: the
+    mixture's tail is not normal.
+    """
+    mu = second = 0.0
+    for w, f_mean, f_var in arrivals:
+        mu += w * f_mean
+        second += w * (f_var + f_mean * f_mean)
+    spread2 = max(0.0, second - mu * mu)
+    room = capacity - mu
+    z2 = _z(1.0 - tail) ** 2
+    if room <= 0 or room * room <= z2 * spread2:
+        return 1
+    b = 2.0 * room * mean + z2 * var
+    disc = b * b - 4.0 * mean * mean * (room * room - z2 * spread2)
+    n = (b - math.sqrt(max(0.0, disc))) / (2.0 * mean * mean)
+    return max(1, min(hi, int(n)))
+
+
+def _largest_within(within: Any, guess: int, hi: int) -> int:
+    """The largest n in [1, hi] with within(n) (0 when there is none), for within monotone
+    (true up to some n, false beyond): galloping from `guess`, then bisection."""
+    if within(guess):
+        if guess >= hi:
+            return hi
+        lo, step = guess, 1  # within(lo) holds
+        while True:
+            cand = lo + step
+            if cand >= hi:
+                if within(hi):
+                    return hi
+                up = hi  # within(up) fails
+                break
+            if not within(cand):
+                up = cand
+                break
+            lo, step = cand, step * 2
+    else:
+        if guess <= 1:
+            return 0
+        up, step = guess, 1  # within(up) fails
+        while True:
+            cand = up - step
+            if cand <= 1:
+                if not within(1):
+                    return 0
+                lo = 1
+                break
+            if within(cand):
+                lo = cand
+                break
+            up, step = cand, step * 2
+    while up - lo > 1:
+        mid = (lo + up) // 2
+        if within(mid):
+            lo = mid
+        else:
+            up = mid
+    return lo
 
 
 def measured_kv_footprint(prompt_tokens: Any, output_tokens: Any) -> float:

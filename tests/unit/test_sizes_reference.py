@@ -442,6 +442,36 @@ def test_kv_helpers_equal_the_previous_ones() -> None:
             assert planner.kv_room_batch(*args) == kv_room_batch_reference(*args)
 
 
+def test_kv_room_batch_equals_the_bisection_on_random_mixes() -> None:
+    """The search from a guess (used when every newcomer alone fits the cache) ends where the
+    previous bisection did: mixes of 1-30 newcomer classes, caches from a fraction of one
+    newcomer to thousands, tails on both sides of 1/2, residents with and without spread."""
+    rng = np.random.default_rng(43)
+    guessed = 0
+    for _ in range(4000):
+        k = int(rng.integers(1, 31))
+        w = rng.random(k)
+        w /= w.sum()
+        scale = 10 ** rng.uniform(2, 5)
+        spread = float(rng.choice([0.0, 1.0]))
+        arrivals = tuple(
+            (float(wi), float(rng.uniform(0, 3) * scale), float((rng.uniform(0, 1) * scale) ** 2 * spread))
+            for wi in w
+        )
+        capacity = float(scale * 10 ** rng.uniform(-0.5, 3))
+        args = (
+            capacity,
+            int(rng.integers(1, 600)),
+            float(rng.uniform(0, 2) * scale * rng.choice([0.0, 1.0, 1.0])),
+            float(rng.uniform(0, 1) * scale * rng.choice([0.0, 1.0])),
+            arrivals,
+            float(rng.choice([0.001, 0.01, 0.05, 0.1, 0.3, 0.49, 0.6])),
+        )
+        guessed += max(a[1] for a in arrivals) <= capacity and args[5] < 0.5
+        assert planner.kv_room_batch(*args) == kv_room_batch_reference(*args), args
+    assert guessed > 1000  # the guessed search was exercised, not only the bisection
+
+
 @pytest.mark.parametrize("relaxed", [(), (0.5, 0.75, 0.9, 0.95, 0.99, 0.999)])
 def test_plans_equal_those_of_the_previous_code(monkeypatch, relaxed) -> None:
     """plan() and plan_replicas() with the current helpers and with the previous ones, on random demands."""
