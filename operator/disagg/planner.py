@@ -741,7 +741,12 @@ def kv_room_batch(
 
 
 def _kv_room_guess(
-    capacity: float, mean: float, var: float, arrivals: tuple[tuple[float, float, float], ...], tail: float, hi: int
+    capacity: float,
+    mean: float,
+    var: float,
+    arrivals: tuple[tuple[float, float, float], ...],
+    tail: float,
+    hi: int,
 ) -> int:
     """`kv_room_batch`'s answer under a normal newcomer (the mixture's mean and variance), in [1, hi].
 
