@@ -309,6 +309,8 @@ class Run:
 
     def start_operator(self) -> None:
         extra = ["--allow-prometheus-url", self.prom.url] if self.prom is not None else []
+        if self.args.decisions_at_once:
+            extra += ["--decisions-at-once", str(self.args.decisions_at_once)]
         cmd = operator_cmd(self.cluster.kubeconfig, [self.ns], self.port, *extra)
         log = open(self.tmp / f"operator-{self.n}.log", "ab")  # noqa: SIM115 - owned by the child
         self.op = subprocess.Popen(
@@ -635,6 +637,12 @@ def main() -> int:
         action="store_true",
         help="no operator: store the objects, apply the children it would write, time until they are "
         "available (the cluster's own share of apply -> Ready)",
+    )
+    ap.add_argument(
+        "--decisions-at-once",
+        type=int,
+        default=0,
+        help="the operator's `disagg run --decisions-at-once` (default: its own default)",
     )
     ap.add_argument(
         "--emulators",

@@ -61,7 +61,7 @@ WRONG_VICTIM_AFTER_S = 30.0
 
 
 #: DisaggDeployments worked on at once by the loop (deciding, draining).
-DEFAULT_CONCURRENCY = 16
+DEFAULT_CONCURRENCY = names.DECISIONS_AT_ONCE
 
 #: `status.scalerState` is rewritten at least this often while the object is decided, even when
 #: nothing a restart decides from changed (`state_write_reason`): it bounds what a restart loses

@@ -46,5 +46,6 @@ async def start(state: Any) -> None:
             # The watches' cache: the loop reads pools and pods from it, never LISTs them per tick.
             cache=state.controller.cache if state.controller is not None else None,
             shard_selector=opts.get("shard_selector"),
+            concurrency=int(opts.get("decisions_at_once", loop.DEFAULT_CONCURRENCY)),
         )
         state.tasks.append(asyncio.create_task(loop.run_forever(state.kube, lo), name="disagg-autoscaler"))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from disagg.commands.errors import CommandFailed, UsageError
-from disagg.names import POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
+from disagg.names import DECISIONS_AT_ONCE_MAX, POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 
 PORT_OPTIONS = ("port", "metrics_port", "dashboard_port", "liveness_port")
 PORT_MAX = 65535
@@ -281,6 +281,10 @@ def check_run(args: argparse.Namespace, given: set[str]) -> None:
             shard.check_shard_name(args.shard_name)
         except ValueError as exc:
             raise UsageError(f"--shard-name: {exc}") from None
+    require(
+        1 <= args.decisions_at_once <= DECISIONS_AT_ONCE_MAX,
+        f"--decisions-at-once must be between 1 and {DECISIONS_AT_ONCE_MAX}, got {args.decisions_at_once}",
+    )
 
 
 CHECKS: dict[str, Callable[[argparse.Namespace, set[str]], None]] = {

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from disagg.names import DECISIONS_AT_ONCE
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -97,6 +99,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-autoscaler", action="store_true", help="reconcile only; never change pool sizes")
     p.add_argument(
+        "--decisions-at-once",
+        type=int,
+        default=DECISIONS_AT_ONCE,
+        metavar="N",
+        help=f"autoscaling decisions (and drain steps) in flight at once (default {DECISIONS_AT_ONCE}). A decision "
+        "waits on several API round trips; raise it when many DisaggDeployments change at once "
+        "and the API server has room (docs/scale.md)",
+    )
+    p.add_argument(
         "--no-pod-monitors",
         action="store_true",
         help="never create, update or delete PodMonitors, whatever spec.monitoring.podMonitor says "
@@ -136,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         "bind": args.bind,
         "health_port": args.liveness_port,
         "autoscaler": not args.no_autoscaler,
+        "decisions_at_once": args.decisions_at_once,
         "prometheus_url": args.prometheus_url,
         "namespaces": list(args.namespace),
         "leader_election": (
