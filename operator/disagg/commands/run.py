@@ -104,7 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=DECISIONS_AT_ONCE,
         metavar="N",
         help=f"autoscaling decisions (and drain steps) in flight at once (default {DECISIONS_AT_ONCE}). A decision "
-        "waits on several API round trips; raise it when many DisaggDeployments change at once "
+        "that scales waits on several API writes; raise it when many DisaggDeployments change at once "
         "and the API server has room (docs/scale.md)",
     )
     p.add_argument(
