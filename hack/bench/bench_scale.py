@@ -29,7 +29,8 @@ adds a third of each), and prints:
     (disagg_operator_decision_gap_seconds; the target is the 10 s interval), and the
     load step -> patched replicas latency: the emulator's total rate steps up, and the time
     until each object's decode Deployment has more replicas is reported (p50 / max over the
-    objects).
+    objects), beside the time until each object's arrival rate, as the operator reads it from
+    Prometheus, was halfway up the step (the emulators' and Prometheus' share of that latency).
 
 With --direct no operator runs: the N objects are stored, then the children the operator would
 write (its builders; no owner reference, no routable readiness gate) are applied by kubectl, and
@@ -54,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from collections import defaultdict
@@ -155,6 +157,11 @@ class Cluster:
 EMULATOR_LABEL = "bench.disagg.dev/emulator"
 
 
+def metric_window_s(scrape_s: int) -> int:
+    """The objects' metric window: four scrapes, at least 10 s."""
+    return max(10, 4 * scrape_s)
+
+
 def scrape_seconds(n: int, chosen: int = 0) -> int:
     """Prometheus' scrape interval (and timeout) for the emulators of an N-object run: `chosen`
     (--scrape-seconds) or, by default, one second per 100 objects: an emulator process serves
@@ -178,7 +185,7 @@ def dd(name: str, prom_url: str | None, router: bool = False, emulator: int = 0,
             "enabled": True,
             "intervalSeconds": INTERVAL_S,
             "scrapeIntervalSeconds": scrape_s,
-            "metricWindowSeconds": max(10, 4 * scrape_s),
+            "metricWindowSeconds": metric_window_s(scrape_s),
             "prometheus": {"url": prom_url},
         }
     obj = disagg_deployment(
@@ -536,6 +543,10 @@ class Run:
                 if name not in grew and r > before.get(name, r):
                     grew[name] = time.monotonic() - step_at
             time.sleep(0.5)
+        step_wall = time.time() - (time.monotonic() - step_at)
+        self.figures["load step -> arrival rate halfway up in Prometheus p50 / max (s)"] = (
+            self.arrival_signal(step_wall)
+        )
         lat = sorted(grew.values())
         if not lat:
             self.figures["load step -> patched replicas p50 / max (s)"] = (
@@ -546,6 +557,48 @@ class Run:
             lat[len(lat) // 2],
             lat[-1],
             f"{len(lat)}/{self.n} grew",
+        )
+
+    def arrival_signal(self, step_wall: float) -> object:
+        """When each object's arrival rate, as the operator reads it (its prefill pods' prompt
+        count over the objects' metric window), was halfway up the step in Prometheus: the
+        emulators' and Prometheus' share of the load step's latency, apart from the operator's."""
+        assert self.prom is not None
+        window = metric_window_s(scrape_seconds(self.n, self.args.scrape_seconds))
+        promql = f'sum by (pod) (rate(vllm:request_prompt_tokens_count{{pod=~".*-prefill-.*"}}[{window}s]))'
+        query = urllib.parse.urlencode(
+            {"query": promql, "start": step_wall - 60, "end": step_wall + self.args.step_watch, "step": 1}
+        )
+        try:
+            with urllib.request.urlopen(f"{self.prom.url}/api/v1/query_range?{query}", timeout=60) as r:
+                series = json.load(r)["data"]["result"]
+        except OSError as exc:
+            return f"not measured ({exc})"
+        rates: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+        for s in series:
+            owner = s["metric"].get("pod", "").split("-prefill-")[0]
+            for t, v in s["values"]:
+                rates[owner][float(t)] += float(v)
+        halfway = 1.0 + (self.args.step_factor - 1.0) / 2.0
+        lat: list[float] = []
+        for points in rates.values():
+            before = [v for t, v in points.items() if t < step_wall]
+            if not before:
+                continue
+            level = halfway * sum(before) / len(before)
+            lat.append(
+                next(
+                    (t - step_wall for t in sorted(points) if t >= step_wall and points[t] >= level), math.inf
+                )
+            )
+        if not lat:
+            return "no arrival series"
+        lat.sort()
+        reached = [x for x in lat if x < math.inf]
+        return (
+            lat[len(lat) // 2],
+            reached[-1] if reached else math.inf,
+            f"{len(reached)}/{len(lat)} reached",
         )
 
     def run(self) -> dict[str, object]:
