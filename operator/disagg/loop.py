@@ -764,16 +764,22 @@ async def apply(
     pods: list[dict],
     outcome: autoscaler.Outcome,
     now: float,
-) -> None:
-    """Carry out a decision: re-admit drained pods, grow within the budget, start drains."""
+) -> dict[str, Any] | None:
+    """Carry out a decision: re-admit drained pods, grow within the budget, start drains.
+
+    Returns the status a growing decision's reconcile left unwritten (its pools and
+    conditions), which `write_decision_status` writes with the decision's own fields."""
     by_name = {p["metadata"]["name"]: p for p in pods}
     for pool_pods_back in outcome.readmit.values():
         for pod_name in pool_pods_back:
             await readmit(kube, body, by_name[pod_name], "the pool grows again")
+    pending = None
     if outcome.grow:
-        await reconcile.reconcile(kube, body, replicas=outcome.grow)
+        done = await reconcile.reconcile(kube, body, replicas=outcome.grow, defer_status=True)
+        pending = done.get("deferredStatus")
     for order in outcome.drains:
         await start_drain(kube, body, spec, order, by_name[order.pod], now)
+    return pending
 
 
 async def write_decision_status(
@@ -783,9 +789,13 @@ async def write_decision_status(
     outcome: autoscaler.Outcome,
     snap: metrics.Snapshot,
     tr: Tracker,
+    pending: Mapping[str, Any] | None = None,
 ) -> None:
     """Conditions, lastDecision, calibration and scalerState; an Event when the targets change
-    or the metrics come or go. `status.ratio` is reconcile's (from the targets in DESIRED)."""
+    or the metrics come or go. `status.ratio` is reconcile's (from the targets in DESIRED).
+
+    `pending`: status fields a reconcile of this decision left unwritten (`apply`); they go
+    out in the same patch, the decision's conditions merged over theirs."""
     meta = body["metadata"]
     gen = meta.get("generation")
     plan = outcome.plan
@@ -806,9 +816,12 @@ async def write_decision_status(
             gen,
         ),
     ]
-    old = body.get("status") or {}
+    old = {**(body.get("status") or {}), **(pending or {})}  # as if the reconcile had written
     prev = old.get("lastDecision") or {}
-    new_status: dict[str, Any] = {"conditions": status.merge_conditions(old.get("conditions"), conds)}
+    new_status: dict[str, Any] = {
+        **(pending or {}),
+        "conditions": status.merge_conditions(old.get("conditions"), conds),
+    }
     persist = state_write_reason(tr, outcome.state.policy, outcome.record.time)
     if persist is not None:
         new_status["scalerState"] = outcome.state.to_dict()
@@ -995,11 +1008,11 @@ async def step(
     # reconcile shows these targets (status.pools.*.desiredReplicas and status.ratio)
     reconcile.DESIRED[(ns, name)] = dict(outcome.targets)
     fresh = await kube.get(api.KIND, ns, name)
-    await apply(kube, fresh, spec, pods, outcome, now)
+    pending = await apply(kube, fresh, spec, pods, outcome, now)
     if outcome.changed and not outcome.grow:
         await reconcile.reconcile(kube, await kube.get(api.KIND, ns, name))
     fresh = await kube.get(api.KIND, ns, name)
-    await write_decision_status(kube, fresh, config, outcome, snap, tr)
+    await write_decision_status(kube, fresh, config, outcome, snap, tr, pending)
     export_metrics(fresh, spec, outcome, snap, pods)
 
 

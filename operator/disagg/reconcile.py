@@ -123,11 +123,19 @@ async def write_status(kube: Kube, body: Mapping[str, Any], new_status: dict[str
     return True
 
 
-async def reconcile(kube: Kube, body: Mapping[str, Any], replicas: Mapping[str, int] | None = None) -> dict:
+async def reconcile(
+    kube: Kube,
+    body: Mapping[str, Any],
+    replicas: Mapping[str, int] | None = None,
+    defer_status: bool = False,
+) -> dict:
     """Bring the children of one DisaggDeployment to their desired state, then update its status.
 
     `replicas` overrides the pool sizes (the autoscaler passes its decision).
     Returns a summary: {"applied": [...], "deleted": [...], "statusWritten": bool}.
+    With `defer_status` (the autoscaler, which writes the status of its decision next) a valid
+    spec's status is not written but returned as summary["deferredStatus"], for the caller to
+    write in its own patch: one status write per growing decision instead of two.
     """
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
@@ -160,7 +168,7 @@ async def reconcile(kube: Kube, body: Mapping[str, Any], replicas: Mapping[str, 
         return summary
 
     try:
-        return await _reconcile_valid(kube, body, spec, replicas, summary)
+        return await _reconcile_valid(kube, body, spec, replicas, summary, defer_status)
     except (ApiError, ApiException, Conflict, NotFound) as exc:
         # Whatever the API server refused reaches the object, not only the log.
         detail = api_error_message(exc)
@@ -197,6 +205,7 @@ async def _reconcile_valid(
     spec: api.DisaggDeploymentSpec,
     replicas: Mapping[str, int] | None,
     summary: dict[str, Any],
+    defer_status: bool = False,
 ) -> dict:
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
@@ -294,8 +303,16 @@ async def _reconcile_valid(
         "ratio": status.ratio(pools),
         "endpoint": builders.router_endpoint(owner, spec),
     }
-    summary["statusWritten"] = await write_status(kube, body, new_status)
-    if summary["statusWritten"] and warnings and _condition_changed(body, conds, names.COND_WARNING):
+    if defer_status:
+        summary["deferredStatus"] = new_status
+    else:
+        summary["statusWritten"] = await write_status(kube, body, new_status)
+    # (a changed condition is a changed status: the deferred write carries it)
+    if (
+        (defer_status or summary["statusWritten"])
+        and warnings
+        and _condition_changed(body, conds, names.COND_WARNING)
+    ):
         await kube.event(body, "SpecWarning", warning_text(warnings), type_="Warning")
     return summary
 

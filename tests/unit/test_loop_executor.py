@@ -11,7 +11,7 @@ import pytest
 import yaml
 from fakes import FakeKube, FakePrometheus, deployment, disagg_deployment, pod, resync, watch_cache
 
-from disagg import api, autoscaler, drain, loop, names, reconcile
+from disagg import api, autoscaler, drain, loop, names, reconcile, status
 
 pytestmark = pytest.mark.usefixtures("fresh_loop_memory")
 
@@ -471,6 +471,30 @@ def test_the_scaler_state_is_written_when_the_recommendation_changes_and_refresh
     assert out is not None and out.changed
     rec = w.status()["scalerState"]["policy"]["recommendations"][-1]
     assert rec["t"] == w.now
+
+
+def test_a_growing_decision_writes_the_status_once_with_its_pools_and_its_record():
+    """The reconcile that grows the pools leaves its status to the decision, which writes it
+    with its own record in one patch: one status write (and one fewer request waiting on the
+    API server) per growing decision."""
+    w = World(prefill=1, decode=2)
+    w.load(2.0)
+    for _ in range(3):
+        w.step()
+    w.kube.calls.clear()
+    w.load(8.0, short=8.0)
+    out = w.step()
+    assert out is not None and out.grow, out
+    assert _status_writes(w.kube) == 1, w.kube.calls
+    st = w.status()
+    assert st["lastDecision"]["outputs"]["targets"] == out.targets
+    for pool, n in out.grow.items():
+        assert w.replicas(pool) == n
+        assert st["pools"][pool]["desiredReplicas"] == out.targets[pool]
+    assert st["ratio"] == status.ratio(st["pools"])
+    types = {c["type"] for c in st["conditions"]}
+    # the reconcile's conditions and the decision's, side by side
+    assert {names.COND_READY, names.COND_METRICS_AVAILABLE, names.COND_BUDGET_LIMITED} <= types
 
 
 def test_a_rate_moving_within_its_sampling_noise_writes_nothing():
