@@ -47,6 +47,7 @@ from disagg.model import (
     check_itl_statistic,
     gap_p99_rank,
 )
+from disagg.monotone import smallest_passing
 from disagg.names import PLACEMENTS, POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 from disagg.queueing import erlang_b_stride, poisson_cdf, poisson_quantile, summed_wait_tail
 from disagg.sizes import (
@@ -730,7 +731,9 @@ def kv_room_batch(
     if hi >= 1 and 0.0 < tail < 0.5 and mean > 0 and max([a[1] for a in arrivals]) <= capacity:
         # Every newcomer alone fits the cache: each term's gap / spread then falls as n grows, so
         # the overflow is monotone in n and a search from a good guess ends where bisection does.
-        return _largest_within(within, _kv_room_guess(capacity, mean, var, arrivals, tail, hi), hi) + 1
+        # The answer is the first count (1..hi + 1) that is not within; hi + 1 is never tested.
+        guess = _kv_room_guess(capacity, mean, var, arrivals, tail, hi) + 1
+        return smallest_passing(lambda n: n > hi or not within(n), guess, hi + 1)
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if within(mid):
@@ -767,48 +770,6 @@ def _kv_room_guess(
     disc = b * b - 4.0 * mean * mean * (room * room - z2 * spread2)
     n = (b - math.sqrt(max(0.0, disc))) / (2.0 * mean * mean)
     return max(1, min(hi, int(n)))
-
-
-def _largest_within(within: Any, guess: int, hi: int) -> int:
-    """The largest n in [1, hi] with within(n) (0 when there is none), for within monotone
-    (true up to some n, false beyond): galloping from `guess`, then bisection."""
-    if within(guess):
-        if guess >= hi:
-            return hi
-        lo, step = guess, 1  # within(lo) holds
-        while True:
-            cand = lo + step
-            if cand >= hi:
-                if within(hi):
-                    return hi
-                up = hi  # within(up) fails
-                break
-            if not within(cand):
-                up = cand
-                break
-            lo, step = cand, step * 2
-    else:
-        if guess <= 1:
-            return 0
-        up, step = guess, 1  # within(up) fails
-        while True:
-            cand = up - step
-            if cand <= 1:
-                if not within(1):
-                    return 0
-                lo = 1
-                break
-            if within(cand):
-                lo = cand
-                break
-            up, step = cand, step * 2
-    while up - lo > 1:
-        mid = (lo + up) // 2
-        if within(mid):
-            lo = mid
-        else:
-            up = mid
-    return lo
 
 
 def measured_kv_footprint(prompt_tokens: Any, output_tokens: Any) -> float:

@@ -53,6 +53,7 @@ from disagg.evaluate import (
     run_policy,
     sim_config,
 )
+from disagg.monotone import smallest_passing
 from disagg.names import POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 from disagg.sim.core import DONE, INF, WAITING, Job
 from disagg.sim.engine import Cluster
@@ -399,40 +400,6 @@ def _gpus(s: EvalSettings, sizes: dict[str, int]) -> int:
     return sum(int(n) * s.gpus_per_replica.get(p, 1) for p, n in sizes.items())
 
 
-def _min_feasible(ok: Callable[[int], bool], guess: int, cap: int) -> int:
-    """Smallest n in [1, cap] with ok(n), for ok monotone in n; galloping from `guess`.
-
-    Returns cap when even cap fails (the caller then takes the largest size tried).
-    """
-    guess = max(1, min(cap, guess))
-    lo = 0  # largest n known to fail (0: none tried)
-    if ok(guess):
-        hi, step = guess, 1
-        while hi > 1:
-            cand = max(1, hi - step)
-            if not ok(cand):
-                lo = cand
-                break
-            hi, step = cand, step * 2
-    else:
-        lo, step = guess, 1
-        while True:
-            cand = min(cap, lo + step)
-            if ok(cand):
-                hi = cand
-                break
-            if cand >= cap:
-                return cap
-            lo, step = cand, step * 2
-    while hi - lo > 1:  # ok(hi) holds, ok(lo) does not (or lo == 0)
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
-
-
 # --------------------------------------------------------------------------- hindsight oracle
 
 
@@ -597,7 +564,7 @@ def _search_pools(
         """Each pool in turn to its smallest passing size (from `guess`), the others held."""
         for i in range(k):
             c = with_size(
-                c, i, max(lo_n, _min_feasible(lambda n, c=c, i=i: ok(with_size(c, i, n)), guess[i], c[i]))
+                c, i, max(lo_n, smallest_passing(lambda n, c=c, i=i: ok(with_size(c, i, n)), guess[i], c[i]))
             )
         return c
 

@@ -47,6 +47,7 @@ PURE = [
     "disagg.cache",
     "disagg.workqueue",
     "disagg.shard",
+    "disagg.monotone",
 ]
 # Modules that must exist for the contract to mean something.
 REQUIRED = {

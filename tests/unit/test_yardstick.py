@@ -23,6 +23,7 @@ from disagg.baselines import (
 from disagg.commands.evaluate import print_equal_attainment
 from disagg.evaluate import EvalSettings, evaluate, run_policy
 from disagg.model import DecodeModel, PrefillModel, StageModels
+from disagg.monotone import smallest_passing
 from disagg.workload import Workload, piecewise_poisson, poisson
 
 SMALL = EvalSettings(startup_s=30.0, stabilization_s=120.0, timeline_points=50)
@@ -196,7 +197,7 @@ def test_gpu_hours_at_interpolates_on_the_frontier() -> None:
     assert yardstick.gpu_hours_at([], 0.95) is None
 
 
-def test_min_feasible_finds_the_threshold_with_few_tests() -> None:
+def test_smallest_passing_finds_the_threshold_with_few_tests() -> None:
     for threshold in (1, 2, 7, 30):
         for guess in (1, 5, 40):
             calls: list[int] = []
@@ -205,7 +206,7 @@ def test_min_feasible_finds_the_threshold_with_few_tests() -> None:
                 calls.append(n)
                 return n >= threshold
 
-            assert yardstick._min_feasible(ok, guess, 64) == threshold
+            assert smallest_passing(ok, guess, 64) == threshold
             assert len(calls) <= 2 * math.ceil(math.log2(64)) + 2
 
 
