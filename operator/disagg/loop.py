@@ -29,9 +29,9 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from pydantic import ValidationError
 
@@ -757,6 +757,13 @@ async def cancel_all_drains(kube: Kube, body: Mapping[str, Any], pods: list[dict
 # ---------------------------------------------------------------------------- applying and reporting
 
 
+class Deferred(NamedTuple):
+    """What the reconcile of a growing decision left to the decision to write (`apply`)."""
+
+    status: dict[str, Any] | None  # its status fields (pools, ratio, its conditions)
+    events: list[tuple[str, str]]  # its pool Events, (reason, message): the decision's Event names them
+
+
 async def apply(
     kube: Kube,
     body: Mapping[str, Any],
@@ -764,11 +771,12 @@ async def apply(
     pods: list[dict],
     outcome: autoscaler.Outcome,
     now: float,
-) -> dict[str, Any] | None:
+) -> Deferred | None:
     """Carry out a decision: re-admit drained pods, grow within the budget, start drains.
 
-    Returns the status a growing decision's reconcile left unwritten (its pools and
-    conditions), which `write_decision_status` writes with the decision's own fields."""
+    Returns what a growing decision's reconcile left unwritten (its status: pools and
+    conditions; its pool Events), which `write_decision_status` writes with the decision's
+    own status and Event."""
     by_name = {p["metadata"]["name"]: p for p in pods}
     for pool_pods_back in outcome.readmit.values():
         for pod_name in pool_pods_back:
@@ -776,7 +784,7 @@ async def apply(
     pending = None
     if outcome.grow:
         done = await reconcile.reconcile(kube, body, replicas=outcome.grow, defer_status=True)
-        pending = done.get("deferredStatus")
+        pending = Deferred(done.get("deferredStatus"), done.get("deferredEvents") or [])
     for order in outcome.drains:
         await start_drain(kube, body, spec, order, by_name[order.pod], now)
     return pending
@@ -789,13 +797,17 @@ async def write_decision_status(
     outcome: autoscaler.Outcome,
     snap: metrics.Snapshot,
     tr: Tracker,
-    pending: Mapping[str, Any] | None = None,
+    pending: Deferred | None = None,
 ) -> None:
     """Conditions, lastDecision, calibration and scalerState; an Event when the targets change
     or the metrics come or go. `status.ratio` is reconcile's (from the targets in DESIRED).
 
-    `pending`: status fields a reconcile of this decision left unwritten (`apply`); they go
-    out in the same patch, the decision's conditions merged over theirs."""
+    `pending`: what a reconcile of this decision left unwritten (`apply`). Its status fields go
+    out in the same patch, the decision's conditions merged over theirs; its pool Events'
+    messages go into the decision's Event (posted on their own only when the decision has
+    none). The patch and the Event are independent and sent at once: one round trip."""
+    pending_status = pending.status if pending is not None else None
+    pending_events = pending.events if pending is not None else []
     meta = body["metadata"]
     gen = meta.get("generation")
     plan = outcome.plan
@@ -816,10 +828,10 @@ async def write_decision_status(
             gen,
         ),
     ]
-    old = {**(body.get("status") or {}), **(pending or {})}  # as if the reconcile had written
+    old = {**(body.get("status") or {}), **(pending_status or {})}  # as if the reconcile had written
     prev = old.get("lastDecision") or {}
     new_status: dict[str, Any] = {
-        **(pending or {}),
+        **(pending_status or {}),
         "conditions": status.merge_conditions(old.get("conditions"), conds),
     }
     persist = state_write_reason(tr, outcome.state.policy, outcome.record.time)
@@ -831,18 +843,24 @@ async def write_decision_status(
         # this one lacks (e.g. the arrival rate when the metrics are missing) are cleared.
         new_status["lastDecision"] = replacing(prev, record)
         new_status["calibration"] = outcome.calibration
-    await reconcile.write_status(kube, body, new_status)
-    if persist is not None:
-        tr.saved_policy, tr.saved_at = outcome.state.policy, outcome.record.time
+    events: list[Awaitable[None]] = []
     if outcome.changed or tr.metrics_ok != snap.ok:
         detail = "; ".join(outcome.notes) or snap.reason()
-        await kube.event(
-            body,
-            outcome.reason,
-            f"{autoscaler.summary(outcome, config.pools)}; {detail}"[:1000],
-            type_="Normal" if snap.ok else "Warning",
-            action="Autoscale",
+        done = "".join(f"; {message}" for _, message in pending_events)
+        events.append(
+            kube.event(
+                body,
+                outcome.reason,
+                f"{autoscaler.summary(outcome, config.pools)}{done}; {detail}"[:1000],
+                type_="Normal" if snap.ok else "Warning",
+                action="Autoscale",
+            )
         )
+    else:
+        events.extend(kube.event(body, reason, message) for reason, message in pending_events)
+    await asyncio.gather(reconcile.write_status(kube, body, new_status), *events)
+    if persist is not None:
+        tr.saved_policy, tr.saved_at = outcome.state.policy, outcome.record.time
     tr.metrics_ok = snap.ok
 
 

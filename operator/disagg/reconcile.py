@@ -135,7 +135,9 @@ async def reconcile(
     Returns a summary: {"applied": [...], "deleted": [...], "statusWritten": bool}.
     With `defer_status` (the autoscaler, which writes the status of its decision next) a valid
     spec's status is not written but returned as summary["deferredStatus"], for the caller to
-    write in its own patch: one status write per growing decision instead of two.
+    write in its own patch, and the pool Events (PoolCreated, PoolUpdated) are not posted but
+    returned as summary["deferredEvents"] ([(reason, message)]), for the caller's own Event to
+    carry: one status write and one Event per growing decision instead of two of each.
     """
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
@@ -246,14 +248,21 @@ async def _reconcile_valid(
             f"{obj['kind']} {obj['metadata']['name']}"
             + (f" (replicas {obj['spec']['replicas']})" if obj["kind"] == "Deployment" else "")
         )
-    # One Event per verb and reconcile, naming every child it wrote.
-    for created, reason, verb in (
-        (True, names.EVENT_POOL_CREATED, "Created"),
-        (False, names.EVENT_POOL_UPDATED, "Updated"),
-    ):
-        if done[created]:
-            await kube.event(body, reason, f"{verb} " + ", ".join(done[created]))
+    # One Event per verb and reconcile, naming every child it wrote (or left to the caller).
+    pool_events = [
+        (reason, f"{verb} " + ", ".join(done[created]))
+        for created, reason, verb in (
+            (True, names.EVENT_POOL_CREATED, "Created"),
+            (False, names.EVENT_POOL_UPDATED, "Updated"),
+        )
+        if done[created]
+    ]
     failed = next((r for r in results if isinstance(r, BaseException)), None)
+    if defer_status and failed is None:
+        summary["deferredEvents"] = pool_events
+    else:  # a failed reconcile returns nothing to the caller: what it wrote is told here
+        for reason, message in pool_events:
+            await kube.event(body, reason, message)
     if failed is not None:
         raise failed
 
@@ -303,7 +312,7 @@ async def _reconcile_valid(
         "ratio": status.ratio(pools),
         "endpoint": builders.router_endpoint(owner, spec),
     }
-    if defer_status:
+    if defer_status and failed is None:
         summary["deferredStatus"] = new_status
     else:
         summary["statusWritten"] = await write_status(kube, body, new_status)

@@ -497,6 +497,66 @@ def test_a_growing_decision_writes_the_status_once_with_its_pools_and_its_record
     assert {names.COND_READY, names.COND_METRICS_AVAILABLE, names.COND_BUDGET_LIMITED} <= types
 
 
+def test_a_growing_decision_posts_one_event_naming_its_pools_sent_with_its_status():
+    """The pools' PoolUpdated Event is folded into the decision's own Event, which goes out
+    beside the status patch (one round trip after the Deployment write, not three)."""
+    w = World(prefill=1, decode=2)
+    w.load(2.0)
+    for _ in range(3):
+        w.step()
+    w.kube.events.clear()
+    inflight, peak = 0, 0
+
+    def overlapping(call):
+        async def counted(*args, **kwargs):
+            nonlocal inflight, peak
+            inflight += 1
+            peak = max(peak, inflight)
+            try:
+                await asyncio.sleep(0)  # the API server's round trip: other writes may start
+                return await call(*args, **kwargs)
+            finally:
+                inflight -= 1
+
+        return counted
+
+    w.kube.patch = overlapping(w.kube.patch)
+    w.kube.event = overlapping(w.kube.event)
+    w.load(8.0, short=8.0)
+    out = w.step()
+    assert out is not None and out.grow, out
+    assert len(w.kube.events) == 1, w.kube.events
+    (ev,) = w.kube.events
+    assert ev["reason"] == out.reason and ev["action"] == "Autoscale"
+    for pool, n in out.grow.items():
+        assert f"Deployment {NAME}-{pool} (replicas {n})" in ev["message"], ev["message"]
+    assert names.EVENT_POOL_UPDATED not in w.kube.reasons()
+    assert peak == 2, "the status patch and the Event were sent one after the other"
+
+
+def test_a_failed_growth_still_tells_what_it_wrote():
+    """A reconcile that fails part-way returns nothing to the decision: the pool Event for what
+    it did write is posted by the reconcile itself."""
+    w = World(prefill=1, decode=2)
+    kube = w.kube
+    body = w.body()
+    refused = f"{NAME}-prefill"
+    real_apply = kube.apply
+
+    async def apply(obj, *args, **kwargs):
+        if obj["metadata"]["name"] == refused:
+            raise reconcile.ApiError(403, "forbidden by a webhook")
+        return await real_apply(obj, *args, **kwargs)
+
+    kube.apply = apply
+    with pytest.raises(reconcile.ApiError):
+        asyncio.run(reconcile.reconcile(kube, body, replicas={"prefill": 3, "decode": 5}, defer_status=True))
+    updated = [e for e in kube.events if e["reason"] == names.EVENT_POOL_UPDATED]
+    assert len(updated) == 1 and f"Deployment {NAME}-decode (replicas 5)" in updated[0]["message"], (
+        kube.events
+    )
+
+
 def test_a_rate_moving_within_its_sampling_noise_writes_nothing():
     """A rate measured over a window moves by more than 10 % from one decision to the next
     under a steady Poisson load; with the reason, plan and targets unchanged that is noise, and
