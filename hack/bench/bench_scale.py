@@ -547,6 +547,9 @@ class Run:
         self.figures["load step -> arrival rate halfway up in Prometheus p50 / max (s)"] = (
             self.arrival_signal(step_wall)
         )
+        self.figures[
+            "after the load step: emulator scrape max (s) / failed scrapes / objects held on stale metrics"
+        ] = self.step_freshness(step_wall)
         lat = sorted(grew.values())
         if not lat:
             self.figures["load step -> patched replicas p50 / max (s)"] = (
@@ -557,6 +560,41 @@ class Run:
             lat[len(lat) // 2],
             lat[-1],
             f"{len(lat)}/{self.n} grew",
+        )
+
+    def step_freshness(self, step_wall: float) -> object:
+        """How fresh the metrics stayed while the emulators served the step: the longest scrape
+        and the failed ones (Prometheus' own `scrape_duration_seconds` and `up`), and how many
+        objects the operator held on stale metrics (its `HoldStaleMetrics` Events). A decision
+        on stale metrics holds by design, so a step the emulators cannot be scraped through is
+        a step the operator sees late."""
+        assert self.prom is not None
+        at = min(time.time(), step_wall + self.args.step_watch)  # the watch ends early once all grew
+        watch = max(1, math.ceil(at - step_wall))
+        answers: list[float] = []
+        for promql in (
+            f"max(max_over_time(scrape_duration_seconds[{watch}s]))",
+            f"sum(count_over_time(up[{watch}s])) - sum(sum_over_time(up[{watch}s]))",
+        ):
+            query = urllib.parse.urlencode({"query": promql, "time": at})
+            try:
+                with urllib.request.urlopen(f"{self.prom.url}/api/v1/query?{query}", timeout=60) as r:
+                    result = json.load(r)["data"]["result"]
+            except OSError as exc:
+                return f"not measured ({exc})"
+            answers.append(float(result[0]["value"][1]) if result else math.nan)
+        from disagg.status import parse_time
+
+        held: set[str] = set()
+        for e in self.cluster.get_json("events", "-n", self.ns)["items"]:
+            stamp = e.get("firstTimestamp") or e.get("eventTime")
+            when = parse_time(stamp) if stamp else None
+            if e.get("reason") == "HoldStaleMetrics" and when is not None and step_wall <= when < at:
+                held.add((e.get("involvedObject") or {}).get("name", ""))
+        return (
+            answers[0],
+            int(answers[1]) if answers[1] == answers[1] else math.nan,
+            f"{len(held)}/{self.n}",
         )
 
     def arrival_signal(self, step_wall: float) -> object:
