@@ -30,7 +30,9 @@ adds a third of each), and prints:
     load step -> patched replicas latency: the emulator's total rate steps up, and the time
     until each object's decode Deployment has more replicas is reported (p50 / max over the
     objects), beside the time until each object's arrival rate, as the operator reads it from
-    Prometheus, was halfway up the step (the emulators' and Prometheus' share of that latency).
+    Prometheus, was halfway up the step (the emulators' and Prometheus' share of that latency),
+    and how fresh the metrics stayed meanwhile (the longest and failed scrapes, the objects the
+    operator held on stale metrics).
 
 With --direct no operator runs: the N objects are stored, then the children the operator would
 write (its builders; no owner reference, no routable readiness gate) are applied by kubectl, and
