@@ -243,21 +243,32 @@ def ready_count(cluster: Cluster, ns: str) -> int:
 
 
 def scrape(port: int) -> dict[str, dict]:
-    """Histograms of the operator: name -> {"buckets": {le: count}, "count": c, "sum": s}."""
+    """Histograms of the operator: name -> {"buckets": {le: count}, "count": c, "sum": s}; a
+    labelled series as name{label=value,...} (disagg_operator_decision_wait_seconds{wait=slot}).
+    Also "decisions by object": (namespace, deployment, reason) -> disagg_decisions_total."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     out: dict[str, dict] = {}
+    reasons: dict[tuple[str, str, str], float] = {}
     for fam in text_string_to_metric_families(text):
+        if fam.name == "disagg_decisions":
+            for s in fam.samples:
+                if s.name.endswith("_total"):
+                    reasons[(s.labels["namespace"], s.labels["deployment"], s.labels["reason"])] = s.value
+            continue
         if fam.type != "histogram":
             continue
-        h = {"buckets": {}, "count": 0.0, "sum": 0.0}
         for s in fam.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "le")
+            h = out.setdefault(
+                f"{fam.name}{{{labels}}}" if labels else fam.name, {"buckets": {}, "count": 0.0, "sum": 0.0}
+            )
             if s.name.endswith("_bucket"):
                 h["buckets"][float(s.labels["le"])] = s.value
             elif s.name.endswith("_count"):
                 h["count"] = s.value
             elif s.name.endswith("_sum"):
                 h["sum"] = s.value
-        out[fam.name] = h
+    out["decisions by object"] = reasons  # type: ignore[assignment]
     return out
 
 
@@ -536,6 +547,8 @@ class Run:
             return
         time.sleep(max(0.0, step_at - time.monotonic() - 1))
         before = decode_replicas()
+        assert self.op is not None
+        m0, c0, w0 = scrape(self.port), cpu_seconds(self.op.pid), time.monotonic()
         while time.monotonic() < step_at:
             time.sleep(0.1)
         grew: dict[str, float] = {}
@@ -545,7 +558,9 @@ class Run:
                 if name not in grew and r > before.get(name, r):
                     grew[name] = time.monotonic() - step_at
             time.sleep(0.5)
+        m1, c1 = scrape(self.port), cpu_seconds(self.op.pid)
         step_wall = time.time() - (time.monotonic() - step_at)
+        self.step_decisions(m0, m1, (c1 - c0) / (time.monotonic() - w0), set(grew))
         self.figures["load step -> arrival rate halfway up in Prometheus p50 / max (s)"] = (
             self.arrival_signal(step_wall)
         )
@@ -563,6 +578,51 @@ class Run:
             lat[-1],
             f"{len(lat)}/{self.n} grew",
         )
+
+    def step_decisions(self, m0: dict, m1: dict, cores: float, grew: set[str]) -> None:
+        """What the operator did while the step was watched: the cores it used, how its due steps
+        waited (for the tick's metrics, a slot, the object's lock) and how long its decisions took,
+        and what the objects that did not grow decided meanwhile (their decisions by reason): a
+        decision that ran and held points at the sizing, one that never ran at the loop."""
+        self.figures["after the load step: operator CPU (cores)"] = cores
+        gap = delta(m1, m0, "disagg_operator_decision_gap_seconds")
+        self.figures["after the load step: decision gap p50 / p99 (s)"] = (
+            quantile(gap, 0.5),
+            quantile(gap, 0.99),
+        )
+        rec = delta(m1, m0, "disagg_operator_reconcile_seconds")
+        self.figures["after the load step: reconciles, count / mean (s)"] = (
+            int(rec["count"]),
+            rec["sum"] / rec["count"] if rec["count"] else math.nan,
+        )
+        for wait in ("metrics", "slot", "lock"):
+            h = delta(m1, m0, f"disagg_operator_decision_wait_seconds{{wait={wait}}}")
+            self.figures[f"after the load step: wait for {wait} p50 / p99 (s)"] = (
+                quantile(h, 0.5),
+                quantile(h, 0.99),
+            )
+        for outcome in ("changed", "unchanged"):
+            h = delta(m1, m0, f"disagg_operator_decision_seconds{{outcome={outcome}}}")
+            self.figures[f"after the load step: {outcome} decisions, count / p50 / p99 (s)"] = (
+                int(h["count"]),
+                quantile(h, 0.5),
+                quantile(h, 0.99),
+            )
+        r0, r1 = m0["decisions by object"], m1["decisions by object"]
+        held: dict[str, float] = defaultdict(float)
+        silent = set()
+        for name in {key[1] for key in r1 if key[0] == self.ns} - grew:
+            n = 0.0
+            for (ns, obj, reason), v in r1.items():
+                if ns == self.ns and obj == name and v > r0.get((ns, obj, reason), 0.0):
+                    held[reason] += v - r0.get((ns, obj, reason), 0.0)
+                    n += v - r0.get((ns, obj, reason), 0.0)
+            if not n:
+                silent.add(name)
+        self.figures["after the load step: objects not grown, their decisions by reason"] = (
+            ", ".join(f"{reason} {int(v)}" for reason, v in sorted(held.items(), key=lambda kv: -kv[1]))
+            or "none"
+        ) + f" ({len(silent)} objects decided nothing)"
 
     def step_freshness(self, step_wall: float) -> object:
         """How fresh the metrics stayed while the emulators served the step: the longest scrape

@@ -983,6 +983,7 @@ async def step(
 ) -> None:
     """One tick for one DisaggDeployment. `due`: whether a decision is due (`tick` schedules
     it); None decides when `intervalSeconds` have passed since the last decision."""
+    began = time.monotonic()
     kube = cached(kube, opts)
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
@@ -1032,6 +1033,9 @@ async def step(
     fresh = await kube.get(api.KIND, ns, name)
     await write_decision_status(kube, fresh, config, outcome, snap, tr, pending)
     export_metrics(fresh, spec, outcome, snap, pods)
+    opmetrics.DECISION_SECONDS.labels("changed" if outcome.changed else "unchanged").observe(
+        time.monotonic() - began
+    )
 
 
 # ---------------------------------------------------------------------------- scheduling
@@ -1106,11 +1110,19 @@ async def _step_in_task(
             # objects that read another one or have their metrics already.
             await asyncio.shield(fleet)
         asked = time.monotonic()
-        async with _slots_for(opts), reconcile.lock_for(*key):
-            # A task that waited longer than a tick for a slot or the object's lock takes the
-            # time it starts at; otherwise the tick's (one time for every object of a tick).
-            waited = queued + time.monotonic() - asked
-            await step(kube, body, opts, now + waited if waited > opts.tick_s else now, due=due, fleet=fleet)
+        opmetrics.DECISION_WAIT.labels("metrics").observe(asked - started)
+        async with _slots_for(opts):
+            slotted = time.monotonic()
+            opmetrics.DECISION_WAIT.labels("slot").observe(slotted - asked)
+            async with reconcile.lock_for(*key):
+                locked = time.monotonic()
+                opmetrics.DECISION_WAIT.labels("lock").observe(locked - slotted)
+                # A task that waited longer than a tick for a slot or the object's lock takes the
+                # time it starts at; otherwise the tick's (one time for every object of a tick).
+                waited = queued + locked - asked
+                await step(
+                    kube, body, opts, now + waited if waited > opts.tick_s else now, due=due, fleet=fleet
+                )
     except asyncio.CancelledError:
         raise
     except Exception:

@@ -145,6 +145,23 @@ DECISION_GAP = Histogram(
     buckets=_SECONDS_BUCKETS,
     registry=REGISTRY,
 )
+DECISION_WAIT = Histogram(
+    "disagg_operator_decision_wait_seconds",
+    "Time a started step of the autoscaling loop waited before it ran, by what it waited for: "
+    "wait=metrics (the tick's shared Prometheus queries), wait=slot (one of --decisions-at-once), "
+    "wait=lock (the object's lock, held by a reconcile of the same object).",
+    ["wait"],
+    buckets=_SECONDS_BUCKETS,
+    registry=REGISTRY,
+)
+DECISION_SECONDS = Histogram(
+    "disagg_operator_decision_seconds",
+    "Duration of one autoscaling decision, from holding its slot and lock to its status written; "
+    "outcome=changed for a decision that wrote new replicas, unchanged otherwise.",
+    ["outcome"],
+    buckets=_SECONDS_BUCKETS,
+    registry=REGISTRY,
+)
 SHARD_OVERLAPS = Gauge(
     "disagg_operator_shard_overlaps",
     "Overlap of this shard with another shard (disagg.leader.ShardOverlapCheck): kind=selectors is 1 when "

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from fakes import FakeKube, FakePrometheus, deployment, disagg_deployment, pod, watch_cache
 
-from disagg import loop, metrics
+from disagg import loop, metrics, opmetrics, reconcile
 
 pytestmark = pytest.mark.usefixtures("fresh_loop_memory")
 
@@ -376,3 +376,44 @@ def test_stopping_the_loop_between_ticks_ends_the_steps_still_in_flight(caplog: 
 
     asyncio.run(main())
     assert not [r for r in caplog.records if "failed" in r.getMessage()]
+
+
+def test_a_step_held_behind_a_reconcile_of_its_object_reports_that_wait_and_its_decision():
+    """The operator's own histograms say where a due step spent its time: a reconcile of the same
+    object holding its lock shows as wait=lock (not as a slot or metrics wait), and the decision
+    that follows is counted with its duration."""
+
+    def sample(name: str, **labels: str) -> float:
+        return opmetrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+    kube, opts = fleet(1)
+    before = {
+        w: sample("disagg_operator_decision_wait_seconds_sum", wait=w) for w in ("metrics", "slot", "lock")
+    }
+    decided = sum(
+        sample("disagg_operator_decision_seconds_count", outcome=o) for o in ("changed", "unchanged")
+    )
+
+    async def main() -> None:
+        (body,) = opts.cache.disagg_deployments()
+        loop.tracker(body).next_due = T0
+        lock = reconcile.lock_for(NS, "llm-0000")
+        await lock.acquire()  # a reconcile of the object is running
+        (task,) = [t for t in await loop.tick(kube, opts, T0) if t.get_name().startswith("disagg-step")]
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        lock.release()
+        await task
+
+    asyncio.run(main())
+    waited = {
+        w: sample("disagg_operator_decision_wait_seconds_sum", wait=w) - before[w]
+        for w in ("metrics", "slot", "lock")
+    }
+    assert waited["lock"] >= 0.3
+    assert waited["slot"] < 0.1 and waited["metrics"] < 0.1
+    assert loop.TRACKERS[(NS, "llm-0000")].last_decision_at >= T0
+    assert (
+        sum(sample("disagg_operator_decision_seconds_count", outcome=o) for o in ("changed", "unchanged"))
+        == decided + 1
+    )
