@@ -14,7 +14,28 @@ from disagg import loop, opmetrics
 log = logging.getLogger("disagg.runtime")
 
 
+def quiet_watch_close_at_shutdown(loop_: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The event loop's exception handler: one line, not a traceback, for Kopf's watch stream
+    closed by the loop while the operator stops.
+
+    When Kopf stops while its watcher waits on a busy worker queue, the watch stream (an async
+    generator, `infinite_watch`) is left suspended and the loop closes it later; its cleanup
+    awaits a future, which Python refuses during that close ("generator didn't stop after
+    athrow()"). The stream was ending anyway: no event is lost that the next operator's
+    initial LIST does not deliver again. Every other error goes to the default handler."""
+    exc, gen = context.get("exception"), context.get("asyncgen")
+    if (
+        isinstance(exc, RuntimeError)
+        and "didn't stop after athrow()" in str(exc)
+        and getattr(gen, "__qualname__", "") == "infinite_watch"
+    ):
+        log.info("a watch stream of Kopf was closed while the operator stopped (%s)", exc)
+        return
+    loop_.default_exception_handler(context)
+
+
 async def start(state: Any) -> None:
+    asyncio.get_running_loop().set_exception_handler(quiet_watch_close_at_shutdown)
     opts = state.options
     bind = opts.get("bind", "127.0.0.1")
     namespaces = tuple(opts.get("namespaces") or ())

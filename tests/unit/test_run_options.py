@@ -4,6 +4,7 @@ operator's start-up options to the loop's own options."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import types
 from typing import Any
 
@@ -54,3 +55,56 @@ def test_decisions_at_once_out_of_range_is_refused(capsys, value):
         f"disagg run: error: --decisions-at-once must be between 1 and {names.DECISIONS_AT_ONCE_MAX}, "
         f"got {value}"
     )
+
+
+@contextlib.asynccontextmanager
+async def _until_paused():
+    """Kopf's streaming block, reduced: its cleanup cancels a task and awaits it."""
+    waiter = asyncio.create_task(asyncio.sleep(3600))
+    try:
+        yield waiter
+    finally:
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+
+
+async def infinite_watch():
+    async with _until_paused():
+        while True:
+            yield "event"
+
+
+def _stop_with_a_watch_stream_suspended(handler: Any) -> None:
+    async def main() -> None:
+        if handler is not None:
+            asyncio.get_running_loop().set_exception_handler(handler)
+        stream = infinite_watch()
+        await stream.__anext__()  # the watcher took one event and is cancelled elsewhere
+        main.stream = stream  # kept alive: the loop's shutdown closes it
+
+    asyncio.run(main())
+
+
+def test_a_watch_stream_closed_while_the_operator_stops_logs_one_line_not_an_error(caplog):
+    caplog.set_level("INFO")
+    _stop_with_a_watch_stream_suspended(None)  # what Kopf alone prints
+    assert any(r.levelname == "ERROR" and "asynchronous generator" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    _stop_with_a_watch_stream_suspended(runtime.quiet_watch_close_at_shutdown)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "disagg.runtime"]
+    assert "watch stream of Kopf was closed while the operator stopped" in line
+
+
+def test_other_loop_errors_still_reach_the_default_handler(caplog):
+    async def main() -> None:
+        loop_ = asyncio.get_running_loop()
+        runtime.quiet_watch_close_at_shutdown(
+            loop_, {"message": "Task exception was never retrieved", "exception": RuntimeError("boom")}
+        )
+
+    asyncio.run(main())
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "Task exception was never retrieved"
+    ]
