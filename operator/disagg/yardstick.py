@@ -97,6 +97,9 @@ _EPS = 1e-12
 # The oracle's search aims this share of the allowed misses above its target: its trials
 # do not judge requests still in flight across an interval boundary, and the replay does.
 ORACLE_AIM_MARGIN = 0.25
+# Misses a fleet's trial can gain or lose from routing ties alone (least-loaded routing breaks
+# them differently on another fleet): a smaller change says nothing about capacity.
+ROUTING_NOISE_MISSES = 2
 _CHECK_EVERY = 128  # arrivals between two looks at a trial's misses
 _TAIL_STEP_S = 1.0  # after the last arrival a trial advances this much between looks
 
@@ -464,7 +467,9 @@ def oracle_schedule(
             stats.simulations += 1
             return tr.run(cl, ctr, a, b, allowed=limit), ctr.misses
 
-        chosen, reached = _search_pools(trial, tr.pools, prev, lo_n, cap, allowed, s)
+        chosen, reached = _search_pools(
+            trial, tr.pools, prev, lo_n, cap, allowed, s, spare_when_short=max(allowed, ROUTING_NOISE_MISSES)
+        )
         stats.reached = stats.reached and reached
         stats.short_intervals += not reached
         schedule.append(chosen)
@@ -488,6 +493,7 @@ def _search_pools(
     s: EvalSettings,
     max_doublings: int = 3,
     probe: bool = False,
+    spare_when_short: int = 0,
 ) -> tuple[dict[str, int], bool]:
     """Fewest workers per pool whose trial has at most `allowed` misses; (sizes, target reached).
 
@@ -500,8 +506,12 @@ def _search_pools(
     Otherwise count the misses of a generous fleet (twice `start` plus 4 per pool,
     doubled at most `max_doublings` times while that at least halves them, by 2 or
     more: smaller drops are routing noise); what even that fleet misses cannot be
-    helped by more workers, so if it exceeds `allowed` the limit becomes those
-    misses and the target is not reached. Then each pool in turn is shrunk to the
+    helped by more workers, so if it exceeds `allowed` the target is not reached and
+    the limit becomes those misses plus `spare_when_short`. The oracle spares its
+    interval's allowance, at least the routing noise (`ROUTING_NOISE_MISSES`): a
+    limit of exactly the generous fleet's misses fails smaller fleets on routing
+    ties alone, the search then stays at the generous sizes and the next interval
+    starts from them. Then each pool in turn is shrunk to the
     smallest size passing with the pools before it at their found sizes and those
     after it at their generous sizes, searched from `start`. Either way the result
     passes and, by monotonicity, one worker fewer in any pool fails. With `probe`,
@@ -551,12 +561,12 @@ def _search_pools(
             if bigger == big:
                 break
             _passed, m2 = trial(sizes_of(bigger), None)
-            if misses - m2 < max(2, misses / 2):  # not a capacity shortage, noise: stop
+            if misses - m2 < max(ROUTING_NOISE_MISSES, misses / 2):  # not a capacity shortage: stop
                 break
             big, misses = bigger, m2
-        if misses > allowed:  # out of reach: do no worse than the generous fleet
+        if misses > allowed:  # out of reach: what more workers cannot prevent, and the spare
             reached = False
-            limit = misses
+            limit = misses + spare_when_short
             memo.clear()
         memo[big] = True
 

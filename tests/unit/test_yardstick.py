@@ -284,3 +284,38 @@ def test_keda_rule() -> None:
     assert keda_desired(30, 3.0, 4) == 10
     assert keda_desired(12.5, 3.0, 4) == 4  # within the 10 % tolerance: hold
     assert keda_desired(0, 3.0, 4) == 0  # an empty queue asks for none (the caller clamps to min)
+
+
+def test_an_out_of_reach_interval_shrinks_past_routing_noise() -> None:
+    """Some misses no fleet can prevent (requests feasible only on an idle worker) plus a few
+    from routing ties that move from one fleet to the next: the oracle's interval search must
+    still shrink to about the capacity the load needs, not keep the generous fleet it counted
+    the unavoidable misses on (the next interval starts from what it keeps)."""
+    need = {"prefill": 12, "decode": 20}
+    unavoidable, allowed = 40, 6
+
+    def misses(sizes: dict[str, int]) -> int:
+        short = sum(5 * max(0, need[p] - n) for p, n in sizes.items())
+        tie = (sizes["prefill"] * 7 + sizes["decode"] * 3) % 3  # 0-2 misses from routing ties
+        return unavoidable + short + tie
+
+    limits: set[int] = set()
+
+    def trial(sizes: dict[str, int], limit: int | None) -> tuple[bool, int]:
+        if limit is not None:
+            limits.add(limit)
+        m = misses(sizes)
+        return (limit is None or m <= limit), m
+
+    start = {"prefill": 10, "decode": 18}  # the previous interval's sizes, short of this load
+    spare = max(allowed, yardstick.ROUTING_NOISE_MISSES)
+    sizes, reached = yardstick._search_pools(
+        trial, ("prefill", "decode"), start, 1, 10_000, allowed, EvalSettings(), spare_when_short=spare
+    )
+    assert not reached
+    assert sizes["prefill"] <= need["prefill"] and sizes["decode"] <= need["decode"]
+    limit = max(limits)  # the generous fleet's misses plus the spare
+    assert unavoidable + spare <= limit <= unavoidable + 2 + spare
+    assert misses(sizes) <= limit
+    for pool in sizes:  # one worker fewer in either pool fails
+        assert misses({**sizes, pool: sizes[pool] - 1}) > limit
