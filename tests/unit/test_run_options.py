@@ -4,7 +4,6 @@ operator's start-up options to the loop's own options."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import types
 from typing import Any
 
@@ -57,44 +56,50 @@ def test_decisions_at_once_out_of_range_is_refused(capsys, value):
     )
 
 
-@contextlib.asynccontextmanager
-async def _until_paused():
-    """Kopf's streaming block, reduced: its cleanup cancels a task and awaits it."""
-    waiter = asyncio.create_task(asyncio.sleep(3600))
-    try:
-        yield waiter
-    finally:
-        waiter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiter
-
-
 async def infinite_watch():
-    async with _until_paused():
-        while True:
-            yield "event"
+    """Named as Kopf's watch stream (kopf._cogs.clients.watching.infinite_watch)."""
+    yield "event"
 
 
-def _stop_with_a_watch_stream_suspended(handler: Any) -> None:
-    async def main() -> None:
-        if handler is not None:
-            asyncio.get_running_loop().set_exception_handler(handler)
-        stream = infinite_watch()
-        await stream.__anext__()  # the watcher took one event and is cancelled elsewhere
-        main.stream = stream  # kept alive: the loop's shutdown closes it
-
-    asyncio.run(main())
+def _closing_error(gen: object, message: str = "generator didn't stop after athrow()") -> dict:
+    """The context asyncio's shutdown_asyncgens hands the loop's handler for a stream it closed."""
+    return {
+        "message": f"an error occurred during closing of asynchronous generator {gen!r}",
+        "exception": RuntimeError(message),
+        "asyncgen": gen,
+    }
 
 
 def test_a_watch_stream_closed_while_the_operator_stops_logs_one_line_not_an_error(caplog):
     caplog.set_level("INFO")
-    _stop_with_a_watch_stream_suspended(None)  # what Kopf alone prints
-    assert any(r.levelname == "ERROR" and "asynchronous generator" in r.getMessage() for r in caplog.records)
-    caplog.clear()
-    _stop_with_a_watch_stream_suspended(runtime.quiet_watch_close_at_shutdown)
+
+    async def main() -> None:
+        loop_ = asyncio.get_running_loop()
+        stream = infinite_watch()
+        runtime.quiet_watch_close_at_shutdown(loop_, _closing_error(stream))
+        await stream.aclose()
+
+    asyncio.run(main())
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
     (line,) = [r.getMessage() for r in caplog.records if r.name == "disagg.runtime"]
     assert "watch stream of Kopf was closed while the operator stopped" in line
+
+
+def test_other_generators_closing_errors_still_reach_the_default_handler(caplog):
+    async def another_stream():
+        yield "event"
+
+    async def main() -> None:
+        loop_ = asyncio.get_running_loop()
+        for gen, message in (
+            (another_stream(), "generator didn't stop after athrow()"),
+            (infinite_watch(), "something else"),
+        ):
+            runtime.quiet_watch_close_at_shutdown(loop_, _closing_error(gen, message))
+            await gen.aclose()
+
+    asyncio.run(main())
+    assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 2
 
 
 def test_other_loop_errors_still_reach_the_default_handler(caplog):
