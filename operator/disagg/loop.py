@@ -1056,29 +1056,40 @@ def next_due(previous: float, interval_s: float, now: float) -> float:
     return previous + (math.floor((now - previous) / interval_s) + 1) * interval_s
 
 
-def wants_step(body: Mapping[str, Any], tr: Tracker, pods: list[dict] | None, now: float) -> bool | None:
-    """Whether `tick` starts a step for this object now: None for no; otherwise whether a decision
-    is due. Advances the object's schedule when one is. `pods` None (no cache): assume a drain
-    may be running, so the step looks (it reads the pods itself)."""
+def wants_step(
+    body: Mapping[str, Any], tr: Tracker, pods: list[dict] | None, now: float
+) -> tuple[bool, float] | None:
+    """Whether `tick` has a step for this object now: None for no; otherwise (whether a decision
+    is due, since when). A drain alone is wanted since `now`. The schedule is not advanced here:
+    `tick` advances it (`advance`) when it starts the step, so an object not started for want of
+    a slot stays due, and overdue objects go first at the next tick. `pods` None (no cache):
+    assume a drain may be running, so the step looks (it reads the pods itself)."""
     spec = parsed_spec(body, tr)
     if spec is None:
         return None
     a = spec.autoscaling
     draining = pods is None or any(status.is_draining(p) and drain.is_active(p) for p in pods)
     if not a.enabled:
-        return False if draining else None  # only drains to cancel
+        return (False, now) if draining else None  # only drains to cancel
     interval = float(a.interval_seconds)
     if tr.next_due is None:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         tr.next_due = now + phase(body["metadata"].get("uid"), key) * interval
-    due = now >= tr.next_due
-    if due:
-        tr.next_due = next_due(tr.next_due, interval, now)
-    return due if (due or draining) else None  # paused: `step` cancels drains, notes the pause
+    if now >= tr.next_due:
+        return True, tr.next_due
+    return (False, now) if draining else None  # paused: `step` cancels drains, notes the pause
+
+
+def advance(tr: Tracker, spec: api.DisaggDeploymentSpec, now: float) -> None:
+    """Move a started decision's schedule to its next slot on the object's grid."""
+    if tr.next_due is not None:
+        tr.next_due = next_due(tr.next_due, float(spec.autoscaling.interval_seconds), now)
 
 
 #: The step task of each object in flight: an object still busy is not started again.
 INFLIGHT: dict[tuple[str, str], asyncio.Task] = {}
+#: The objects of INFLIGHT whose step still waits for its tick's shared metrics (holds no slot).
+AWAITING_METRICS: set[tuple[str, str]] = set()
 _slots: dict[tuple[int, int], asyncio.Semaphore] = {}
 
 
@@ -1108,7 +1119,11 @@ async def _step_in_task(
             # The tick's shared metrics are awaited before a slot is taken: the slots bound the
             # work on the API server, and a slow (or hung) Prometheus must not hold them from
             # objects that read another one or have their metrics already.
-            await asyncio.shield(fleet)
+            AWAITING_METRICS.add(key)
+            try:
+                await asyncio.shield(fleet)
+            finally:
+                AWAITING_METRICS.discard(key)
         asked = time.monotonic()
         opmetrics.DECISION_WAIT.labels("metrics").observe(asked - started)
         async with _slots_for(opts):
@@ -1134,6 +1149,13 @@ async def _step_in_task(
 async def tick(kube: Kube, opts: LoopOptions, now: float, wait: bool = False) -> list[asyncio.Task]:
     """One pass over every DisaggDeployment: starts a task for each one with work to do (a due
     decision, a drain) and not still busy from an earlier tick; forgets the ones that are gone.
+
+    No more steps start than there are free slots (`LoopOptions.concurrency` less the steps
+    holding or waiting for one), most overdue first, per Prometheus the tick asks: a step that
+    queued for a slot would decide on metrics read when it queued, which under a backlog (a
+    load step that grows many pools at once) predate what it should see. An object not started
+    stays due and goes first at the next tick. Steps waiting for their metrics hold no slot,
+    so a slow Prometheus keeps no other's objects from starting.
     Returns the tasks started (`wait`: after they finished)."""
     if opts.cache is not None:
         mine = shard.parse_selector(opts.shard_selector)
@@ -1151,25 +1173,36 @@ async def tick(kube: Kube, opts: LoopOptions, now: float, wait: bool = False) ->
     started = time.monotonic()
     tasks: list[asyncio.Task] = []
     batches: dict[tuple, list[FleetBatch]] = {}
-    for body in objs:
+    wanted: list[tuple[float, int, Mapping[str, Any], tuple[str, str], bool, Tracker]] = []
+    for order, body in enumerate(objs):
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         if meta.get("deletionTimestamp") or key in INFLIGHT:
             continue
         pods = opts.cache.children("Pod", *key) if opts.cache is not None else None
         tr = tracker(body)
-        due = wants_step(body, tr, pods, now)
-        if due is None:
-            continue
-        fleet = None
+        want = wants_step(body, tr, pods, now)
+        if want is not None:
+            wanted.append((want[1], order, body, key, want[0], tr))
+    free = max(0, opts.concurrency - sum(1 for k in INFLIGHT if k not in AWAITING_METRICS))
+    admitted: dict[tuple | None, int] = {}
+    for since, _, body, key, due, tr in sorted(wanted, key=lambda w: (w[0], w[1])):
         spec = tr.spec
-        if (
+        batched = (
             opts.fleet_queries
             and spec is not None
             and spec.autoscaling.enabled
             and not spec.autoscaling.paused
-        ):
-            fk = fleet_key(spec, key[0])
+        )
+        fk = fleet_key(spec, key[0]) if batched and spec is not None else None
+        if admitted.get(fk, 0) >= free:
+            continue  # stays due: first at the next tick
+        admitted[fk] = admitted.get(fk, 0) + 1
+        if due and spec is not None:
+            advance(tr, spec, now)
+            opmetrics.DECISION_WAIT.labels("turn").observe(max(0.0, now - since))
+        fleet = None
+        if fk is not None and spec is not None:
             open_ = batches.setdefault(fk, [])
             if not open_ or open_[-1].full():
                 open_.append(FleetBatch(fk, spec.autoscaling.prometheus))

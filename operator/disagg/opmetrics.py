@@ -147,9 +147,10 @@ DECISION_GAP = Histogram(
 )
 DECISION_WAIT = Histogram(
     "disagg_operator_decision_wait_seconds",
-    "Time a started step of the autoscaling loop waited before it ran, by what it waited for: "
-    "wait=metrics (the tick's shared Prometheus queries), wait=slot (one of --decisions-at-once), "
-    "wait=lock (the object's lock, held by a reconcile of the same object).",
+    "Time a step of the autoscaling loop waited before it ran, by what it waited for: wait=turn "
+    "(a due decision, from its due time until a tick started it: no slot was free), wait=metrics "
+    "(the tick's shared Prometheus queries), wait=slot (one of --decisions-at-once), wait=lock "
+    "(the object's lock, held by a reconcile of the same object).",
     ["wait"],
     buckets=_SECONDS_BUCKETS,
     registry=REGISTRY,
