@@ -1150,12 +1150,13 @@ async def tick(kube: Kube, opts: LoopOptions, now: float, wait: bool = False) ->
     """One pass over every DisaggDeployment: starts a task for each one with work to do (a due
     decision, a drain) and not still busy from an earlier tick; forgets the ones that are gone.
 
-    No more steps start than there are free slots (`LoopOptions.concurrency` less the steps
-    holding or waiting for one), most overdue first, per Prometheus the tick asks: a step that
-    queued for a slot would decide on metrics read when it queued, which under a backlog (a
-    load step that grows many pools at once) predate what it should see. An object not started
-    stays due and goes first at the next tick. Steps waiting for their metrics hold no slot,
-    so a slow Prometheus keeps no other's objects from starting.
+    No more steps start than the slots can take within one round (twice
+    `LoopOptions.concurrency`, less the steps holding or waiting for a slot), most overdue
+    first, per Prometheus the tick asks: a step that queued longer would decide on metrics
+    read when it queued, which under a backlog (a load step that grows many pools at once)
+    predate what it should see. An object not started stays due and goes first at the next
+    tick. Steps waiting for their metrics hold no slot, so a slow Prometheus keeps no other's
+    objects from starting.
     Returns the tasks started (`wait`: after they finished)."""
     if opts.cache is not None:
         mine = shard.parse_selector(opts.shard_selector)
@@ -1184,7 +1185,10 @@ async def tick(kube: Kube, opts: LoopOptions, now: float, wait: bool = False) ->
         want = wants_step(body, tr, pods, now)
         if want is not None:
             wanted.append((want[1], order, body, key, want[0], tr))
-    free = max(0, opts.concurrency - sum(1 for k in INFLIGHT if k not in AWAITING_METRICS))
+    # One round queued behind the running steps keeps every slot busy between two ticks (a tick
+    # is long beside a steady decision) while bounding how old a queued step's metrics get: at
+    # most one round of decisions.
+    free = max(0, 2 * opts.concurrency - sum(1 for k in INFLIGHT if k not in AWAITING_METRICS))
     admitted: dict[tuple | None, int] = {}
     for since, _, body, key, due, tr in sorted(wanted, key=lambda w: (w[0], w[1])):
         spec = tr.spec

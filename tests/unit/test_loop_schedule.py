@@ -419,12 +419,13 @@ def test_a_step_held_behind_a_reconcile_of_its_object_reports_that_wait_and_its_
     )
 
 
-def test_no_more_steps_start_than_slots_are_free_and_the_most_overdue_go_first():
+def test_no_more_steps_start_than_one_round_of_slots_and_the_most_overdue_go_first():
     """A step that queued for a slot would decide on the metrics its tick read, which a backlog
-    makes old (after a load step, decisions held on the load from before it): the loop starts
-    only as many steps as it has free slots, the most overdue first, and an object left out
-    stays due, deciding at a later tick on that tick's metrics."""
-    kube, opts = fleet(3)
+    makes old (after a load step, decisions held on the load from before it): a tick starts
+    only as many steps as its slots take within one round (one running and one queued per
+    slot), the most overdue first, and an object left out stays due, deciding at a later tick
+    on that tick's metrics."""
+    kube, opts = fleet(4)
     opts.concurrency = 1
 
     def turn_count() -> float:
@@ -439,11 +440,10 @@ def test_no_more_steps_start_than_slots_are_free_and_the_most_overdue_go_first()
 
     async def main() -> list[list[str]]:
         bodies = {b["metadata"]["name"]: b for b in opts.cache.disagg_deployments()}
-        loop.tracker(bodies["llm-0000"]).next_due = T0
-        loop.tracker(bodies["llm-0001"]).next_due = T0
-        loop.tracker(bodies["llm-0002"]).next_due = T0 - 5  # the most overdue, last in the list
+        for name, due in (("llm-0000", T0), ("llm-0001", T0), ("llm-0002", T0 - 5), ("llm-0003", T0 - 3)):
+            loop.tracker(bodies[name]).next_due = due  # the most overdue last in the list
         order = []
-        for s in range(4):
+        for s in range(3):
             tasks = [t for t in await loop.tick(kube, opts, T0 + s) if t.get_name().startswith("disagg-step")]
             order.append([t.get_name().rsplit("/", 1)[1] for t in tasks])
             for t in tasks:
@@ -451,9 +451,11 @@ def test_no_more_steps_start_than_slots_are_free_and_the_most_overdue_go_first()
         return order
 
     order = asyncio.run(main())
-    assert order == [["llm-0002"], ["llm-0000"], ["llm-0001"], []]
-    decided = {
-        name: loop.TRACKERS[(NS, name)].last_decision_at for name in ("llm-0000", "llm-0001", "llm-0002")
-    }
-    assert decided == {"llm-0002": T0, "llm-0000": T0 + 1, "llm-0001": T0 + 2}
-    assert turn_count() == turns + 3
+    assert order == [["llm-0002", "llm-0003"], ["llm-0000", "llm-0001"], []]
+    decided = {name: loop.TRACKERS[(NS, name)].last_decision_at for name in bodies_names(4)}
+    assert decided == {"llm-0002": T0, "llm-0003": T0, "llm-0000": T0 + 1, "llm-0001": T0 + 1}
+    assert turn_count() == turns + 4
+
+
+def bodies_names(n: int) -> list[str]:
+    return [f"llm-{i:04d}" for i in range(n)]
