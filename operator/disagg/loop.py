@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import heapq
+import itertools
 import logging
 import math
 import time
@@ -97,6 +99,9 @@ class Tracker:
     metrics_ok: bool | None = None
     # When the next decision is due (None: not scheduled yet), set by `tick`.
     next_due: float | None = None
+    # The due time of a decision sent back to the next tick for fresh metrics (`_step_in_task`):
+    # sent back once; the second start decides on what it has.
+    requeued_for: float | None = None
     # The parsed spec of generation `spec_generation` (parsing every object every tick is costly).
     spec_generation: int | None = None
     spec: api.DisaggDeploymentSpec | None = None
@@ -1088,18 +1093,57 @@ def advance(tr: Tracker, spec: api.DisaggDeploymentSpec, now: float) -> None:
 
 #: The step task of each object in flight: an object still busy is not started again.
 INFLIGHT: dict[tuple[str, str], asyncio.Task] = {}
-#: The objects of INFLIGHT whose step still waits for its tick's shared metrics (holds no slot).
-AWAITING_METRICS: set[tuple[str, str]] = set()
-_slots: dict[tuple[int, int], asyncio.Semaphore] = {}
 
 
-def _slots_for(opts: LoopOptions) -> asyncio.Semaphore:
-    """One semaphore per running event loop and LoopOptions (a Semaphore binds to its loop)."""
+class Slots:
+    """At most `n` steps at once; waiting steps get a free slot in order of priority (the time
+    their decision came due: the most overdue first), then of arrival."""
+
+    def __init__(self, n: int) -> None:
+        self.free = max(1, n)
+        self._waiting: list[tuple[float, int, asyncio.Future]] = []
+        self._arrivals = itertools.count()
+
+    async def acquire(self, priority: float) -> None:
+        if self.free > 0 and not self._waiting:
+            self.free -= 1
+            return
+        turn = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (priority, next(self._arrivals), turn))
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.release()  # handed a slot as it was cancelled: pass it on
+            raise
+
+    def release(self) -> None:
+        while self._waiting:
+            _, _, turn = heapq.heappop(self._waiting)
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self.free += 1
+
+
+_slots: dict[tuple[int, int], Slots] = {}
+
+
+def _slots_for(opts: LoopOptions) -> Slots:
+    """One pool of slots per running event loop and LoopOptions (its futures bind to the loop)."""
     key = (id(asyncio.get_running_loop()), id(opts))
     if key not in _slots:
         _slots.clear()  # from an earlier event loop (tests): never waited on again
-        _slots[key] = asyncio.Semaphore(max(1, opts.concurrency))
+        _slots[key] = Slots(opts.concurrency)
     return _slots[key]
+
+
+def metrics_max_age(body: Mapping[str, Any], opts: LoopOptions) -> float:
+    """How old a tick's metrics may be when its step gets a slot: one scrape interval of the
+    object (a newer sample has arrived since) and at least one tick."""
+    tr = tracker(body)
+    scrape = float(tr.spec.autoscaling.scrape_interval_seconds) if tr.spec is not None else 0.0
+    return max(opts.tick_s, scrape)
 
 
 async def _step_in_task(
@@ -1110,25 +1154,40 @@ async def _step_in_task(
     due: bool,
     started: float,
     fleet: asyncio.Future | None = None,
+    since: float | None = None,
 ) -> None:
+    """One object's step: its tick's metrics, then a slot (most overdue first) and the object's
+    lock, then `step`. A due decision whose metrics grew older than `metrics_max_age` while it
+    waited for the slot goes back to the next tick, still due and first in line, instead of
+    deciding on them: under a backlog (a load step that grows many pools at once) they predate
+    what it should see. It goes back once per due time."""
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
+    slots = _slots_for(opts)
     try:
         queued = time.monotonic() - started
         if fleet is not None:
             # The tick's shared metrics are awaited before a slot is taken: the slots bound the
             # work on the API server, and a slow (or hung) Prometheus must not hold them from
             # objects that read another one or have their metrics already.
-            AWAITING_METRICS.add(key)
-            try:
-                await asyncio.shield(fleet)
-            finally:
-                AWAITING_METRICS.discard(key)
+            await asyncio.shield(fleet)
         asked = time.monotonic()
         opmetrics.DECISION_WAIT.labels("metrics").observe(asked - started)
-        async with _slots_for(opts):
+        await slots.acquire(now if since is None else since)
+        try:
             slotted = time.monotonic()
             opmetrics.DECISION_WAIT.labels("slot").observe(slotted - asked)
+            tr = tracker(body)
+            if (
+                due
+                and fleet is not None
+                and since is not None
+                and tr.requeued_for != since
+                and slotted - asked > metrics_max_age(body, opts)
+            ):
+                tr.requeued_for, tr.next_due = since, since  # due again at the next tick, first
+                opmetrics.DECISIONS_REQUEUED.inc()
+                return
             async with reconcile.lock_for(*key):
                 locked = time.monotonic()
                 opmetrics.DECISION_WAIT.labels("lock").observe(locked - slotted)
@@ -1138,6 +1197,8 @@ async def _step_in_task(
                 await step(
                     kube, body, opts, now + waited if waited > opts.tick_s else now, due=due, fleet=fleet
                 )
+        finally:
+            slots.release()
     except asyncio.CancelledError:
         raise
     except Exception:
@@ -1148,16 +1209,8 @@ async def _step_in_task(
 
 async def tick(kube: Kube, opts: LoopOptions, now: float, wait: bool = False) -> list[asyncio.Task]:
     """One pass over every DisaggDeployment: starts a task for each one with work to do (a due
-    decision, a drain) and not still busy from an earlier tick; forgets the ones that are gone.
-
-    No more steps start than the slots can take within one round (twice
-    `LoopOptions.concurrency`, less the steps holding or waiting for a slot), most overdue
-    first, per Prometheus the tick asks: a step that queued longer would decide on metrics
-    read when it queued, which under a backlog (a load step that grows many pools at once)
-    predate what it should see. An object not started stays due and goes first at the next
-    tick. Steps waiting for their metrics hold no slot, so a slow Prometheus keeps no other's
-    objects from starting.
-    Returns the tasks started (`wait`: after they finished)."""
+    decision, a drain) and not still busy from an earlier tick, the most overdue first; forgets
+    the ones that are gone. Returns the tasks started (`wait`: after they finished)."""
     if opts.cache is not None:
         mine = shard.parse_selector(opts.shard_selector)
         objs = [
@@ -1185,34 +1238,26 @@ async def tick(kube: Kube, opts: LoopOptions, now: float, wait: bool = False) ->
         want = wants_step(body, tr, pods, now)
         if want is not None:
             wanted.append((want[1], order, body, key, want[0], tr))
-    # One round queued behind the running steps keeps every slot busy between two ticks (a tick
-    # is long beside a steady decision) while bounding how old a queued step's metrics get: at
-    # most one round of decisions.
-    free = max(0, 2 * opts.concurrency - sum(1 for k in INFLIGHT if k not in AWAITING_METRICS))
-    admitted: dict[tuple | None, int] = {}
     for since, _, body, key, due, tr in sorted(wanted, key=lambda w: (w[0], w[1])):
         spec = tr.spec
-        batched = (
-            opts.fleet_queries
-            and spec is not None
-            and spec.autoscaling.enabled
-            and not spec.autoscaling.paused
-        )
-        fk = fleet_key(spec, key[0]) if batched and spec is not None else None
-        if admitted.get(fk, 0) >= free:
-            continue  # stays due: first at the next tick
-        admitted[fk] = admitted.get(fk, 0) + 1
         if due and spec is not None:
             advance(tr, spec, now)
             opmetrics.DECISION_WAIT.labels("turn").observe(max(0.0, now - since))
         fleet = None
-        if fk is not None and spec is not None:
+        if (
+            opts.fleet_queries
+            and spec is not None
+            and spec.autoscaling.enabled
+            and not spec.autoscaling.paused
+        ):
+            fk = fleet_key(spec, key[0])
             open_ = batches.setdefault(fk, [])
             if not open_ or open_[-1].full():
                 open_.append(FleetBatch(fk, spec.autoscaling.prometheus))
             fleet = open_[-1].add(spec, *key)
         task = asyncio.create_task(
-            _step_in_task(kube, body, opts, now, due, started, fleet), name=f"disagg-step-{key[0]}/{key[1]}"
+            _step_in_task(kube, body, opts, now, due, started, fleet, since if due else None),
+            name=f"disagg-step-{key[0]}/{key[1]}",
         )
         INFLIGHT[key] = task
         tasks.append(task)

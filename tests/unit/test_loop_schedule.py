@@ -419,43 +419,64 @@ def test_a_step_held_behind_a_reconcile_of_its_object_reports_that_wait_and_its_
     )
 
 
-def test_no_more_steps_start_than_one_round_of_slots_and_the_most_overdue_go_first():
-    """A step that queued for a slot would decide on the metrics its tick read, which a backlog
-    makes old (after a load step, decisions held on the load from before it): a tick starts
-    only as many steps as its slots take within one round (one running and one queued per
-    slot), the most overdue first, and an object left out stays due, deciding at a later tick
-    on that tick's metrics."""
-    kube, opts = fleet(4)
+def test_a_decision_whose_metrics_aged_in_the_slot_queue_goes_back_and_decides_first_next_tick(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A step reads its metrics in the tick that starts it, then may queue for a slot; after a
+    load step that grows many pools at once the queue is long and the metrics it read predate
+    the step (it would hold). A due decision whose metrics grew older than a scrape interval in
+    the queue goes back: due again at the next tick, first in line, on that tick's metrics."""
+    monkeypatch.setattr(loop, "metrics_max_age", lambda body, opts: 0.2)
+    kube, opts = fleet(2)
     opts.concurrency = 1
 
-    def turn_count() -> float:
-        return (
-            opmetrics.REGISTRY.get_sample_value(
-                "disagg_operator_decision_wait_seconds_count", {"wait": "turn"}
-            )
-            or 0.0
-        )
+    def requeued() -> float:
+        return opmetrics.REGISTRY.get_sample_value("disagg_operator_decisions_requeued_total") or 0.0
 
-    turns = turn_count()
+    before = requeued()
 
     async def main() -> list[list[str]]:
         bodies = {b["metadata"]["name"]: b for b in opts.cache.disagg_deployments()}
-        for name, due in (("llm-0000", T0), ("llm-0001", T0), ("llm-0002", T0 - 5), ("llm-0003", T0 - 3)):
-            loop.tracker(bodies[name]).next_due = due  # the most overdue last in the list
-        order = []
-        for s in range(3):
+        loop.tracker(bodies["llm-0000"]).next_due = T0
+        loop.tracker(bodies["llm-0001"]).next_due = T0 - 5  # the most overdue: the slot's first
+        lock = reconcile.lock_for(NS, "llm-0001")
+        await lock.acquire()  # llm-0001 holds the one slot, waiting for its object's lock
+        started = []
+        tasks = [t for t in await loop.tick(kube, opts, T0) if t.get_name().startswith("disagg-step")]
+        started.append(sorted(t.get_name().rsplit("/", 1)[1] for t in tasks))
+        await asyncio.sleep(0.3)  # llm-0000's metrics age in the queue
+        lock.release()
+        await asyncio.gather(*tasks)
+        for s in (1, 2):
             tasks = [t for t in await loop.tick(kube, opts, T0 + s) if t.get_name().startswith("disagg-step")]
-            order.append([t.get_name().rsplit("/", 1)[1] for t in tasks])
-            for t in tasks:
-                await t
+            started.append([t.get_name().rsplit("/", 1)[1] for t in tasks])
+            await asyncio.gather(*tasks)
+        return started
+
+    started = asyncio.run(main())
+    assert started == [["llm-0000", "llm-0001"], ["llm-0000"], []]
+    assert loop.TRACKERS[(NS, "llm-0001")].last_decision_at == T0
+    assert loop.TRACKERS[(NS, "llm-0000")].last_decision_at == T0 + 1  # on the second tick's metrics
+    assert requeued() == before + 1
+
+
+def test_slots_go_to_the_most_overdue_waiting_step_first():
+    async def main() -> list[str]:
+        slots = loop.Slots(1)
+        await slots.acquire(0.0)
+        order: list[str] = []
+
+        async def waiter(name: str, due: float) -> None:
+            await slots.acquire(due)
+            order.append(name)
+            slots.release()
+
+        tasks = [
+            asyncio.create_task(waiter(n, d)) for n, d in (("late", 30.0), ("later", 40.0), ("first", 10.0))
+        ]
+        await asyncio.sleep(0)
+        slots.release()
+        await asyncio.gather(*tasks)
         return order
 
-    order = asyncio.run(main())
-    assert order == [["llm-0002", "llm-0003"], ["llm-0000", "llm-0001"], []]
-    decided = {name: loop.TRACKERS[(NS, name)].last_decision_at for name in bodies_names(4)}
-    assert decided == {"llm-0002": T0, "llm-0003": T0, "llm-0000": T0 + 1, "llm-0001": T0 + 1}
-    assert turn_count() == turns + 4
-
-
-def bodies_names(n: int) -> list[str]:
-    return [f"llm-{i:04d}" for i in range(n)]
+    assert asyncio.run(main()) == ["first", "late", "later"]
