@@ -581,8 +581,7 @@ class Run:
 
     def step_decisions(self, m0: dict, m1: dict, cores: float, grew: set[str]) -> None:
         """What the operator did while the step was watched: the cores it used, how its due steps
-        waited (for a tick with a free slot, the tick's metrics, a slot, the object's lock) and how
-        long its decisions took,
+        waited (for the tick's metrics, a slot, the object's lock) and how long its decisions took,
         and what the objects that did not grow decided meanwhile (their decisions by reason): a
         decision that ran and held points at the sizing, one that never ran at the loop."""
         self.figures["after the load step: operator CPU (cores)"] = cores
@@ -596,7 +595,7 @@ class Run:
             int(rec["count"]),
             rec["sum"] / rec["count"] if rec["count"] else math.nan,
         )
-        for wait in ("turn", "metrics", "slot", "lock"):
+        for wait in ("metrics", "slot", "lock"):
             h = delta(m1, m0, f"disagg_operator_decision_wait_seconds{{wait={wait}}}")
             self.figures[f"after the load step: wait for {wait} p50 / p99 (s)"] = (
                 quantile(h, 0.5),

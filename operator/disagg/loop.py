@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import heapq
-import itertools
 import logging
 import math
 import time
@@ -99,9 +97,6 @@ class Tracker:
     metrics_ok: bool | None = None
     # When the next decision is due (None: not scheduled yet), set by `tick`.
     next_due: float | None = None
-    # The due time of a decision sent back to the next tick for fresh metrics (`_step_in_task`):
-    # sent back once; the second start decides on what it has.
-    requeued_for: float | None = None
     # The parsed spec of generation `spec_generation` (parsing every object every tick is costly).
     spec_generation: int | None = None
     spec: api.DisaggDeploymentSpec | None = None
@@ -1061,89 +1056,39 @@ def next_due(previous: float, interval_s: float, now: float) -> float:
     return previous + (math.floor((now - previous) / interval_s) + 1) * interval_s
 
 
-def wants_step(
-    body: Mapping[str, Any], tr: Tracker, pods: list[dict] | None, now: float
-) -> tuple[bool, float] | None:
-    """Whether `tick` has a step for this object now: None for no; otherwise (whether a decision
-    is due, since when). A drain alone is wanted since `now`. The schedule is not advanced here:
-    `tick` advances it (`advance`) when it starts the step, so an object not started for want of
-    a slot stays due, and overdue objects go first at the next tick. `pods` None (no cache):
-    assume a drain may be running, so the step looks (it reads the pods itself)."""
+def wants_step(body: Mapping[str, Any], tr: Tracker, pods: list[dict] | None, now: float) -> bool | None:
+    """Whether `tick` starts a step for this object now: None for no; otherwise whether a decision
+    is due. Advances the object's schedule when one is. `pods` None (no cache): assume a drain
+    may be running, so the step looks (it reads the pods itself)."""
     spec = parsed_spec(body, tr)
     if spec is None:
         return None
     a = spec.autoscaling
     draining = pods is None or any(status.is_draining(p) and drain.is_active(p) for p in pods)
     if not a.enabled:
-        return (False, now) if draining else None  # only drains to cancel
+        return False if draining else None  # only drains to cancel
     interval = float(a.interval_seconds)
     if tr.next_due is None:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         tr.next_due = now + phase(body["metadata"].get("uid"), key) * interval
-    if now >= tr.next_due:
-        return True, tr.next_due
-    return (False, now) if draining else None  # paused: `step` cancels drains, notes the pause
-
-
-def advance(tr: Tracker, spec: api.DisaggDeploymentSpec, now: float) -> None:
-    """Move a started decision's schedule to its next slot on the object's grid."""
-    if tr.next_due is not None:
-        tr.next_due = next_due(tr.next_due, float(spec.autoscaling.interval_seconds), now)
+    due = now >= tr.next_due
+    if due:
+        tr.next_due = next_due(tr.next_due, interval, now)
+    return due if (due or draining) else None  # paused: `step` cancels drains, notes the pause
 
 
 #: The step task of each object in flight: an object still busy is not started again.
 INFLIGHT: dict[tuple[str, str], asyncio.Task] = {}
+_slots: dict[tuple[int, int], asyncio.Semaphore] = {}
 
 
-class Slots:
-    """At most `n` steps at once; waiting steps get a free slot in order of priority (the time
-    their decision came due: the most overdue first), then of arrival."""
-
-    def __init__(self, n: int) -> None:
-        self.free = max(1, n)
-        self._waiting: list[tuple[float, int, asyncio.Future]] = []
-        self._arrivals = itertools.count()
-
-    async def acquire(self, priority: float) -> None:
-        if self.free > 0 and not self._waiting:
-            self.free -= 1
-            return
-        turn = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiting, (priority, next(self._arrivals), turn))
-        try:
-            await turn
-        except asyncio.CancelledError:
-            if turn.done() and not turn.cancelled():
-                self.release()  # handed a slot as it was cancelled: pass it on
-            raise
-
-    def release(self) -> None:
-        while self._waiting:
-            _, _, turn = heapq.heappop(self._waiting)
-            if not turn.done():
-                turn.set_result(None)
-                return
-        self.free += 1
-
-
-_slots: dict[tuple[int, int], Slots] = {}
-
-
-def _slots_for(opts: LoopOptions) -> Slots:
-    """One pool of slots per running event loop and LoopOptions (its futures bind to the loop)."""
+def _slots_for(opts: LoopOptions) -> asyncio.Semaphore:
+    """One semaphore per running event loop and LoopOptions (a Semaphore binds to its loop)."""
     key = (id(asyncio.get_running_loop()), id(opts))
     if key not in _slots:
         _slots.clear()  # from an earlier event loop (tests): never waited on again
-        _slots[key] = Slots(opts.concurrency)
+        _slots[key] = asyncio.Semaphore(max(1, opts.concurrency))
     return _slots[key]
-
-
-def metrics_max_age(body: Mapping[str, Any], opts: LoopOptions) -> float:
-    """How old a tick's metrics may be when its step gets a slot: one scrape interval of the
-    object (a newer sample has arrived since) and at least one tick."""
-    tr = tracker(body)
-    scrape = float(tr.spec.autoscaling.scrape_interval_seconds) if tr.spec is not None else 0.0
-    return max(opts.tick_s, scrape)
 
 
 async def _step_in_task(
@@ -1154,16 +1099,9 @@ async def _step_in_task(
     due: bool,
     started: float,
     fleet: asyncio.Future | None = None,
-    since: float | None = None,
 ) -> None:
-    """One object's step: its tick's metrics, then a slot (most overdue first) and the object's
-    lock, then `step`. A due decision whose metrics grew older than `metrics_max_age` while it
-    waited for the slot goes back to the next tick, still due and first in line, instead of
-    deciding on them: under a backlog (a load step that grows many pools at once) they predate
-    what it should see. It goes back once per due time."""
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
-    slots = _slots_for(opts)
     try:
         queued = time.monotonic() - started
         if fleet is not None:
@@ -1173,21 +1111,9 @@ async def _step_in_task(
             await asyncio.shield(fleet)
         asked = time.monotonic()
         opmetrics.DECISION_WAIT.labels("metrics").observe(asked - started)
-        await slots.acquire(now if since is None else since)
-        try:
+        async with _slots_for(opts):
             slotted = time.monotonic()
             opmetrics.DECISION_WAIT.labels("slot").observe(slotted - asked)
-            tr = tracker(body)
-            if (
-                due
-                and fleet is not None
-                and since is not None
-                and tr.requeued_for != since
-                and slotted - asked > metrics_max_age(body, opts)
-            ):
-                tr.requeued_for, tr.next_due = since, since  # due again at the next tick, first
-                opmetrics.DECISIONS_REQUEUED.inc()
-                return
             async with reconcile.lock_for(*key):
                 locked = time.monotonic()
                 opmetrics.DECISION_WAIT.labels("lock").observe(locked - slotted)
@@ -1197,8 +1123,6 @@ async def _step_in_task(
                 await step(
                     kube, body, opts, now + waited if waited > opts.tick_s else now, due=due, fleet=fleet
                 )
-        finally:
-            slots.release()
     except asyncio.CancelledError:
         raise
     except Exception:
@@ -1209,8 +1133,8 @@ async def _step_in_task(
 
 async def tick(kube: Kube, opts: LoopOptions, now: float, wait: bool = False) -> list[asyncio.Task]:
     """One pass over every DisaggDeployment: starts a task for each one with work to do (a due
-    decision, a drain) and not still busy from an earlier tick, the most overdue first; forgets
-    the ones that are gone. Returns the tasks started (`wait`: after they finished)."""
+    decision, a drain) and not still busy from an earlier tick; forgets the ones that are gone.
+    Returns the tasks started (`wait`: after they finished)."""
     if opts.cache is not None:
         mine = shard.parse_selector(opts.shard_selector)
         objs = [
@@ -1227,23 +1151,18 @@ async def tick(kube: Kube, opts: LoopOptions, now: float, wait: bool = False) ->
     started = time.monotonic()
     tasks: list[asyncio.Task] = []
     batches: dict[tuple, list[FleetBatch]] = {}
-    wanted: list[tuple[float, int, Mapping[str, Any], tuple[str, str], bool, Tracker]] = []
-    for order, body in enumerate(objs):
+    for body in objs:
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         if meta.get("deletionTimestamp") or key in INFLIGHT:
             continue
         pods = opts.cache.children("Pod", *key) if opts.cache is not None else None
         tr = tracker(body)
-        want = wants_step(body, tr, pods, now)
-        if want is not None:
-            wanted.append((want[1], order, body, key, want[0], tr))
-    for since, _, body, key, due, tr in sorted(wanted, key=lambda w: (w[0], w[1])):
-        spec = tr.spec
-        if due and spec is not None:
-            advance(tr, spec, now)
-            opmetrics.DECISION_WAIT.labels("turn").observe(max(0.0, now - since))
+        due = wants_step(body, tr, pods, now)
+        if due is None:
+            continue
         fleet = None
+        spec = tr.spec
         if (
             opts.fleet_queries
             and spec is not None
@@ -1256,8 +1175,7 @@ async def tick(kube: Kube, opts: LoopOptions, now: float, wait: bool = False) ->
                 open_.append(FleetBatch(fk, spec.autoscaling.prometheus))
             fleet = open_[-1].add(spec, *key)
         task = asyncio.create_task(
-            _step_in_task(kube, body, opts, now, due, started, fleet, since if due else None),
-            name=f"disagg-step-{key[0]}/{key[1]}",
+            _step_in_task(kube, body, opts, now, due, started, fleet), name=f"disagg-step-{key[0]}/{key[1]}"
         )
         INFLIGHT[key] = task
         tasks.append(task)

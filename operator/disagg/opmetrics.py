@@ -147,18 +147,11 @@ DECISION_GAP = Histogram(
 )
 DECISION_WAIT = Histogram(
     "disagg_operator_decision_wait_seconds",
-    "Time a step of the autoscaling loop waited before it ran, by what it waited for: wait=turn "
-    "(a due decision, from its due time until a tick started it), wait=metrics "
-    "(the tick's shared Prometheus queries), wait=slot (one of --decisions-at-once), wait=lock "
-    "(the object's lock, held by a reconcile of the same object).",
+    "Time a started step of the autoscaling loop waited before it ran, by what it waited for: "
+    "wait=metrics (the tick's shared Prometheus queries), wait=slot (one of --decisions-at-once), "
+    "wait=lock (the object's lock, held by a reconcile of the same object).",
     ["wait"],
     buckets=_SECONDS_BUCKETS,
-    registry=REGISTRY,
-)
-DECISIONS_REQUEUED = Counter(
-    "disagg_operator_decisions_requeued",
-    "Due decisions sent back to the next tick because their tick's metrics grew older than one "
-    "scrape interval while they waited for a slot (they then go first, on fresh metrics).",
     registry=REGISTRY,
 )
 DECISION_SECONDS = Histogram(
