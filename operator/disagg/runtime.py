@@ -20,8 +20,8 @@ def quiet_watch_close_at_shutdown(loop_: asyncio.AbstractEventLoop, context: dic
 
     When Kopf stops while its watcher waits on a busy worker queue, the watch stream (an async
     generator, `infinite_watch`) is left suspended and the loop closes it later; its cleanup
-    awaits a future, which Python refuses during that close ("generator didn't stop after
-    athrow()"). The stream was ending anyway: no event is lost that the next operator's
+    (which awaits the cancelled pause waiter) does not end as that close requires ("generator
+    didn't stop after athrow()"). The stream was ending anyway: no event is lost that the next operator's
     initial LIST does not deliver again. Every other error goes to the default handler."""
     exc, gen = context.get("exception"), context.get("asyncgen")
     if (
