@@ -610,15 +610,14 @@ class Run:
             )
         r0, r1 = m0["decisions by object"], m1["decisions by object"]
         held: dict[str, float] = defaultdict(float)
-        silent = set()
-        for name in {key[1] for key in r1 if key[0] == self.ns} - grew:
-            n = 0.0
-            for (ns, obj, reason), v in r1.items():
-                if ns == self.ns and obj == name and v > r0.get((ns, obj, reason), 0.0):
-                    held[reason] += v - r0.get((ns, obj, reason), 0.0)
-                    n += v - r0.get((ns, obj, reason), 0.0)
-            if not n:
-                silent.add(name)
+        decided: set[str] = set()
+        not_grown = {obj for ns, obj, _ in r1 if ns == self.ns} - grew
+        for (ns, obj, reason), v in r1.items():
+            made = v - r0.get((ns, obj, reason), 0.0)
+            if ns == self.ns and obj in not_grown and made > 0:
+                held[reason] += made
+                decided.add(obj)
+        silent = not_grown - decided
         self.figures["after the load step: objects not grown, their decisions by reason"] = (
             ", ".join(f"{reason} {int(v)}" for reason, v in sorted(held.items(), key=lambda kv: -kv[1]))
             or "none"
