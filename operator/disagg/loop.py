@@ -5,10 +5,11 @@ the objects, their pool Deployments and their pods come from the watch cache
 (disagg.cache, fed by the operator's watches), so a tick sends no request. Each object
 decides when it is next due (`spec.autoscaling.intervalSeconds`, first due at a phase drawn
 from its uid, so objects created together spread over the interval); drains in progress
-advance every tick, apart from the decisions. Due work runs as one task per object, at
-most `LoopOptions.concurrency` at once, so a slow object (or a reconcile holding its lock)
-delays no other. Kopf timers are not used because they put a finalizer on every object
-(deleting one would then wait for the operator).
+advance every tick, apart from the decisions. Due work runs as one task per object, so a
+slow object (or a reconcile holding its lock) delays no other; at most
+`LoopOptions.concurrency` of them write to the API server at once (`WriteSlot`). Kopf
+timers are not used because they put a finalizer on every object (deleting one would then
+wait for the operator).
 
 Per decision: read the pool Deployments, the pods and Prometheus into an
 `autoscaler.Observation`, call `autoscaler.decide`, then apply its outcome
@@ -60,7 +61,7 @@ log = logging.getLogger("disagg.loop")
 WRONG_VICTIM_AFTER_S = 30.0
 
 
-#: DisaggDeployments worked on at once by the loop (deciding, draining).
+#: Steps of the loop writing to the API server at once (a decision's writes, a drain's).
 DEFAULT_CONCURRENCY = names.DECISIONS_AT_ONCE
 
 #: `status.scalerState` is rewritten at least this often while the object is decided, even when
@@ -517,7 +518,7 @@ class FleetBatch:
 def cached(kube: Kube, opts: LoopOptions) -> Kube:
     """`kube` reading the object and its pools from the watch cache (disagg.cache.CachedKube),
     when the loop has one: a decision then sends no GET and no LIST."""
-    if opts.cache is None or isinstance(kube, CachedKube):
+    if opts.cache is None or isinstance(kube, (CachedKube, WriteGated)):
         return kube
     return CachedKube(kube, opts.cache)  # type: ignore[return-value]
 
@@ -1033,8 +1034,9 @@ async def step(
     fresh = await kube.get(api.KIND, ns, name)
     await write_decision_status(kube, fresh, config, outcome, snap, tr, pending)
     export_metrics(fresh, spec, outcome, snap, pods)
+    slot_wait_s = kube.slot.waited_s if isinstance(kube, WriteGated) else 0.0
     opmetrics.DECISION_SECONDS.labels("changed" if outcome.changed else "unchanged").observe(
-        time.monotonic() - began
+        time.monotonic() - began - slot_wait_s
     )
 
 
@@ -1082,6 +1084,62 @@ INFLIGHT: dict[tuple[str, str], asyncio.Task] = {}
 _slots: dict[tuple[int, int], asyncio.Semaphore] = {}
 
 
+class WriteSlot:
+    """One of the loop's slots (`LoopOptions.concurrency`), taken by a step at its first write
+    to the API server and held to the step's end.
+
+    A decision reads the watch cache and the tick's metrics, so it needs no slot: every due
+    object decides on the metrics of its own tick, and only the steps that write (a grow, a
+    drain, a changed status) queue for one. Were the slot taken before deciding, a load step
+    that makes many pools grow at once would keep the other due objects waiting behind those
+    writes, to decide on metrics from before the step when their turn came. The slot is
+    asked for with the object's lock held (a reconcile of the object waits for the step's
+    writes, as it would for the step itself); nothing holds a slot and then asks for a lock."""
+
+    def __init__(self, slots: asyncio.Semaphore) -> None:
+        self.slots = slots
+        self.held = False
+        self.waited_s = 0.0  # how long the step waited for it
+        # A step sends some writes at once (a status patch beside its Event): they share one slot.
+        self._taking = asyncio.Lock()
+
+    async def take(self) -> None:
+        async with self._taking:
+            if self.held:
+                return
+            asked = time.monotonic()
+            await self.slots.acquire()
+            self.held = True
+            self.waited_s = time.monotonic() - asked
+            opmetrics.DECISION_WAIT.labels("slot").observe(self.waited_s)
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.slots.release()
+
+
+class WriteGated:
+    """A Kube whose writes first take the step's `WriteSlot`; reads go straight through."""
+
+    WRITES = frozenset({"apply", "create", "patch", "delete", "event"})
+
+    def __init__(self, kube: Any, slot: WriteSlot) -> None:
+        self.kube = kube
+        self.slot = slot
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.kube, name)
+        if name not in self.WRITES:
+            return attr
+
+        async def gated(*args: Any, **kwargs: Any) -> Any:
+            await self.slot.take()
+            return await attr(*args, **kwargs)
+
+        return gated
+
+
 def _slots_for(opts: LoopOptions) -> asyncio.Semaphore:
     """One semaphore per running event loop and LoopOptions (a Semaphore binds to its loop)."""
     key = (id(asyncio.get_running_loop()), id(opts))
@@ -1105,24 +1163,29 @@ async def _step_in_task(
     try:
         queued = time.monotonic() - started
         if fleet is not None:
-            # The tick's shared metrics are awaited before a slot is taken: the slots bound the
-            # work on the API server, and a slow (or hung) Prometheus must not hold them from
-            # objects that read another one or have their metrics already.
+            # The tick's shared metrics are awaited before the object's lock is taken: a slow
+            # (or hung) Prometheus must not hold the object's reconciles.
             await asyncio.shield(fleet)
         asked = time.monotonic()
         opmetrics.DECISION_WAIT.labels("metrics").observe(asked - started)
-        async with _slots_for(opts):
-            slotted = time.monotonic()
-            opmetrics.DECISION_WAIT.labels("slot").observe(slotted - asked)
-            async with reconcile.lock_for(*key):
-                locked = time.monotonic()
-                opmetrics.DECISION_WAIT.labels("lock").observe(locked - slotted)
-                # A task that waited longer than a tick for a slot or the object's lock takes the
-                # time it starts at; otherwise the tick's (one time for every object of a tick).
-                waited = queued + locked - asked
+        async with reconcile.lock_for(*key):
+            locked = time.monotonic()
+            opmetrics.DECISION_WAIT.labels("lock").observe(locked - asked)
+            # A task that waited longer than a tick for the object's lock takes the time it
+            # starts at; otherwise the tick's (one time for every object of a tick).
+            waited = queued + locked - asked
+            slot = WriteSlot(_slots_for(opts))
+            try:
                 await step(
-                    kube, body, opts, now + waited if waited > opts.tick_s else now, due=due, fleet=fleet
+                    WriteGated(cached(kube, opts), slot),
+                    body,
+                    opts,
+                    now + waited if waited > opts.tick_s else now,
+                    due=due,
+                    fleet=fleet,
                 )
+            finally:
+                slot.release()
     except asyncio.CancelledError:
         raise
     except Exception:

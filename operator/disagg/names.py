@@ -18,7 +18,7 @@ POOL_NAMES = (POOL_ENCODER, POOL_PREFILL, POOL_DECODE, POOL_COLOCATED)
 
 # --------------------------------------------------------------------------- the autoscaling loop
 
-#: DisaggDeployments the autoscaling loop works on at once (deciding, draining) by default
+#: DisaggDeployments whose autoscaling steps write to the API server at once by default
 #: (`disagg run --decisions-at-once`), and the most it accepts.
 DECISIONS_AT_ONCE = 16
 DECISIONS_AT_ONCE_MAX = 1024

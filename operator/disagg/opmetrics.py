@@ -148,7 +148,8 @@ DECISION_GAP = Histogram(
 DECISION_WAIT = Histogram(
     "disagg_operator_decision_wait_seconds",
     "Time a started step of the autoscaling loop waited before it ran, by what it waited for: "
-    "wait=metrics (the tick's shared Prometheus queries), wait=slot (one of --decisions-at-once), "
+    "wait=metrics (the tick's shared Prometheus queries), wait=slot (one of --decisions-at-once, "
+    "asked for at a step's first write), "
     "wait=lock (the object's lock, held by a reconcile of the same object).",
     ["wait"],
     buckets=_SECONDS_BUCKETS,
@@ -156,7 +157,8 @@ DECISION_WAIT = Histogram(
 )
 DECISION_SECONDS = Histogram(
     "disagg_operator_decision_seconds",
-    "Duration of one autoscaling decision, from holding its slot and lock to its status written; "
+    "Duration of one autoscaling decision, from holding its lock to its status written, less its wait "
+    "for a write slot; "
     "outcome=changed for a decision that wrote new replicas, unchanged otherwise.",
     ["outcome"],
     buckets=_SECONDS_BUCKETS,

@@ -400,7 +400,7 @@ def test_a_step_held_behind_a_reconcile_of_its_object_reports_that_wait_and_its_
         lock = reconcile.lock_for(NS, "llm-0000")
         await lock.acquire()  # a reconcile of the object is running
         (task,) = [t for t in await loop.tick(kube, opts, T0) if t.get_name().startswith("disagg-step")]
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.5)  # the lock wait starts once the tick's metrics are in: >= 0.3 s
         assert not task.done()
         lock.release()
         await task
@@ -417,3 +417,81 @@ def test_a_step_held_behind_a_reconcile_of_its_object_reports_that_wait_and_its_
         sum(sample("disagg_operator_decision_seconds_count", outcome=o) for o in ("changed", "unchanged"))
         == decided + 1
     )
+
+
+class WritesHangFor(FakeKube):
+    """A FakeKube whose writes to one object (and its children) do not return until released."""
+
+    def __init__(self, owner: str) -> None:
+        super().__init__()
+        self.owner = owner
+        self.release = asyncio.Event()
+        self.hanging = 0
+
+    async def _hold(self, name: str | None) -> None:
+        if name is not None and name.startswith(self.owner):
+            self.hanging += 1
+            await self.release.wait()
+
+    async def patch(self, kind: str, namespace: str | None, name: str, *args, **kwargs) -> dict:
+        await self._hold(name)
+        return await super().patch(kind, namespace, name, *args, **kwargs)
+
+    async def apply(self, obj: dict, *args, **kwargs) -> dict:
+        await self._hold(obj["metadata"]["name"])
+        return await super().apply(obj, *args, **kwargs)
+
+
+def test_objects_decide_on_their_tick_while_every_write_slot_is_held():
+    """Only writes to the API server take one of the loop's slots: while one object's writes hold
+    the only slot (a slow API server after a load step), another due object still decides at its
+    tick, on that tick's metrics; its own writes then wait for the slot, and are counted as the
+    slot wait."""
+
+    def slot_waits() -> tuple[float, float]:
+        labels = {"wait": "slot"}
+        return (
+            opmetrics.REGISTRY.get_sample_value("disagg_operator_decision_wait_seconds_count", labels) or 0.0,
+            opmetrics.REGISTRY.get_sample_value("disagg_operator_decision_wait_seconds_sum", labels) or 0.0,
+        )
+
+    kube = WritesHangFor("llm-0000")
+    _, opts = fleet(0)
+    opts.cache = watch_cache(kube)
+    opts.concurrency = 1
+    for name in ("llm-0000", "llm-0001"):
+        kube.put(disagg_deployment(name, spec(), NS))
+        for pool in ("prefill", "decode"):
+            kube.put(deployment(name, pool, 1))
+            kube.put(pod(name, pool, 0, created=T0 - 600, admitted=T0 - 540))
+    count0, sum0 = slot_waits()
+
+    async def main() -> None:
+        bodies = {b["metadata"]["name"]: b for b in opts.cache.disagg_deployments()}
+        loop.tracker(bodies["llm-0000"]).next_due = T0
+        loop.tracker(bodies["llm-0001"]).next_due = T0 + 1
+        first = {t.get_name(): t for t in await loop.tick(kube, opts, T0)}
+        for _ in range(100):
+            await asyncio.sleep(0.005)
+            if kube.hanging:
+                break
+        assert kube.hanging, "the first object's decision writes (its first status)"
+        (second,) = [t for t in await loop.tick(kube, opts, T0 + 1) if t.get_name().startswith("disagg-step")]
+        for _ in range(100):
+            await asyncio.sleep(0.005)
+            if loop.TRACKERS[(NS, "llm-0001")].last_decision_at:
+                break
+        # decided at its own tick although the only slot is held ...
+        assert loop.TRACKERS[(NS, "llm-0001")].last_decision_at == T0 + 1
+        # ... and its writes wait for the slot
+        await asyncio.sleep(0.2)
+        assert not second.done()
+        kube.release.set()
+        # a status patch and an Event sent at once share the step's slot (no deadlock on it)
+        _, pending = await asyncio.wait([second, *first.values()], timeout=5)
+        assert not pending
+
+    asyncio.run(main())
+    count1, sum1 = slot_waits()
+    assert count1 - count0 == 2  # each object's first write asked for the slot once
+    assert sum1 - sum0 >= 0.2  # the second one waited for the first one's writes

@@ -103,8 +103,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=DECISIONS_AT_ONCE,
         metavar="N",
-        help=f"autoscaling decisions (and drain steps) in flight at once (default {DECISIONS_AT_ONCE}). A decision "
-        "that scales waits on several API writes; raise it when many DisaggDeployments change at once "
+        help=f"autoscaling decisions (and drain steps) writing to the API server at once (default "
+        f"{DECISIONS_AT_ONCE}; deciding itself is not bounded: it reads the watch cache). A decision that "
+        "scales waits on several API writes; raise it when many DisaggDeployments change at once "
         "and the API server has room (docs/scale.md)",
     )
     p.add_argument(
