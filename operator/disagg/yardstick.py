@@ -64,6 +64,7 @@ __all__ = [
     "ATTAINMENT_TARGETS",
     "KNOBS",
     "FixedPolicy",
+    "FleetTrials",
     "Hindsight",
     "HindsightOraclePolicy",
     "SearchStats",
@@ -709,12 +710,17 @@ class FixedPolicy(Policy):
         return dict(self.sizes), "fixed"
 
 
+# Whole-trace trials of fixed fleets by (fleet, miss limit): (passed, misses).
+FleetTrials = dict[tuple[tuple[tuple[str, int], ...], int | None], tuple[bool, int]]
+
+
 def best_static(
     w: Workload,
     s: EvalSettings,
     target: float | None = None,
     guess: dict[str, int] | None = None,
     progress: Callable[[str], None] | None = None,
+    trials: FleetTrials | None = None,
 ) -> tuple[dict[str, int], SearchStats]:
     """Fewest fixed workers per pool reaching `target` over the whole trace.
 
@@ -727,21 +733,27 @@ def best_static(
     fleet with fewer GPUs. The result passes, one worker fewer in any pool does
     not, and (unless `MAX_TRADES` stopped it) no single trade of those sizes
     passes for fewer GPUs, all by monotonicity; a cheaper fleet further away can
-    still exist.
+    still exist. `trials`, filled in, holds the trials already run for this trace,
+    settings and target: searches from several guesses sharing it simulate no
+    fleet twice (`stats.simulations` counts only the new ones).
     """
     target = s.target_attainment if target is None else target
     t0 = time.perf_counter()
     stats = SearchStats()
     tr = _Trace(w, s)
     allowed = _allowed_misses(target, sum(tr.feasible))
+    known: FleetTrials = {} if trials is None else trials
 
     def trial(sizes: dict[str, int], limit: int | None) -> tuple[bool, int]:
-        cl, ctr = tr.cluster(sizes)
-        stats.simulations += 1
-        passed = tr.run(cl, ctr, 0, tr.n, allowed=limit)
-        if progress is not None:
-            progress(f"best-static: {_label(sizes)} {'passes' if passed else 'misses'}")
-        return passed, ctr.misses
+        key = (tuple(sizes.items()), limit)
+        if key not in known:
+            cl, ctr = tr.cluster(sizes)
+            stats.simulations += 1
+            passed = tr.run(cl, ctr, 0, tr.n, allowed=limit)
+            if progress is not None:
+                progress(f"best-static: {_label(sizes)} {'passes' if passed else 'misses'}")
+            known[key] = passed, ctr.misses
+        return known[key]
 
     g = guess or {}
     lo_n = max(1, s.min_replicas)
@@ -810,10 +822,10 @@ def hindsight_oracle(
        replay). Then every interval's pools are grown by `ORACLE_REPAIR_PADS` in turn
        (each a replay) until one reaches the target.
     2. The best fixed fleet (`best_static`, searched from the schedule's mean sizes,
-       before and after a repair when one was kept: the cheaper replay) and its replay.
-       Each search trades workers between the pools after shrinking them, so it does
-       not stop where no single pool can shrink but one more worker in one pool
-       spares several in another.
+       before and after a repair when one was kept: the cheaper replay; the second
+       search reuses the first's trials) and its replay. Each search trades workers
+       between the pools after shrinking them, so it does not stop where no single
+       pool can shrink but one more worker in one pool spares several in another.
     3. A fixed fleet is a schedule too: if it reaches the target and the pass does
        not, or reaches it for fewer GPU-hours, the oracle's schedule becomes that
        fleet at every interval (``schedule_source: best-static``).
@@ -856,7 +868,9 @@ def hindsight_oracle(
     fst, fm = SearchStats(), {}
     if fixed_floor:
         # the local search depends on its start: from the searched schedule's mean sizes, and
-        # from the repaired one's too when a repair was kept (the cheaper replay wins)
+        # from the repaired one's too when a repair was kept (the cheaper replay wins); the
+        # second search reuses the first's trials
+        trials: FleetTrials = {}
         guesses: list[dict[str, int]] = []
         for cand in (searched, sched):
             guess = {p: math.ceil(sum(x[p] for x in cand) / len(cand)) for p in cand[0]}
@@ -865,7 +879,7 @@ def hindsight_oracle(
         for guess in guesses:
             if progress is not None:
                 progress(f"searching the best fixed fleet from {_label(guess)} ...")
-            f2, fst2 = best_static(w, s_t, target, guess=guess, progress=progress)
+            f2, fst2 = best_static(w, s_t, target, guess=guess, progress=progress, trials=trials)
             sims, wall = fst.simulations + fst2.simulations, fst.wall_s + fst2.wall_s
             if f2 != fixed:
                 fm2 = fixed_fleet_metrics(w, s_t, f2)

@@ -72,8 +72,11 @@ def test_oracle_reports_its_search(doc: dict) -> None:
 
 def test_best_static_is_the_fewest_fixed_workers(bursty: Workload) -> None:
     target = SMALL.target_attainment
-    sizes, stats = yardstick.best_static(bursty, SMALL)
+    trials: yardstick.FleetTrials = {}
+    sizes, stats = yardstick.best_static(bursty, SMALL, trials=trials)
     assert stats.reached and stats.simulations > 0
+    again, stats2 = yardstick.best_static(bursty, SMALL, trials=trials)  # a second search shares the trials
+    assert again == sizes and stats2.simulations == 0
     assert yardstick.fixed_fleet_metrics(bursty, SMALL, sizes)["slo_attainment"] >= target
     for pool in ("prefill", "decode"):
         fewer = dict(sizes, **{pool: sizes[pool] - 1})
