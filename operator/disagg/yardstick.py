@@ -20,8 +20,9 @@ a policy need to meet the SLO, compared with what I would otherwise do":
   `fluid_bound` is a true (loose) lower bound.
 * `best_static` - the **best fixed fleet in hindsight**: the fewest workers per
   pool (encoder too for media workloads), fixed for the whole trace, that reach the target attainment;
-  found by the same local search over whole-trace simulations. An
-  autoscaler is worth running only where it beats this.
+  found by the same local search over whole-trace simulations, then by trading
+  workers between the pools (a few more in one, the others shrunk) while that
+  saves GPUs. An autoscaler is worth running only where it beats this.
 * `gpu_hours_at` - GPU-hours a policy needs for an attainment, interpolated on
   the attainment / GPU-hours curve of its own knob (`KNOBS`).
 
@@ -63,6 +64,7 @@ __all__ = [
     "ATTAINMENT_TARGETS",
     "KNOBS",
     "FixedPolicy",
+    "FleetTrials",
     "Hindsight",
     "HindsightOraclePolicy",
     "SearchStats",
@@ -100,6 +102,13 @@ ORACLE_AIM_MARGIN = 0.25
 # Misses a fleet's trial can gain or lose from routing ties alone (least-loaded routing breaks
 # them differently on another fleet): a smaller change says nothing about capacity.
 ROUTING_NOISE_MISSES = 2
+# Workers a trade of the fixed-fleet search adds to one pool before shrinking the others
+# (`_search_pools`): one more prefill worker can spare hundreds of decode workers when the
+# TTFT misses sit on the knife-edge, so coordinate-wise shrinking alone stops at dearer fleets.
+TRADE_STEPS = (1, 2, 4, 8)
+# Most trades one search moves by: each lands on a strictly cheaper passing fleet, so this
+# bounds only the cost of a search that keeps finding cheaper ones.
+MAX_TRADES = 8
 _CHECK_EVERY = 128  # arrivals between two looks at a trial's misses
 _TAIL_STEP_S = 1.0  # after the last arrival a trial advances this much between looks
 
@@ -494,6 +503,7 @@ def _search_pools(
     max_doublings: int = 3,
     probe: bool = False,
     spare_when_short: int = 0,
+    trade: bool = False,
 ) -> tuple[dict[str, int], bool]:
     """Fewest workers per pool whose trial has at most `allowed` misses; (sizes, target reached).
 
@@ -517,7 +527,23 @@ def _search_pools(
     passes and, by monotonicity, one worker fewer in any pool fails. With `probe`,
     fleets 2 and 3 workers below in each pool are tried too (trials are monotone
     only up to routing noise of a few misses), and the search shrinks again from
-    the cheapest that passes. Fleets over the GPU budget fail.
+    the cheapest that passes.
+
+    Shrinking one pool at a time stops at a fleet where no pool can lose a worker,
+    which can cost far more than the cheapest one when the pools trade off (a
+    prefill worker more, hundreds of decode workers fewer). With `trade`, the search
+    then moves by trades: for each pool and each of `TRADE_STEPS`, that many workers
+    more in the pool and the other pools shrunk in turn from their current sizes
+    (the last only tried at the largest size that would cost fewer GPUs, and shrunk
+    from there if that passes: one trial rejects a trade that cannot pay). Of the
+    trades landing on a passing fleet with fewer GPUs (`_gpus`: pools may differ in
+    GPUs per worker) the cheapest is taken, its grown pool shrunk again, and the
+    trades are tried anew from there, at most `MAX_TRADES` times. Unless that bound
+    stops it, the result then also has, by monotonicity, no cheaper passing fleet
+    one such trade away; it still need not be the cheapest fleet overall.
+
+    Fleets over the GPU budget fail, and no pool grows past `cap`. Trials are
+    memoised: under one limit no fleet is tried twice.
     """
     k = len(pools)
 
@@ -538,6 +564,9 @@ def _search_pools(
 
     memo: dict[tuple[int, ...], bool] = {}
     limit = allowed
+
+    def gpus(c: tuple[int, ...]) -> int:
+        return _gpus(s, sizes_of(c))
 
     def ok(c: tuple[int, ...]) -> bool:
         if c not in memo:
@@ -585,8 +614,42 @@ def _search_pools(
         ]
         passing = [c for c in below if ok(c)]
         if passing:
-            cheapest = min(passing, key=lambda c: (_gpus(s, sizes_of(c)), c))
+            cheapest = min(passing, key=lambda c: (gpus(c), c))
             best = shrink(cheapest, cheapest)
+
+    def traded(c: tuple[int, ...], i: int, step: int, near: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        """Passing `c` with `step` more workers in pool i and the other pools shrunk in turn,
+        if that fleet passes with fewer GPUs than `c`; else None. `near`: a smaller trade's
+        fleet in the same pool, where the other pools' searches start."""
+        if c[i] + step > cap:
+            return None
+        t = with_size(c, i, c[i] + step)  # passes as `c` does, by monotonicity: not tried
+        *first, last = (j for j in range(k) if j != i)
+        for j in first:
+            guess = t[j] if near is None else near[j]
+            size = smallest_passing(lambda n, t=t, j=j: n == t[j] or ok(with_size(t, j, n)), guess, t[j])
+            t = with_size(t, j, max(lo_n, size))
+        # the most workers the last pool may keep for the fleet to cost fewer GPUs than `c`
+        over = gpus(t) - gpus(c)
+        keep = min(t[last], t[last] - over // s.gpus_per_replica.get(pools[last], 1) - 1)
+        if keep < lo_n or not ok(with_size(t, last, keep)):  # by monotonicity, fewer fail too
+            return None
+        guess = keep if near is None else near[last]
+        size = smallest_passing(lambda n: ok(with_size(t, last, n)), guess, keep)
+        return with_size(t, last, max(lo_n, size))
+
+    for _ in range(MAX_TRADES if trade else 0):
+        moves: list[tuple[int, ...]] = []
+        for i in range(k):
+            near = None  # a larger trade in the same pool lands near the smaller one's fleet
+            for step in TRADE_STEPS:
+                if (t := traded(best, i, step, near)) is not None:
+                    moves.append(t)
+                    near = t
+        if not moves:
+            break
+        cheapest = min(moves, key=lambda c: (gpus(c), c))
+        best = shrink(cheapest, cheapest)  # the grown pool may now do with fewer than it gained
     return sizes_of(best), reached
 
 
@@ -647,12 +710,17 @@ class FixedPolicy(Policy):
         return dict(self.sizes), "fixed"
 
 
+# Whole-trace trials of fixed fleets by (fleet, miss limit): (passed, misses).
+FleetTrials = dict[tuple[tuple[tuple[str, int], ...], int | None], tuple[bool, int]]
+
+
 def best_static(
     w: Workload,
     s: EvalSettings,
     target: float | None = None,
     guess: dict[str, int] | None = None,
     progress: Callable[[str], None] | None = None,
+    trials: FleetTrials | None = None,
 ) -> tuple[dict[str, int], SearchStats]:
     """Fewest fixed workers per pool reaching `target` over the whole trace.
 
@@ -660,27 +728,39 @@ def best_static(
     carries media). Each trial simulates the whole trace on fixed pools and stops as
     soon as the misses exceed ``(1 - target)`` x the feasible requests. Search:
     `_search_pools` from `guess` (e.g. the oracle's mean sizes; 2 per pool it
-    lacks), probing 2-3 workers below at the end. The result passes and one
-    worker fewer in any pool does not.
+    lacks), probing 2-3 workers below, then trading workers between the pools
+    (`TRADE_STEPS` more in one pool, the others shrunk) while that finds a passing
+    fleet with fewer GPUs. The result passes, one worker fewer in any pool does
+    not, and (unless `MAX_TRADES` stopped it) no single trade of those sizes
+    passes for fewer GPUs, all by monotonicity; a cheaper fleet further away can
+    still exist. `trials`, filled in, holds the trials already run for this trace,
+    settings and target: searches from several guesses sharing it simulate no
+    fleet twice (`stats.simulations` counts only the new ones).
     """
     target = s.target_attainment if target is None else target
     t0 = time.perf_counter()
     stats = SearchStats()
     tr = _Trace(w, s)
     allowed = _allowed_misses(target, sum(tr.feasible))
+    known: FleetTrials = {} if trials is None else trials
 
     def trial(sizes: dict[str, int], limit: int | None) -> tuple[bool, int]:
-        cl, ctr = tr.cluster(sizes)
-        stats.simulations += 1
-        passed = tr.run(cl, ctr, 0, tr.n, allowed=limit)
-        if progress is not None:
-            progress(f"best-static: {_label(sizes)} {'passes' if passed else 'misses'}")
-        return passed, ctr.misses
+        key = (tuple(sizes.items()), limit)
+        if key not in known:
+            cl, ctr = tr.cluster(sizes)
+            stats.simulations += 1
+            passed = tr.run(cl, ctr, 0, tr.n, allowed=limit)
+            if progress is not None:
+                progress(f"best-static: {_label(sizes)} {'passes' if passed else 'misses'}")
+            known[key] = passed, ctr.misses
+        return known[key]
 
     g = guess or {}
     lo_n = max(1, s.min_replicas)
     prev = {p: max(lo_n, int(g.get(p, 2))) for p in tr.pools}
-    sizes, reached = _search_pools(trial, tr.pools, prev, lo_n, s.max_replicas, allowed, s, probe=True)
+    sizes, reached = _search_pools(
+        trial, tr.pools, prev, lo_n, s.max_replicas, allowed, s, probe=True, trade=True
+    )
     stats.wall_s = time.perf_counter() - t0
     stats.reached = reached
     return sizes, stats
@@ -742,7 +822,10 @@ def hindsight_oracle(
        replay). Then every interval's pools are grown by `ORACLE_REPAIR_PADS` in turn
        (each a replay) until one reaches the target.
     2. The best fixed fleet (`best_static`, searched from the schedule's mean sizes,
-       before and after a repair when one was kept: the cheaper replay) and its replay.
+       before and after a repair when one was kept: the cheaper replay; the second
+       search reuses the first's trials) and its replay. Each search trades workers
+       between the pools after shrinking them, so it does not stop where no single
+       pool can shrink but one more worker in one pool spares several in another.
     3. A fixed fleet is a schedule too: if it reaches the target and the pass does
        not, or reaches it for fewer GPU-hours, the oracle's schedule becomes that
        fleet at every interval (``schedule_source: best-static``).
@@ -785,7 +868,9 @@ def hindsight_oracle(
     fst, fm = SearchStats(), {}
     if fixed_floor:
         # the local search depends on its start: from the searched schedule's mean sizes, and
-        # from the repaired one's too when a repair was kept (the cheaper replay wins)
+        # from the repaired one's too when a repair was kept (the cheaper replay wins); the
+        # second search reuses the first's trials
+        trials: FleetTrials = {}
         guesses: list[dict[str, int]] = []
         for cand in (searched, sched):
             guess = {p: math.ceil(sum(x[p] for x in cand) / len(cand)) for p in cand[0]}
@@ -794,7 +879,7 @@ def hindsight_oracle(
         for guess in guesses:
             if progress is not None:
                 progress(f"searching the best fixed fleet from {_label(guess)} ...")
-            f2, fst2 = best_static(w, s_t, target, guess=guess, progress=progress)
+            f2, fst2 = best_static(w, s_t, target, guess=guess, progress=progress, trials=trials)
             sims, wall = fst.simulations + fst2.simulations, fst.wall_s + fst2.wall_s
             if f2 != fixed:
                 fm2 = fixed_fleet_metrics(w, s_t, f2)

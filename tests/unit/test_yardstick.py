@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -71,8 +72,11 @@ def test_oracle_reports_its_search(doc: dict) -> None:
 
 def test_best_static_is_the_fewest_fixed_workers(bursty: Workload) -> None:
     target = SMALL.target_attainment
-    sizes, stats = yardstick.best_static(bursty, SMALL)
+    trials: yardstick.FleetTrials = {}
+    sizes, stats = yardstick.best_static(bursty, SMALL, trials=trials)
     assert stats.reached and stats.simulations > 0
+    again, stats2 = yardstick.best_static(bursty, SMALL, trials=trials)  # a second search shares the trials
+    assert again == sizes and stats2.simulations == 0
     assert yardstick.fixed_fleet_metrics(bursty, SMALL, sizes)["slo_attainment"] >= target
     for pool in ("prefill", "decode"):
         fewer = dict(sizes, **{pool: sizes[pool] - 1})
@@ -319,3 +323,56 @@ def test_an_out_of_reach_interval_shrinks_past_routing_noise() -> None:
     assert misses(sizes) <= limit
     for pool in sizes:  # one worker fewer in either pool fails
         assert misses({**sizes, pool: sizes[pool] - 1}) > limit
+
+
+def _prefill_spares_decode(sizes: dict[str, int]) -> int:
+    """Misses short of a fleet where each prefill worker beyond 10 spares 3 decode workers
+    (down to 15): TTFT misses on the knife-edge, which more decode workers also absorb."""
+    p, d = sizes["prefill"], sizes["decode"]
+    return 5 * max(0, 10 - p) + max(0, max(15, 60 - 3 * (p - 10)) - d)
+
+
+def _encoder_spares_prefill(sizes: dict[str, int]) -> int:
+    """Misses short of a fleet where each encoder beyond 2 spares 2 prefill workers (down to 4);
+    decode needs 20 whatever the others."""
+    e, p, d = sizes["encoder"], sizes["prefill"], sizes["decode"]
+    return 5 * max(0, 2 - e) + max(0, max(4, 16 - 2 * (e - 2)) - p) + max(0, 20 - d)
+
+
+@pytest.mark.parametrize(
+    ("misses", "start", "gpus_per_replica"),
+    [
+        (_prefill_spares_decode, {"prefill": 12, "decode": 60}, {}),
+        (_prefill_spares_decode, {"prefill": 12, "decode": 60}, {"decode": 2}),
+        (_prefill_spares_decode, {"prefill": 12, "decode": 60}, {"prefill": 2}),
+        (_encoder_spares_prefill, {"encoder": 2, "prefill": 16, "decode": 20}, {}),
+    ],
+)
+def test_the_fixed_fleet_search_trades_workers_between_pools(
+    misses: Callable[[dict[str, int]], int], start: dict[str, int], gpus_per_replica: dict[str, int]
+) -> None:
+    """Where one pool's workers spare another's, shrinking one pool at a time stops at a fleet
+    no single pool can shrink from, dearer than the cheapest passing one; the trades reach
+    the cheapest, each fleet tried once."""
+    s = EvalSettings(gpus_per_replica={"encoder": 1, "prefill": 1, "decode": 1, **gpus_per_replica})
+    pools = tuple(start)
+    fleets = [dict(zip(pools, c, strict=True)) for c in itertools.product(range(1, 64), repeat=len(pools))]
+    cheapest = min(yardstick._gpus(s, f) for f in fleets if misses(f) == 0)
+    tried: list[tuple[int, ...]] = []
+
+    def trial(sizes: dict[str, int], limit: int | None) -> tuple[bool, int]:
+        tried.append(tuple(sizes.values()))
+        m = misses(sizes)
+        return (limit is None or m <= limit), m
+
+    def search(trade: bool) -> dict[str, int]:
+        tried.clear()
+        sizes, reached = yardstick._search_pools(
+            trial, pools, start, 1, 10_000, 0, s, probe=True, trade=trade
+        )
+        assert reached and misses(sizes) == 0
+        return sizes
+
+    assert yardstick._gpus(s, search(trade=False)) > cheapest  # the coordinate search stops dearer
+    assert yardstick._gpus(s, search(trade=True)) == cheapest
+    assert len(tried) == len(set(tried)) <= 120  # no fleet twice; shrinking alone tries 8-9, trading 66-102
