@@ -526,6 +526,7 @@ class _Ctx:
         "b_eff",
         "chunked",
         "fast",
+        "flat_step",
         "itl_ok",
         "kv_tail",
         "m",
@@ -549,6 +550,9 @@ class _Ctx:
         self.b_eff = max(1, b_eff)
         self.step_cap_ms = float(m.decode.step_ms(self.b_eff))
         self.step1_ms = float(m.decode.step_ms(1))
+        # the step does not grow with the batch (step_ms_per_seq = 0): every batch steps in
+        # step1_ms (step_fixed_ms + 0.0 x batch is step_fixed_ms exactly)
+        self.flat_step = self.fast and m.decode.step_ms_per_seq == 0.0
         # a newcomer finds room for its KV beside the residents' at the SLO percentile (`_with_kv`)
         self.kv_tail = 1.0 - slo.percentile
         self.shapes: dict[tuple[float, ...], _Setup] = {}
@@ -1419,6 +1423,8 @@ def _decode_itl(ctx: _Ctx, n_occ: float) -> float:
     batch's percentile (its largest gaps come from its fullest steps). Capped at
     the batch the ITL target allows (the planner's decode servers per replica).
     """
+    if ctx.flat_step:  # every batch steps alike: no batch percentile to find
+        return ctx.step1_ms / 1000.0
     if ctx.slo.itl_statistic == "mean" or n_occ + 1.0 >= ctx.b_eff:
         batch = 1.0 + n_occ
     else:
