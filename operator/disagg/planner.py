@@ -888,8 +888,9 @@ def _pick_cover(
     # One Erlang pass per pool, deep enough for every cover's percentile; a cover's tables
     # are cut from it only when the cover is searched (most are ruled out by their first
     # fits, read off the passes directly, which also are the search's answer most of the time).
+    p_max = max(pcts)
     raws = [
-        _erlang_pass(lam_s, s, cs2, k, b.min_replicas, b.max_replicas, max(pcts))
+        _erlang_pass(lam_s, s, cs2, k, b.min_replicas, b.max_replicas, p_max)
         for lam_s, s, cs2, k, b in _specs(lam, st, bounds)
     ]
     built: dict[float, list[_Table]] = {}

@@ -201,8 +201,16 @@ class SizeDistribution:
     @cached_property
     def prompt_mean_second(self) -> tuple[float, float]:
         """(mean, mean square) of the prompt tokens over the classes (within-class variance included)."""
-        t, v, w = self.prompt_arrays
-        return float(w @ t), float(w @ (t * t + v))
+        t, _, w = self.prompt_arrays
+        return float(w @ t), float(w @ self.prompt_class_squares)
+
+    @cached_property
+    def prompt_class_squares(self) -> np.ndarray:
+        """Mean square of the prompt tokens in each class, tokens^2 + var (read-only; `prefill_moments` reads it too)."""
+        t, v, _ = self.prompt_arrays
+        squares = t * t + v
+        squares.flags.writeable = False
+        return squares
 
     @cached_property
     def output_mean_second(self) -> tuple[float, float]:
@@ -360,7 +368,11 @@ def prefill_moments(d: SizeDistribution, m: StageModels, prefix_hit_rate: float 
     pf = m.prefill
     h = prefix_hit_rate
     t, v, w = d.prompt_arrays
-    s = pf.fixed_ms + pf.ms_per_token * (1 - h) * t + pf.ms_per_token_sq * (1 - h * h) * (t * t + v)
+    s = (
+        pf.fixed_ms
+        + pf.ms_per_token * (1 - h) * t
+        + pf.ms_per_token_sq * (1 - h * h) * d.prompt_class_squares
+    )
     slope = pf.ms_per_token * (1 - h) + 2 * pf.ms_per_token_sq * (1 - h * h) * t
     mean = float(w @ s)
     second = float(w @ (s * s + slope * slope * v))
@@ -473,7 +485,7 @@ def ttft_covers(
     return Covers(
         fixed_s=tuple(f_ok[at].tolist()),
         target_s=tuple(t_ok[at].tolist()),
-        wait_percentile=tuple(min(percentile / c, 1.0) for c in covered),
+        wait_percentile=tuple([min(percentile / c, 1.0) for c in covered]),
         covered=tuple(covered),
         idle_miss_fraction=idle_miss,
         floor_s=float(fixed[0]),
