@@ -206,7 +206,7 @@ class SizeDistribution:
 
     @cached_property
     def prompt_class_squares(self) -> np.ndarray:
-        """Mean square of the prompt tokens in each class, tokens^2 + var (read-only; `prefill_moments` reads it too)."""
+        """Per prompt class, tokens^2 + var: its mean square (read-only; `prefill_moments` reads it too)."""
         t, v, _ = self.prompt_arrays
         squares = t * t + v
         squares.flags.writeable = False
