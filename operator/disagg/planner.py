@@ -526,6 +526,7 @@ class _Ctx:
         "b_eff",
         "chunked",
         "fast",
+        "flat_step",
         "itl_ok",
         "kv_tail",
         "m",
@@ -549,6 +550,9 @@ class _Ctx:
         self.b_eff = max(1, b_eff)
         self.step_cap_ms = float(m.decode.step_ms(self.b_eff))
         self.step1_ms = float(m.decode.step_ms(1))
+        # the step does not grow with the batch (step_ms_per_seq = 0): every batch steps in
+        # step1_ms (step_fixed_ms + 0.0 x batch is step_fixed_ms exactly)
+        self.flat_step = self.fast and m.decode.step_ms_per_seq == 0.0
         # a newcomer finds room for its KV beside the residents' at the SLO percentile (`_with_kv`)
         self.kv_tail = 1.0 - slo.percentile
         self.shapes: dict[tuple[float, ...], _Setup] = {}
@@ -882,10 +886,11 @@ def _pick_cover(
     last = len(cov.fixed_s) - 1  # the full cover: the default when nothing fits (bounds)
     pcts = cov.wait_percentile
     # One Erlang pass per pool, deep enough for every cover's percentile; a cover's tables
-    # are cut from it only when the cover is searched (most are ruled out by `_cost_floor`,
-    # which reads the passes directly).
+    # are cut from it only when the cover is searched (most are ruled out by their first
+    # fits, read off the passes directly, which also are the search's answer most of the time).
+    p_max = max(pcts)
     raws = [
-        _erlang_pass(lam_s, s, cs2, k, b.min_replicas, b.max_replicas, max(pcts))
+        _erlang_pass(lam_s, s, cs2, k, b.min_replicas, b.max_replicas, p_max)
         for lam_s, s, cs2, k, b in _specs(lam, st, bounds)
     ]
     built: dict[float, list[_Table]] = {}
@@ -898,19 +903,24 @@ def _pick_cover(
 
     best: tuple[int, float] | None = None
     # Covers from the most requests covered down; one whose cost cannot beat the best so far
-    # (`_cost_floor`) is not searched. Same pick as in index order keeping the first of equal
-    # keys (hence `<=` in this backward loop); tests/unit/test_sizes.py checks.
+    # (its first fits' cost, a lower bound) is not searched. Same pick as in index order keeping
+    # the first of equal keys (hence `<=` in this backward loop); tests/unit/test_sizes.py checks.
     won, won_idx = -1, None
     for i in range(last, -1, -1):
         slack = max(0.0, cov.target_s[i] - cov.fixed_s[i])
-        floor = _cost_floor(raws, gpus, pcts[i], slack)
-        if floor is None or (best is not None and (floor, -cov.covered[i]) > best):
+        first = _first_fits(raws, gpus, pcts[i], slack)
+        if first is None or (best is not None and (first[0], -cov.covered[i]) > best):
             continue
-        tabs = tables(pcts[i])
-        idx = _search(tabs, gpus, slack)
-        if idx is None:
-            continue
-        key = (_cost(tabs, gpus, idx), -cov.covered[i])
+        cost, fits = first
+        if _search_is_first_fits(fits, slack):
+            idx = (fits[0][0], fits[1][0], fits[2][0])
+        else:
+            tabs = tables(pcts[i])
+            found = _search(tabs, gpus, slack)
+            if found is None:
+                continue
+            idx, cost = found, _cost(tabs, gpus, found)
+        key = (cost, -cov.covered[i])
         if best is None or key <= best:
             best, won, won_idx = key, i, idx
     at = won if won >= 0 else last
@@ -1083,6 +1093,9 @@ def _tables(specs: tuple[_Spec, ...], p: float) -> list[_Table]:
     return [_table(lam, s, cs2, k, b.min_replicas, b.max_replicas, p) for lam, s, cs2, k, b in specs]
 
 
+_SEARCH_EPS = 1e-12  # `_search`'s tolerance on the summed waits against the slack (rounding)
+
+
 def _search(tabs: list[_Table], gpus: tuple[int, int, int], slack: float) -> tuple[int, int, int] | None:
     """Fewest GPUs (then fewest replicas, then least wait) with summed percentile waits <= slack.
 
@@ -1096,7 +1109,7 @@ def _search(tabs: list[_Table], gpus: tuple[int, int, int], slack: float) -> tup
     if not we or not wpp or not wd:
         return None
     ge, gp, gd = gpus
-    eps = 1e-12
+    eps = _SEARCH_EPS
     neg_d = [-w for w in wd]  # decode waits fall along the table: bisect on the negated list
     floor_d = gd * r0d
     floor_p = gp * r0p
@@ -1130,30 +1143,56 @@ def _search(tabs: list[_Table], gpus: tuple[int, int, int], slack: float) -> tup
     return best_idx
 
 
-def _cost_floor(raws: list[_Raw], gpus: tuple[int, int, int], p: float, slack: float) -> int | None:
-    """A lower bound on the cost of `_search`'s answer at percentile p for this slack (None: it has none).
+# Each pool's first count whose wait alone fits a slack (`_first_fits`), as (index into its
+# table, the table's percentile wait there); a wait of 0.0 is the table's last entry.
+_Fit = tuple[int, float]
 
-    Each pool at its first count whose wait alone fits the slack: every triple
-    `_search` accepts has each pool's wait within the slack. The waits are read off
-    the Erlang passes (no table built): the values `_table_at(raw, p)` would hold,
-    up to that count (the table's zero entry ends it and is always within the
-    slack, so the scan sees the same list). None exactly when some pool has no count
-    within the slack, when `_search` finds nothing. (Decode's first fit by a scan is
-    at or before the count `_search`'s bisection could return, so the bound holds
-    whatever the table's shape.)
+
+def _first_fits(
+    raws: list[_Raw], gpus: tuple[int, int, int], p: float, slack: float
+) -> tuple[int, list[_Fit]] | None:
+    """Each pool at its first count whose wait alone fits the slack at percentile p, and their cost.
+
+    Every triple `_search` accepts has each pool's wait within the slack, so the
+    cost is a lower bound on its answer's. The waits are read off the Erlang passes
+    (no table built): the values `_table_at(raw, p)` would hold, up to that count
+    (the table's zero entry ends it and is always within the slack, so the scan sees
+    the same list). None exactly when some pool has no count within the slack, when
+    `_search` finds nothing. (Decode's first fit by a scan is at or before the count
+    `_search`'s bisection could return, so the bound holds whatever the table's shape.)
     """
-    lim = slack + 1e-9  # looser than `_search`'s 1e-12: rounding can only lower the bound
+    lim = slack + 1e-9  # looser than `_search`'s _SEARCH_EPS: rounding can only lower the bound
     tail = 1.0 - p
     log = math.log
-    total = 0
+    cost = 0
+    fits: list[_Fit] = []
     for (r0, pws, gaps, f), g in zip(raws, gpus, strict=True):
         for j, pw in enumerate(pws):
-            if pw <= tail or f * log(pw / tail) / gaps[j] <= lim:
-                total += g * (r0 + j)
+            wait = f * log(pw / tail) / gaps[j] if pw > tail else 0.0
+            if wait <= lim:
                 break
         else:
             return None
-    return total
+        cost += g * (r0 + j)
+        fits.append((j, wait if wait > 0.0 else 0.0))  # the table holds no negative wait
+    return cost, fits
+
+
+def _search_is_first_fits(fits: list[_Fit], slack: float) -> bool:
+    """Whether `_search`'s answer at this slack is the first fits' triple (so it need not run).
+
+    It is when `_search` accepts the triple and decode's count waits nothing. Accepted
+    by its own tests (the same expressions and tolerance): the encoder's wait within the
+    slack, and the rest of the slack, less the prefill's wait, not below -_SEARCH_EPS
+    (decode's zero wait fits it). Decode's bisection then lands on that zero entry: it
+    ends the table, and every earlier entry is above the slack (it came before the first
+    fit). Any accepted triple has each count at or beyond its first fit and every replica
+    costs >= 1 GPU, so a triple of the first fits' cost is that triple: the fewest GPUs,
+    unique.
+    """
+    eps = _SEARCH_EPS
+    (_, w_e), (_, w_p), (_, w_d) = fits
+    return w_d == 0.0 and w_e <= slack + eps and slack - w_e - w_p >= -eps
 
 
 def _cost(tabs: list[_Table], gpus: tuple[int, int, int], idx: tuple[int, int, int]) -> int:
@@ -1419,6 +1458,8 @@ def _decode_itl(ctx: _Ctx, n_occ: float) -> float:
     batch's percentile (its largest gaps come from its fullest steps). Capped at
     the batch the ITL target allows (the planner's decode servers per replica).
     """
+    if ctx.flat_step:  # every batch steps alike: no batch percentile to find
+        return ctx.step1_ms / 1000.0
     if ctx.slo.itl_statistic == "mean" or n_occ + 1.0 >= ctx.b_eff:
         batch = 1.0 + n_occ
     else:

@@ -79,6 +79,7 @@ MAX_WAIT_PERCENTILE = 0.999
 _LOGNORMAL_POINTS = 2000  # quantile points that discretise a log-normal
 # position of each slice's upper edge in its class: j / n for j = 1..n (the last exactly 1)
 _SLICE_FRACTIONS = np.arange(1, SUBCLASSES_PER_BUCKET + 1) / SUBCLASSES_PER_BUCKET
+_LAST_SLICE = _SLICE_FRACTIONS == 1.0  # the slice every class keeps, with or without spread
 
 
 class _Classes(NamedTuple):
@@ -200,8 +201,16 @@ class SizeDistribution:
     @cached_property
     def prompt_mean_second(self) -> tuple[float, float]:
         """(mean, mean square) of the prompt tokens over the classes (within-class variance included)."""
-        t, v, w = self.prompt_arrays
-        return float(w @ t), float(w @ (t * t + v))
+        t, _, w = self.prompt_arrays
+        return float(w @ t), float(w @ self.prompt_class_squares)
+
+    @cached_property
+    def prompt_class_squares(self) -> np.ndarray:
+        """Per prompt class, tokens^2 + var: its mean square (read-only; `prefill_moments` reads it too)."""
+        t, v, _ = self.prompt_arrays
+        squares = t * t + v
+        squares.flags.writeable = False
+        return squares
 
     @cached_property
     def output_mean_second(self) -> tuple[float, float]:
@@ -234,19 +243,12 @@ class SizeDistribution:
         lo = np.maximum(t - half, 0.0)
         # every class cut in SUBCLASSES_PER_BUCKET at once (a row each); a class without
         # spread keeps only its last slice (its upper edge lo + (hi - lo) x 1 is its mean)
+        # and all its weight
         edges = lo[:, None] + (t + half - lo)[:, None] * _SLICE_FRACTIONS
         spread = v > 0
-        if spread.all():
-            edges = edges.ravel()
-            weights = np.repeat(w / SUBCLASSES_PER_BUCKET, SUBCLASSES_PER_BUCKET)
-        else:
-            keep = np.empty(edges.shape, dtype=bool)
-            keep[:, :-1] = spread[:, None]
-            keep[:, -1] = True
-            edges = edges[keep]
-            weights = np.repeat(
-                np.where(spread, w / SUBCLASSES_PER_BUCKET, w), np.where(spread, SUBCLASSES_PER_BUCKET, 1)
-            )
+        count = np.where(spread, SUBCLASSES_PER_BUCKET, 1)  # slices kept per class
+        edges = edges[spread[:, None] | _LAST_SLICE]
+        weights = (w / count).repeat(count)
         for a in (edges, weights):
             a.flags.writeable = False
         return edges, weights
@@ -366,7 +368,11 @@ def prefill_moments(d: SizeDistribution, m: StageModels, prefix_hit_rate: float 
     pf = m.prefill
     h = prefix_hit_rate
     t, v, w = d.prompt_arrays
-    s = pf.fixed_ms + pf.ms_per_token * (1 - h) * t + pf.ms_per_token_sq * (1 - h * h) * (t * t + v)
+    s = (
+        pf.fixed_ms
+        + pf.ms_per_token * (1 - h) * t
+        + pf.ms_per_token_sq * (1 - h * h) * d.prompt_class_squares
+    )
     slope = pf.ms_per_token * (1 - h) + 2 * pf.ms_per_token_sq * (1 - h * h) * t
     mean = float(w @ s)
     second = float(w @ (s * s + slope * slope * v))
@@ -390,22 +396,20 @@ def bare_ms(
 ) -> np.ndarray:
     """Per prompt class (or at ``tokens``): own prefill + transfer (ms), the part of TTFT that is not waiting."""
     t = d.prompt_arrays[0] if tokens is None else tokens
-    cached = prefix_hit_rate * t
+    h = prefix_hit_rate
     p, tr = m.prefill, m.transfer
     # PrefillModel.service_ms and TransferModel.serial_ms, without their per-call validation
-    if prefix_hit_rate:
+    if h:
+        cached = h * t
         pf = p.fixed_ms + p.ms_per_token * (t - cached) + p.ms_per_token_sq * (t * t - cached * cached)
-    else:  # nothing cached: the same values (t - 0 is t), three array operations fewer
+    else:  # nothing cached: the same values (t - 0 is t), four array operations fewer
         pf = p.fixed_ms + p.ms_per_token * t + p.ms_per_token_sq * (t * t)
     if chunked and tr.chunk_tokens > 0:
-        tr = [
-            m.transfer_ms(float(x), chunked=True, cached_tokens=float(c))
-            for x, c in zip(t, cached, strict=True)
-        ]
-        transfer = np.asarray(tr, dtype=float)
+        transfer = np.asarray([m.transfer_ms(x, chunked=True, cached_tokens=h * x) for x in t.tolist()])
     else:
         transfer = tr.setup_ms + 1000.0 * (tr.kv_bytes_per_token * t) / (tr.bandwidth_gibps * GIB)
-    return pf + np.where(t > 0, transfer, 0.0)
+    transfer[t <= 0] = 0.0  # an empty prompt sends no KV
+    return pf + transfer
 
 
 class Covers(NamedTuple):
@@ -454,35 +458,34 @@ def ttft_covers(
         if target_s_per_1k_tokens
         else np.full(t.size, target_s)
     )
-    key = fixed - target  # most slack first: a stable sort on it
+    # each slice's slack, negated exactly (target - fixed is -(fixed - target) in floating
+    # point too): most slack first is this key ascending, by a stable sort
+    key = fixed - target
     if not (key[1:] >= key[:-1]).all():  # in order already (slices come by tokens): the sort keeps it
         order = np.argsort(key, kind="stable")
-        fixed, target, w = fixed[order], target[order], w[order]
-    slack = target - fixed
-    ok = slack >= -1e-12
-    feasible = float(w[ok].sum())
+        fixed, target, w, key = fixed[order], target[order], w[order], key[order]
+    # feasible on an idle system (slack >= -1e-12, i.e. key <= 1e-12): a prefix of the order
+    n_ok = int(key.searchsorted(1e-12, side="right"))
+    feasible = float(w[:n_ok].sum())
     idle_miss = 1.0 - feasible if feasible < 1.0 - 1e-12 else 0.0  # weights sum to 1 up to rounding
     if feasible <= 0:
         return Covers((), (), (), (), idle_miss, float(fixed[0]), None)
-    if feasible < 1.0 or not ok.all():
-        f_ok, t_ok, s_ok, w_ok = fixed[ok], target[ok], slack[ok], w[ok] / feasible
-    else:  # every slice feasible (the common case): no boolean indexing
-        f_ok, t_ok, s_ok, w_ok = fixed, target, slack, w / feasible
-    cum = np.cumsum(w_ok)
+    f_ok, t_ok, w_ok = fixed[:n_ok], target[:n_ok], w[:n_ok] / feasible
+    cum = w_ok.cumsum()
     cum[-1] = 1.0
-    # classes with equal slack merge; a candidate needs F_k > p
-    last = len(cum) - 1
-    keep = np.empty(len(cum), dtype=bool)
-    keep[:last] = (percentile / cum[:last] <= MAX_WAIT_PERCENTILE) & (s_ok[1:] < s_ok[:last])
-    keep[last] = True
-    idx = np.flatnonzero(keep).tolist()
+    # a candidate needs F_k > p (within MAX_WAIT_PERCENTILE); slices of equal slack merge, so
+    # k is a candidate only where the slack falls after it; the full cover (the last) always is
+    last = n_ok - 1
+    candidate = (percentile / cum[:last] <= MAX_WAIT_PERCENTILE) & (key[1:n_ok] > key[:last])
+    idx = [*candidate.nonzero()[0].tolist(), last]
     if len(idx) > max_covers:
         idx = [idx[j] for j in _evenly_spaced(len(idx), max_covers)]
-    covered = cum[idx].tolist()
+    at = np.array(idx)
+    covered = cum[at].tolist()
     return Covers(
-        fixed_s=tuple(f_ok[idx].tolist()),
-        target_s=tuple(t_ok[idx].tolist()),
-        wait_percentile=tuple(min(percentile / c, 1.0) for c in covered),
+        fixed_s=tuple(f_ok[at].tolist()),
+        target_s=tuple(t_ok[at].tolist()),
+        wait_percentile=tuple([min(percentile / c, 1.0) for c in covered]),
         covered=tuple(covered),
         idle_miss_fraction=idle_miss,
         floor_s=float(fixed[0]),

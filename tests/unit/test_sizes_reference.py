@@ -385,9 +385,16 @@ def test_tables_cut_from_one_pass_equal_the_previous_tables() -> None:
         for p, tab in zip(ps, ref_tabs, strict=True):
             slack = float(rng.choice([0.0, rng.uniform(0, 0.05), rng.uniform(0, 5)]))
             # the same pass as every pool: the floor read off the passes equals the one on tables
-            assert planner._cost_floor([raw] * 3, gpus, p, slack) == cost_floor_reference(
-                [tab] * 3, gpus, slack
-            )
+            first = planner._first_fits([raw] * 3, gpus, p, slack)
+            floor = cost_floor_reference([tab] * 3, gpus, slack)
+            assert (first is None) == (floor is None)
+            if first is None:
+                continue
+            cost, fits = first
+            assert cost == floor
+            assert all(tab[1][j] == wait for j, wait in fits)  # each fit's wait is its table entry
+            if planner._search_is_first_fits(fits, slack):  # the search it stands for agrees
+                assert planner._search([tab] * 3, gpus, slack) == tuple(j for j, _ in fits)
 
 
 @pytest.mark.parametrize("relaxed", [(), (0.5, 0.75, 0.9, 0.95, 0.99, 0.999)])
