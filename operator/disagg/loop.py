@@ -1031,6 +1031,10 @@ async def step(
     pending = await apply(kube, fresh, spec, pods, outcome, now)
     if outcome.changed and not outcome.grow:
         await reconcile.reconcile(kube, await kube.get(api.KIND, ns, name))
+    if isinstance(kube, WriteGated):
+        # The decision is carried out; its report (status, Event) asks for a slot anew, behind
+        # the steps already waiting to carry out theirs.
+        kube.slot.release()
     fresh = await kube.get(api.KIND, ns, name)
     await write_decision_status(kube, fresh, config, outcome, snap, tr, pending)
     export_metrics(fresh, spec, outcome, snap, pods)
@@ -1086,7 +1090,8 @@ _slots: dict[tuple[int, int], asyncio.Semaphore] = {}
 
 class WriteSlot:
     """One of the loop's slots (`LoopOptions.concurrency`), taken by a step at its first write
-    to the API server and held to the step's end.
+    to the API server and held until the step has carried out its decision (then again for its
+    report: status and Event), or to its end.
 
     A decision reads the watch cache and the tick's metrics, so it needs no slot: every due
     object decides on the metrics of its own tick, and only the steps that write (a grow, a
@@ -1099,7 +1104,7 @@ class WriteSlot:
     def __init__(self, slots: asyncio.Semaphore) -> None:
         self.slots = slots
         self.held = False
-        self.waited_s = 0.0  # how long the step waited for it
+        self.waited_s = 0.0  # how long the step waited for it, every time it asked
         # A step sends some writes at once (a status patch beside its Event): they share one slot.
         self._taking = asyncio.Lock()
 
@@ -1110,8 +1115,9 @@ class WriteSlot:
             asked = time.monotonic()
             await self.slots.acquire()
             self.held = True
-            self.waited_s = time.monotonic() - asked
-            opmetrics.DECISION_WAIT.labels("slot").observe(self.waited_s)
+            waited = time.monotonic() - asked
+            self.waited_s += waited
+            opmetrics.DECISION_WAIT.labels("slot").observe(waited)
 
     def release(self) -> None:
         if self.held:
