@@ -497,6 +497,61 @@ def test_a_growing_decision_writes_the_status_once_with_its_pools_and_its_record
     assert {names.COND_READY, names.COND_METRICS_AVAILABLE, names.COND_BUDGET_LIMITED} <= types
 
 
+def test_a_growing_decision_gives_its_write_slot_back_before_its_report():
+    """A step holds one of the loop's write slots while it carries out its decision (the pools'
+    Deployments) and asks for one anew for its report (status, Event): after a load step, a step
+    already waiting to grow its pools writes before this one's report."""
+    w = World(prefill=1, decode=2)
+    w.load(2.0)
+    for _ in range(3):
+        w.step()
+    w.load(8.0, short=8.0)
+    w.now += 30.0
+    w.prom.now = w.now
+    order: list[str] = []
+
+    class Recording:
+        def __init__(self, kube: object) -> None:
+            self.kube = kube
+
+        def __getattr__(self, name: str) -> object:
+            attr = getattr(self.kube, name)
+            if name not in loop.WriteGated.WRITES:
+                return attr
+
+            async def recorded(*args: object, **kwargs: object) -> object:
+                first = args[0]
+                order.append(f"{name} {first['kind'] if isinstance(first, dict) else first}")
+                return await attr(*args, **kwargs)
+
+            return recorded
+
+    async def main() -> autoscaler.Outcome | None:
+        slots = asyncio.Semaphore(1)
+        await slots.acquire()  # another object's step holds the only slot
+        kube = loop.WriteGated(Recording(loop.cached(w.kube, w.opts)), loop.WriteSlot(slots))
+        stepping = asyncio.create_task(loop.step(kube, w.body(), w.opts, w.now))
+        await asyncio.sleep(0.05)  # decided; waits for the slot at its first write
+
+        async def other_step() -> None:  # queued behind it, to carry out its own decision
+            async with slots:
+                order.append("other step")
+
+        other = asyncio.create_task(other_step())
+        await asyncio.sleep(0.01)
+        slots.release()
+        await stepping
+        kube.slot.release()  # what _step_in_task does when the step ends
+        await other
+        return loop.TRACKERS[(NS, NAME)].last_outcome
+
+    out = asyncio.run(main())
+    assert out is not None and out.grow, out
+    grown = [i for i, o in enumerate(order) if o == "apply Deployment"]
+    report = order.index(f"patch {api.KIND}")
+    assert grown and max(grown) < order.index("other step") < report, order
+
+
 def test_a_growing_decision_posts_one_event_naming_its_pools_sent_with_its_status():
     """The pools' PoolUpdated Event is folded into the decision's own Event, which goes out
     beside the status patch (one round trip after the Deployment write, not three)."""
