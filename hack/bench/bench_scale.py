@@ -27,9 +27,10 @@ adds a third of each), and prints:
   * with --autoscaling (Prometheus scraping every max(1, N/100) s, the objects' metric window
     4 scrapes, at least 10 s): the gap between two decisions of an object, p50 / p99
     (disagg_operator_decision_gap_seconds; the target is the 10 s interval), and the
-    load step -> patched replicas latency: the emulator's total rate steps up, and the time
-    until each object's decode Deployment has more replicas is reported (p50 / max over the
-    objects), beside the time until each object's arrival rate, as the operator reads it from
+    load step -> patched replicas latency: every object's own arrival stream (the emulators'
+    `--rate-per deployment`: an object that serves early gets its own rate, not the share of
+    the objects still starting) steps up at once, and the time until each object's decode
+    Deployment has more replicas is reported (p50 / max over the objects), beside the time until each object's arrival rate, as the operator reads it from
     Prometheus, was halfway up the step (the emulators' and Prometheus' share of that latency),
     and how fresh the metrics stayed meanwhile (the longest and failed scrapes, the objects the
     operator held on stale metrics).
@@ -362,12 +363,12 @@ class Run:
             workdir=self.tmp / f"prom-{self.n}",
         ).start()
         step_at = self.step_after
+        low, high = rate, rate * self.args.step_factor
         for k, port in enumerate(ports):
-            objects = len(range(k, self.n, parts))
-            low, high = rate * objects, rate * self.args.step_factor * objects
             cmd = [sys.executable, "-m", "disagg.cli", "emulate", "--kubeconfig", self.cluster.kubeconfig]
             cmd += ["--namespace", self.ns, "--selector", f"{EMULATOR_LABEL}={k}"]
-            cmd += ["--metrics-port", str(port), "--schedule", f"0:{low:g},{step_at}:{high:g}"]
+            cmd += ["--metrics-port", str(port), "--rate-per", "deployment"]
+            cmd += ["--schedule", f"0:{low:g},{step_at}:{high:g}"]
             cmd += ["--duration", str(step_at + self.args.step_watch + 60)]
             log = open(self.tmp / f"emulator-{self.n}-{k}.log", "ab")  # noqa: SIM115
             self.emulators.append(

@@ -618,6 +618,49 @@ def test_media_load_generator_and_cli_flags():
         build_load(bad)
 
 
+def test_a_stream_per_deployment_gives_each_its_own_rate_whoever_else_serves():
+    """`--rate-per deployment`: a deployment alone gets its own rate, not the fleet's whole
+    load, one that joins later gets a stream from then on, a schedule's step comes at once
+    for both (the driver's clock), and a deployment whose pods cannot serve keeps its
+    requests (at its front door) rather than passing them to the others."""
+    from disagg.cli import build_parser
+    from disagg.commands.emulate import build_load
+
+    def flags(*extra: str) -> list[str]:
+        return ["emulate", "--schedule", "0:2,40:6", "--arrivals", "uniform", "--duration", "60", *extra]
+
+    def deployment(fleet: Fleet, name: str, now: float) -> DeploymentEmulator:
+        dep = fleet.add_deployment(DeploymentEmulator("ns", name, StageModels()), now)
+        for pool in ("prefill", "decode"):
+            fleet.add_pod(dep, pool, f"{name}-{pool}", f"uid-{name}-{pool}", now)
+        return dep
+
+    def stop_serving(dep: DeploymentEmulator, now: float) -> None:
+        for pod in list(dep.pod_of.values()):
+            dep.set_pod_draining(pod, True, now)
+
+    def offered(dep: DeploymentEmulator) -> int:
+        return dep.submitted + dep.rejected
+
+    fleet = Fleet()
+    a = deployment(fleet, "a", 0.0)
+    clock = FakeClock()
+    driver = WallClockDriver(
+        fleet, build_load(build_parser().parse_args(flags("--rate-per", "deployment"))), clock=clock
+    )
+    run_fake(driver, clock, 30.0)
+    assert offered(a) == 60  # 2/s for 30 s
+    b = deployment(fleet, "b", driver.now())
+    run_fake(driver, clock, 50.0)
+    stop_serving(b, driver.now())
+    run_fake(driver, clock, 60.0)
+    assert offered(a) == 80 + 120  # 2/s to 40 s, then 6/s to 60 s
+    assert offered(b) == 20 + 120  # from 30 s on, the same schedule
+    assert fleet.generated == offered(a) + offered(b)
+    with pytest.raises(Exception, match="a trace is one stream"):
+        build_load(build_parser().parse_args(flags("--rate-per", "deployment", "--trace", "t.csv")))
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_encoder_pods_export_media_requests_and_items(engine):
     fleet = Fleet()

@@ -72,6 +72,14 @@ def register(subparsers: Any) -> None:
         help='piecewise rates "T:RATE,...": from T seconds on the rate is RATE, e.g. "0:2,60:8,180:2"',
     )
     w.add_argument(
+        "--rate-per",
+        choices=("fleet", "deployment"),
+        default="fleet",
+        help="what --rate and --schedule count: the whole fleet's arrivals, round robin over the "
+        "DisaggDeployments that can serve (default), or each DisaggDeployment's own, one stream per "
+        "deployment from when its first pod can serve (as independent clients send them)",
+    )
+    w.add_argument(
         "--arrivals",
         choices=("poisson", "uniform"),
         default="poisson",
@@ -157,9 +165,12 @@ def build_load(args: argparse.Namespace):
     import numpy as np
 
     from disagg.cli import UsageError
-    from disagg.emulator.load import LoadGenerator, TokenDraw, TraceLoad, parse_schedule
+    from disagg.emulator.load import LoadGenerator, PerDeploymentLoad, TokenDraw, TraceLoad, parse_schedule
 
     duration = args.duration if args.duration > 0 else math.inf
+    per_deployment = args.rate_per == "deployment"
+    if args.trace and per_deployment:
+        raise UsageError("--rate-per deployment needs --rate or --schedule: a trace is one stream")
     if args.trace:
         from disagg import workload as wl
 
@@ -182,17 +193,23 @@ def build_load(args: argparse.Namespace):
         raise UsageError(f"--media-fraction must be between 0 and 1, got {args.media_fraction}")
     if args.media_items < 1:
         raise UsageError(f"--media-items must be >= 1, got {args.media_items}")
-    rng = np.random.default_rng(args.seed)
-    return LoadGenerator(
-        schedule,
-        TokenDraw(args.input_tokens, args.input_tokens_std, rng),
-        TokenDraw(args.output_tokens, args.output_tokens_std, rng),
-        arrivals=args.arrivals,
-        duration_s=duration,
-        rng=rng,
-        media_fraction=args.media_fraction,
-        media_items=args.media_items,
-    )
+
+    def stream(rng: np.random.Generator, start_s: float = 0.0) -> LoadGenerator:
+        return LoadGenerator(
+            schedule,
+            TokenDraw(args.input_tokens, args.input_tokens_std, rng),
+            TokenDraw(args.output_tokens, args.output_tokens_std, rng),
+            arrivals=args.arrivals,
+            duration_s=duration,
+            rng=rng,
+            media_fraction=args.media_fraction,
+            media_items=args.media_items,
+            start_s=start_s,
+        )
+
+    if per_deployment:  # the i-th deployment seen draws from its own seeded generator
+        return PerDeploymentLoad(lambda i, start_s: stream(np.random.default_rng([args.seed, i]), start_s))
+    return stream(np.random.default_rng(args.seed))
 
 
 def standalone_fleet(args: argparse.Namespace):

@@ -54,6 +54,8 @@ class WallClockDriver:
         self.t0 = clock()
         self.stop = asyncio.Event()
         self.wakeups = 0
+        if hasattr(load, "attach"):  # a stream per deployment (`PerDeploymentLoad`)
+            load.attach(fleet, 0.0)
 
     def now(self) -> float:
         """Emulated time: seconds since the driver started."""
@@ -63,10 +65,14 @@ class WallClockDriver:
         """Submit every arrival due by `now` (each at its own time), then run events due by `now`."""
         load = self.load
         fleet = self.fleet
+        routed = getattr(load, "submit", None)  # a load that picks each request's deployment
         t = load.next_arrival()
         while t <= now:
             fleet.advance(t)
-            fleet.offer(load.pop(), t)
+            if routed is not None:
+                routed(fleet, t)
+            else:
+                fleet.offer(load.pop(), t)
             t = load.next_arrival()
         fleet.advance(now)
 

@@ -649,6 +649,7 @@ class Fleet:
     lost: int = 0
     lost_by_pod: dict = field(default_factory=dict)
     addresses: dict = field(default_factory=dict)  # (namespace, pod name, uid) -> (pod IP, engine port)
+    listeners: list = field(default_factory=list)  # called (deployment, now) when one is added
     _rr: int = 0
 
     def deployment(self, namespace: str, name: str) -> DeploymentEmulator | None:
@@ -659,6 +660,8 @@ class Fleet:
         while self.pending:
             req = self.pending.popleft()
             self._offer(dep, req, now)
+        for listener in self.listeners:
+            listener(dep, now)
         return dep
 
     def add_pod(self, dep: DeploymentEmulator, pool: str, name: str, uid: str, now: float) -> EmulatedPod:
@@ -695,6 +698,11 @@ class Fleet:
         live = [d for d in deps if d.live()] or deps
         dep = live[self._rr % len(live)]
         self._rr += 1
+        return self._offer(dep, req, now)
+
+    def offer_to(self, dep: DeploymentEmulator, req: Request, now: float) -> Job | None:
+        """One arriving request for `dep` alone (its own client's: `PerDeploymentLoad`)."""
+        self.generated += 1
         return self._offer(dep, req, now)
 
     def _offer(self, dep: DeploymentEmulator, req: Request, now: float) -> Job | None:

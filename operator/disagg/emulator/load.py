@@ -2,12 +2,16 @@
 
 Lazy: `next_arrival()` gives the time (seconds from the start) of the next
 request and `pop()` returns it, so an unbounded run needs no precomputed
-workload. Pure: numpy and the standard library.
+workload. `PerDeploymentLoad` gives every emulated DisaggDeployment a stream
+of its own. Pure: numpy and the standard library.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -76,6 +80,7 @@ class LoadGenerator:
         rng: np.random.Generator | None = None,
         media_fraction: float = 0.0,
         media_items: int = 1,
+        start_s: float = 0.0,
     ) -> None:
         if arrivals not in ("poisson", "uniform"):
             raise ValueError(f"arrivals must be poisson or uniform, got {arrivals!r}")
@@ -91,9 +96,10 @@ class LoadGenerator:
         self.arrivals = arrivals
         self.duration_s = duration_s
         self.rng = rng or np.random.default_rng(0)
-        self.t = 0.0
         self.seg = 0
-        self._next = self._draw(0.0, first=True)
+        while self._end_of(self.seg) <= start_s:  # a stream that starts late: its segment
+            self.seg += 1
+        self._next = self._draw(start_s, first=True)
 
     def _rate_at(self, i: int) -> float:
         return self.schedule[i][1]
@@ -130,6 +136,49 @@ class LoadGenerator:
         req = Request(t, self.prompt(), self.output(), media)
         self._next = self._draw(t)
         return req
+
+
+class PerDeploymentLoad:
+    """One arrival stream per emulated DisaggDeployment, as independent clients send them.
+
+    The fleet-wide sources spread one stream round robin over the deployments that can
+    serve, so while few of them can (a fleet being created) each gets a multiple of its
+    share. Here every deployment gets ``make(index, start_s)``'s stream from the moment
+    it joins the fleet (its first pod that can serve) and its requests go to it alone,
+    whatever the others do. The streams' times are the driver's clock, so a schedule's
+    steps come at once for every deployment.
+    """
+
+    def __init__(self, make: Callable[[int, float], LoadGenerator]) -> None:
+        self.make = make
+        self.streams = 0  # deployments followed
+        self._seq = 0  # ties in the heap
+        self._heap: list[tuple[float, int, Any, LoadGenerator]] = []
+
+    def attach(self, fleet: Any, now: float) -> None:
+        """Follow `fleet`: a stream for each deployment it has now and each it gets later."""
+        for dep in list(fleet.deployments.values()):
+            self._add(dep, now)
+        fleet.listeners.append(self._add)
+
+    def _add(self, dep: Any, now: float) -> None:
+        gen = self.make(self.streams, now)
+        self.streams += 1
+        self._push(gen.next_arrival(), dep, gen)
+
+    def _push(self, t: float, dep: Any, gen: LoadGenerator) -> None:
+        if t < INF:
+            heapq.heappush(self._heap, (t, self._seq, dep, gen))
+            self._seq += 1
+
+    def next_arrival(self) -> float:
+        return self._heap[0][0] if self._heap else INF
+
+    def submit(self, fleet: Any, t: float) -> None:
+        """Offer the next arrival (due at `t`) to its own deployment."""
+        _, _, dep, gen = heapq.heappop(self._heap)
+        fleet.offer_to(dep, gen.pop(), t)
+        self._push(gen.next_arrival(), dep, gen)
 
 
 class TraceLoad:
