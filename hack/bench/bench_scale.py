@@ -363,11 +363,13 @@ class Run:
             workdir=self.tmp / f"prom-{self.n}",
         ).start()
         step_at = self.step_after
-        low, high = rate, rate * self.args.step_factor
         for k, port in enumerate(ports):
+            # the same load either way: per object, or the part's objects' sum for its stream
+            objects = 1 if self.args.rate_per == "deployment" else len(range(k, self.n, parts))
+            low, high = rate * objects, rate * self.args.step_factor * objects
             cmd = [sys.executable, "-m", "disagg.cli", "emulate", "--kubeconfig", self.cluster.kubeconfig]
             cmd += ["--namespace", self.ns, "--selector", f"{EMULATOR_LABEL}={k}"]
-            cmd += ["--metrics-port", str(port), "--rate-per", "deployment"]
+            cmd += ["--metrics-port", str(port), "--rate-per", self.args.rate_per]
             cmd += ["--schedule", f"0:{low:g},{step_at}:{high:g}"]
             cmd += ["--duration", str(step_at + self.args.step_watch + 60)]
             log = open(self.tmp / f"emulator-{self.n}-{k}.log", "ab")  # noqa: SIM115
@@ -767,6 +769,13 @@ def main() -> int:
     )
     ap.add_argument("--rate-per-object", type=float, default=0.5, help="autoscaling: req/s per object")
     ap.add_argument("--step-factor", type=float, default=8.0, help="autoscaling: the load step's factor")
+    ap.add_argument(
+        "--rate-per",
+        choices=("deployment", "fleet"),
+        default="deployment",
+        help="autoscaling: each object's own arrival stream (default), or one per emulator spread "
+        "round robin over the objects that serve (`disagg emulate --rate-per`)",
+    )
     ap.add_argument(
         "--step-after",
         type=int,
