@@ -653,10 +653,12 @@ def test_a_stream_per_deployment_gives_each_its_own_rate_whoever_else_serves():
     b = deployment(fleet, "b", driver.now())
     run_fake(driver, clock, 50.0)
     stop_serving(b, driver.now())
+    c = deployment(fleet, "c", driver.now())
     run_fake(driver, clock, 60.0)
     assert offered(a) == 80 + 120  # 2/s to 40 s, then 6/s to 60 s
     assert offered(b) == 20 + 120  # from 30 s on, the same schedule
-    assert fleet.generated == offered(a) + offered(b)
+    assert offered(c) == 60  # joined after the step: 6/s from 50 s
+    assert fleet.generated == offered(a) + offered(b) + offered(c)
     with pytest.raises(Exception, match="a trace is one stream"):
         build_load(build_parser().parse_args(flags("--rate-per", "deployment", "--trace", "t.csv")))
 
