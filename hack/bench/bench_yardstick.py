@@ -48,6 +48,16 @@ def main() -> int:
         f"best-static search: {bst.wall_s:7.1f} s, {bst.simulations:5d} whole-trace simulations "
         f"+ 1 replay, {_fleet(h.fixed)} (target reached: {bst.reached})"
     )
+    if bst.frontier is not None:
+        fr = bst.frontier
+        print(
+            f"  frontier sweep:   {fr['trials']} trials (memoised ones included): "
+            + (
+                "no cheaper fixed fleet passes"
+                if fr["complete"]
+                else f"ran out of trials; prefill counts from {fr['unchecked_from_prefill']} up not checked"
+            )
+        )
     print(
         f"both searches {total:.1f} s wall, {cpu:.1f} s CPU "
         f"({'within' if total < TARGET_S else 'OVER'} the {TARGET_S:.0f} s target)"

@@ -109,6 +109,10 @@ TRADE_STEPS = (1, 2, 4, 8)
 # Most trades one search moves by: each lands on a strictly cheaper passing fleet, so this
 # bounds only the cost of a search that keeps finding cheaper ones.
 MAX_TRADES = 8
+# Most trials the best fixed fleet's frontier sweep asks for (`_sweep_frontier`): a fleet
+# differs from the next by one worker, so a sweep usually needs a trial per prefill count
+# that could beat the local search's fleet plus two bisections (a dozen on small fleets).
+FRONTIER_MAX_TRIALS = 120
 _CHECK_EVERY = 128  # arrivals between two looks at a trial's misses
 _TAIL_STEP_S = 1.0  # after the last arrival a trial advances this much between looks
 
@@ -125,6 +129,7 @@ class SearchStats:
     short_intervals: int = 0  # oracle_schedule: intervals where no size tried met the allowance
     passes: int = 0  # oracle: schedules replayed (the search's, then its repairs; `hindsight_oracle`)
     source: str = ""  # oracle: which candidate schedule was kept
+    frontier: dict[str, Any] | None = None  # best_static: what its frontier sweep checked
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -132,6 +137,8 @@ class SearchStats:
             "search_wall_s": round(self.wall_s, 3),
             "target_reached": self.reached,
         }
+        if self.frontier is not None:
+            d["frontier"] = self.frontier
         if self.source:
             d.update(replays=self.passes, short_intervals=self.short_intervals, schedule_source=self.source)
         return d
@@ -653,6 +660,74 @@ def _search_pools(
     return sizes_of(best), reached
 
 
+def _sweep_frontier(
+    ok: Callable[[int, int], bool],
+    best: tuple[int, int],
+    gpus_per_worker: tuple[int, int],
+    lo_n: int,
+    cap: int,
+    max_trials: int,
+) -> tuple[tuple[int, int], dict[str, Any]]:
+    """The cheapest passing two-pool fleet (prefill p, decode d), checked at every prefill
+    count that could beat `best`, a passing fleet; returns (fleet, what was checked).
+
+    For trials monotone in both pools. A fleet cheaper than `best` costs at most C - 1 GPUs
+    (C: best's), so it holds at most `p_top` prefill and `d_top` decode workers (the other
+    pool at `lo_n`). Every passing fleet with p <= p_top has at least `d_floor` decode
+    workers, the fewest that pass beside p_top prefill workers, and at least `p_floor`
+    prefill workers, the fewest that pass beside d_top decode workers. Then for each p from
+    p_floor up, one trial at the most decode workers that still cost less than C: if it
+    fails, no fleet with that p is cheaper; if it passes, its decode pool is shrunk to its
+    smallest passing size and that fleet becomes `best`. The sweep stops once even d_floor
+    decode workers beside p prefill cost C or more. Unlike the local search, nothing cheaper
+    is left anywhere, up to the trials' routing noise. `max_trials` bounds the trials asked
+    (memoised ones included); when it runs out, the prefill counts not yet checked are
+    reported (`complete` False, `unchecked_from_prefill`: the first prefill count not
+    settled, None when the bounds were not found yet) and the cheapest fleet found so far
+    is returned.
+    """
+    gp, gd = gpus_per_worker
+    asked = 0
+
+    class _OutOfTrials(Exception):
+        pass
+
+    def test(p: int, d: int) -> bool:
+        nonlocal asked
+        if asked >= max_trials:
+            raise _OutOfTrials
+        asked += 1
+        return ok(p, d)
+
+    def cost(p: int, d: int) -> int:
+        return p * gp + d * gd
+
+    settled_below: int | None = None  # every prefill count below this one is settled
+    try:
+        c = cost(*best)
+        p_top = min(cap, (c - 1 - lo_n * gd) // gp)
+        d_top = min(cap, (c - 1 - lo_n * gp) // gd)
+        if p_top < lo_n or d_top < lo_n:
+            return best, {"complete": True, "trials": asked}
+        # beside more prefill workers than `best` has, `best`'s decode pool passes too
+        d_floor = max(lo_n, smallest_passing(lambda d: test(max(p_top, best[0]), d), best[1], best[1]))
+        # beside more decode workers than `best` has, `best`'s prefill pool passes too
+        p = max(lo_n, smallest_passing(lambda p: test(p, max(d_top, best[1])), best[0], best[0]))
+        settled_below = p
+        while True:
+            d_cap = min(cap, (cost(*best) - 1 - p * gp) // gd)
+            if d_cap < max(lo_n, d_floor):
+                break  # so is every larger prefill count's
+            if p != best[0] and test(p, d_cap):
+                d = smallest_passing(lambda d, p=p: test(p, d), d_cap, d_cap)
+                best = (p, d)
+            p += 1
+            settled_below = p
+        return best, {"complete": True, "trials": asked}
+    except _OutOfTrials:
+        return best, {"complete": False, "trials": asked, "unchecked_from_prefill": settled_below}
+
+
 class HindsightOraclePolicy(Policy):
     """`oracle`: replays the hindsight oracle's schedule (see oracle_schedule), instantly."""
 
@@ -721,6 +796,7 @@ def best_static(
     guess: dict[str, int] | None = None,
     progress: Callable[[str], None] | None = None,
     trials: FleetTrials | None = None,
+    frontier_trials: int = FRONTIER_MAX_TRIALS,
 ) -> tuple[dict[str, int], SearchStats]:
     """Fewest fixed workers per pool reaching `target` over the whole trace.
 
@@ -732,7 +808,11 @@ def best_static(
     (`TRADE_STEPS` more in one pool, the others shrunk) while that finds a passing
     fleet with fewer GPUs. The result passes, one worker fewer in any pool does
     not, and (unless `MAX_TRADES` stopped it) no single trade of those sizes
-    passes for fewer GPUs, all by monotonicity; a cheaper fleet further away can
+    passes for fewer GPUs, all by monotonicity. For a text-only workload (prefill and
+    decode) the search then sweeps every prefill count that could hold a cheaper fleet
+    (`_sweep_frontier`, at most `frontier_trials` trials; `stats.frontier` says how far it
+    got): when it completes, no cheaper fixed fleet passes anywhere, by monotonicity. With
+    an encoder pool, or when the sweep runs out of trials, a cheaper fleet further away can
     still exist. `trials`, filled in, holds the trials already run for this trace,
     settings and target: searches from several guesses sharing it simulate no
     fleet twice (`stats.simulations` counts only the new ones).
@@ -761,6 +841,17 @@ def best_static(
     sizes, reached = _search_pools(
         trial, tr.pools, prev, lo_n, s.max_replicas, allowed, s, probe=True, trade=True
     )
+    if reached and tr.pools == (POOL_PREFILL, POOL_DECODE) and frontier_trials > 0:
+        found, stats.frontier = _sweep_frontier(
+            lambda p, d: (s.gpu_budget is None or _gpus(s, {POOL_PREFILL: p, POOL_DECODE: d}) <= s.gpu_budget)
+            and trial({POOL_PREFILL: p, POOL_DECODE: d}, allowed)[0],
+            (sizes[POOL_PREFILL], sizes[POOL_DECODE]),
+            (s.gpus_per_replica.get(POOL_PREFILL, 1), s.gpus_per_replica.get(POOL_DECODE, 1)),
+            lo_n,
+            s.max_replicas,
+            frontier_trials,
+        )
+        sizes = {POOL_PREFILL: found[0], POOL_DECODE: found[1]}
     stats.wall_s = time.perf_counter() - t0
     stats.reached = reached
     return sizes, stats

@@ -82,12 +82,23 @@ def test_best_static_is_the_fewest_fixed_workers(bursty: Workload) -> None:
         fewer = dict(sizes, **{pool: sizes[pool] - 1})
         if fewer[pool] >= 1:
             assert yardstick.fixed_fleet_metrics(bursty, SMALL, fewer)["slo_attainment"] < target, pool
+    # the frontier sweep settled every fleet: with p prefill workers, the most decode workers
+    # that still cost fewer GPUs miss the target (so, by monotonicity, does any fewer)
+    assert stats.frontier == {"complete": True, "trials": stats.frontier["trials"]}
+    total = sizes["prefill"] + sizes["decode"]
+    for p in range(1, total - 1):
+        cheaper = {"prefill": p, "decode": total - 1 - p}
+        assert yardstick.fixed_fleet_metrics(bursty, SMALL, cheaper)["slo_attainment"] < target, cheaper
 
 
 def test_json_references_and_equal_attainment(doc: dict) -> None:
     refs = doc["references"]
     assert set(refs) == {"oracle", "best_static", "fluid_bound"}
     assert set(refs["best_static"]["replicas"]) == {"prefill", "decode"}
+    assert refs["best_static"]["frontier"]["complete"] is True
+    text = io.StringIO()
+    print_equal_attainment(doc, text)
+    assert "no cheaper fixed fleet passes (every prefill count swept)" in text.getvalue()
     for m in doc["policies"].values():
         assert set(m["gpu_hours_at"]) == {"0.95", "0.99"}
         for k, h in m["gpu_hours_at"].items():
@@ -376,3 +387,58 @@ def test_the_fixed_fleet_search_trades_workers_between_pools(
     assert yardstick._gpus(s, search(trade=False)) > cheapest  # the coordinate search stops dearer
     assert yardstick._gpus(s, search(trade=True)) == cheapest
     assert len(tried) == len(set(tried)) <= 120  # no fleet twice; shrinking alone tries 8-9, trading 66-102
+
+
+def _two_valleys(sizes: dict[str, int]) -> int:
+    """Misses short of a fleet whose cheapest passing fleets lie in two valleys: decode alone
+    carries the load from 60 workers beside 4 prefill workers; from 14 prefill workers up the
+    prefill pool spares decode workers fast (4 each, down to 10). Trades of up to 8 prefill
+    workers from the first valley only add GPUs, so the local search stays there."""
+    p, d = sizes["prefill"], sizes["decode"]
+    need_d = 60 if p < 14 else max(10, 60 - 4 * (p - 13))
+    return 5 * max(0, 4 - p) + max(0, need_d - d)
+
+
+@pytest.mark.parametrize(
+    ("misses", "start", "gpus_per_replica"),
+    [
+        (_two_valleys, {"prefill": 4, "decode": 60}, {}),
+        (_two_valleys, {"prefill": 4, "decode": 60}, {"prefill": 2}),
+        (_prefill_spares_decode, {"prefill": 12, "decode": 60}, {"decode": 2}),
+    ],
+)
+def test_the_fixed_fleet_frontier_sweep_finds_the_cheapest_fleet_anywhere(
+    misses: Callable[[dict[str, int]], int], start: dict[str, int], gpus_per_replica: dict[str, int]
+) -> None:
+    """Past the reach of every trade, the sweep over prefill counts lands on the cheapest
+    passing fleet of the whole grid, says it checked every count that could hold one, and
+    stays within its trial bound."""
+    s = EvalSettings(gpus_per_replica={"encoder": 1, "prefill": 1, "decode": 1, **gpus_per_replica})
+    pools = ("prefill", "decode")
+    fleets = [dict(zip(pools, c, strict=True)) for c in itertools.product(range(1, 80), repeat=2)]
+    cheapest = min(yardstick._gpus(s, f) for f in fleets if misses(f) == 0)
+
+    def trial(sizes: dict[str, int], limit: int | None) -> tuple[bool, int]:
+        m = misses(sizes)
+        return (limit is None or m <= limit), m
+
+    local, reached = yardstick._search_pools(trial, pools, start, 1, 10_000, 0, s, probe=True, trade=True)
+    assert reached and misses(local) == 0
+    asked: list[tuple[int, int]] = []
+
+    def ok(p: int, d: int) -> bool:
+        asked.append((p, d))
+        return misses({"prefill": p, "decode": d}) == 0
+
+    gpus = (s.gpus_per_replica["prefill"], s.gpus_per_replica["decode"])
+    found, checked = yardstick._sweep_frontier(ok, (local["prefill"], local["decode"]), gpus, 1, 10_000, 200)
+    assert misses({"prefill": found[0], "decode": found[1]}) == 0
+    assert yardstick._gpus(s, {"prefill": found[0], "decode": found[1]}) == cheapest
+    assert checked["complete"] and checked["trials"] == len(asked) <= 200
+    if misses is _two_valleys:  # the local search alone stops in the dearer valley
+        assert yardstick._gpus(s, local) > cheapest
+    # out of trials: it says so, and what it returns still passes
+    asked.clear()
+    part, short = yardstick._sweep_frontier(ok, (local["prefill"], local["decode"]), gpus, 1, 10_000, 6)
+    assert not short["complete"] and len(asked) == 6 and "unchecked_from_prefill" in short
+    assert misses({"prefill": part[0], "decode": part[1]}) == 0

@@ -283,7 +283,7 @@ def print_equal_attainment(doc: dict[str, Any], out: Any = None) -> None:
         out.write(
             f"  best fixed fleet: {_fleet(b['replicas'])}, {b['gpu_hours']:.2f} GPU-h at "
             f"{100 * b['slo_attainment']:.2f} % ({b['gpu_hours'] / o['gpu_hours']:.2f}x the oracle), "
-            f"{b.get('simulations', 0)} simulations\n"
+            f"{b.get('simulations', 0)} simulations{_frontier_note(b.get('frontier'))}\n"
         )
     oat = o.get("gpu_hours_at", {})
     out.write(f"  {'policy':<18}{'@95 %':>20}{'@99 %':>20}\n")
@@ -291,6 +291,17 @@ def print_equal_attainment(doc: dict[str, Any], out: Any = None) -> None:
         at = m.get("gpu_hours_at", {})
         cells = [_hours(at.get(k), oat.get(k)) for k in ("0.95", "0.99")]
         out.write(f"  {name:<18}{cells[0]:>20}{cells[1]:>20}\n")
+
+
+def _frontier_note(frontier: dict[str, Any] | None) -> str:
+    """What the best fixed fleet's frontier sweep settled, for the summary line."""
+    if frontier is None:  # an encoder pool, a target out of reach, or references from before the sweep
+        return ""
+    if frontier["complete"]:
+        return "; no cheaper fixed fleet passes (every prefill count swept)"
+    start = frontier.get("unchecked_from_prefill")
+    where = f"from {start} prefill workers up" if start is not None else "at all"
+    return f"; the sweep for a cheaper fixed fleet ran out of trials (not checked {where})"
 
 
 def plot(doc: dict[str, Any], path: str) -> None:
