@@ -113,8 +113,16 @@ def burst_headroom(
     The result is the ``quantile`` of those relative rises, each weighted by the
     rate it rises to (the requests it would leave unserved), between ``floor`` and
     ``cap``: with ``quantile`` the SLO's percentile, the rises larger than the
-    headroom bring at most the share of requests the SLO lets miss. None when the
-    horizon is shorter than one window plus one start-up (the caller keeps the floor).
+    headroom bring at most the share of requests the SLO lets miss.
+
+    Only windows after the first arrival in the counts are judged: before it the
+    counts hold no traffic at all (a new deployment, clients not yet pointed at it, or
+    no pod serving yet), and a window reaching back into that silence averages it in,
+    so the traffic's own beginning would read as a rise of many times the load and keep
+    the headroom at ``cap`` for as long as it stays in the horizon. Later silences
+    (on/off traffic) are judged as they come. None when the counts from the first
+    arrival on are shorter than one window plus one start-up (the caller keeps the
+    floor).
 
     On smooth traffic the rises stay within counting noise and this is ~0 (see
     docs/planner.md for what it costs where they do not).
@@ -130,6 +138,11 @@ def burst_headroom(
     c = _counts(counts)
     k = max(1, round(window_s / sub_window_s))  # sub-windows per planning window
     lead = max(1, math.ceil(startup_s / sub_window_s - 1e-9))  # sub-windows per start-up
+    arrived = np.flatnonzero(c > 0)
+    if arrived.size == 0:
+        return None
+    # from the first whole sub-window with traffic (the traffic began inside the one before)
+    c = c[arrived[0] + 1 :]
     if c.size < k + lead:
         return None
     w = k * sub_window_s

@@ -160,6 +160,26 @@ def test_burst_headroom_floor_cap_and_short_history() -> None:
         burst_headroom(flat, 15, startup_s=60, window_s=60, floor=0.5, cap=0.1)
 
 
+def test_the_traffics_beginning_inside_the_horizon_is_not_a_burst() -> None:
+    """A new deployment: no arrivals until its first pod serves, then steady Poisson traffic.
+    The windows reaching back into the silence before it must not read as rises of many
+    times the load (the headroom sat at its cap while that start stayed in the horizon);
+    a real burst after the start is still covered."""
+    kw = {"startup_s": 120.0, "window_s": 60.0, "quantile": 0.99, "z": noise_z(0.99)}
+    silence = np.zeros(12)  # three minutes of 15 s sub-windows before the first arrival
+    for rate in (0.5, 8.0, 100.0):
+        steady = counts(poisson(rate, 900.0, seed=9).arrival_s)[:60]  # its first 15 minutes
+        assert burst_headroom(np.concatenate([silence, steady]), 15, **kw) < 0.15, rate
+    # not enough traffic yet for one window plus one start-up after the first arrival
+    assert burst_headroom(np.concatenate([silence, steady[:8]]), 15, **kw) is None
+    assert burst_headroom(silence, 15, **kw) is None
+    # a doubling after the start, and an on/off source's later silences, are judged as before
+    bursts = counts(on_off(10, 5, 150, 150), 15)
+    assert burst_headroom(np.concatenate([silence, bursts]), 15, **kw) > 0.5
+    off = counts(on_off(10, 0, 150, 150), 15)
+    assert burst_headroom(np.concatenate([silence, off]), 15, **kw) == 2.0
+
+
 def test_rare_bursts_are_covered_at_the_slo_share_of_requests() -> None:
     """One doubling of 3 minutes an hour: too rare for the 95th percentile of the hour's points,
     but the requests it brings are more than 1 % of the hour's: covered at the SLO's p99."""
