@@ -291,6 +291,7 @@ def sizing_query_list(spec: api.DisaggDeploymentSpec, namespace: str, name: str)
         a.metric_window_seconds,
         count_s,
         horizon_s=int(horizon),
+        scrape_s=a.scrape_interval_seconds,
     )
     keep = set()
     if sz.request_sizes:

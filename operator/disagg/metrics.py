@@ -210,8 +210,9 @@ class Query:
     # Required only while `pool` has routable pods: a pool with none reports nothing, which is
     # then no problem (the value is simply absent and its last measurement stands).
     required_with_pods: bool = False
-    # A subquery's (span s, step s), for a query of kind "series" (its fleet series has them).
-    series_window: tuple[int, int] | None = None
+    # A subquery's (span s, step s, scrape s), for a query of kind "series" (its fleet series
+    # has them).
+    series_window: tuple[int, int, int] | None = None
 
 
 def front_pool(pools: Sequence[str]) -> str:
@@ -729,20 +730,24 @@ def sizing_queries(
     window_s: int,
     sub_window_s: int,
     horizon_s: int | None = None,
+    *,
+    scrape_s: int,
 ) -> list[Query]:
     """Histogram buckets of prompt/output tokens, and arrival counts per sub-window.
 
     * ``prompt_tokens_histogram`` / ``output_tokens_histogram`` (kind ``histogram``):
       ``sum by (le) (rate(<tokens>_bucket[window]))``, with ``*_sum_rate`` for the
       ``+Inf`` bucket's mean;
-    * ``arrival_counts`` (kind ``series``): arrivals per ``sub_window_s`` over the
-      window, a subquery (``increase`` needs two scrapes in a sub-window: use at
-      least twice the scrape interval) -- the index of dispersion's input;
+    * ``arrival_counts`` (kind ``series``): arrivals per ``sub_window_s`` (a multiple
+      of the scrape interval ``scrape_s``, at least two) over the window, each arrival
+      counted once (`arrival_counts_promql`) -- the index of dispersion's input;
     * ``arrival_counts_horizon`` (kind ``series``, with ``horizon_s``): the same over
       the trailing horizon -- the automatic headroom's input.
     """
     if sub_window_s <= 0 or window_s <= 0:
         raise ValueError("window_s and sub_window_s must be > 0")
+    if scrape_s <= 0 or sub_window_s % scrape_s or sub_window_s < 2 * scrape_s:
+        raise ValueError("sub_window_s must be a multiple of scrape_s, at least two scrapes")
     p = preset(engine)
     w, sub = f"{int(window_s)}s", f"{int(sub_window_s)}s"
     front, back = front_pool(pools), back_pool(pools)
@@ -777,7 +782,7 @@ def sizing_queries(
             pool=back,
         ),
     ]
-    counts = f"sum(increase({p.prompt_tokens}_count{{{fs}}}[{sub}]))"
+    counts = arrival_counts_promql(f"{p.prompt_tokens}_count{{{fs}}}", "", int(sub_window_s), int(scrape_s))
     spans = [("arrival_counts", int(window_s))]
     if horizon_s:
         spans.append(("arrival_counts_horizon", int(horizon_s)))
@@ -789,10 +794,29 @@ def sizing_queries(
                 "series",
                 required=False,
                 pool=front,
-                series_window=(span, int(sub_window_s)),
+                series_window=(span, int(sub_window_s), int(scrape_s)),
             )
         )
     return q
+
+
+def arrival_counts_promql(counter: str, by: str, sub_window_s: int, scrape_s: int) -> str:
+    """PromQL for the arrivals per `sub_window_s` of a counter, every arrival counted once.
+
+    ``increase(c[sub])`` evaluated every `sub` seconds sees only the scrapes inside each
+    sub-window: with two scrapes per sub-window it measures the increase between them
+    (one scrape interval of the two) and extrapolates it to the whole sub-window, so the
+    arrivals between one sub-window's last scrape and the next one's first are never
+    counted and the others count twice (Poisson traffic then reads at twice its index of
+    dispersion). Instead, ``increase(c[2 scrapes])`` every scrape interval spans exactly
+    two scrapes, the increase between consecutive scrapes extrapolated to twice its
+    length; summed over the sub-window's scrape steps and halved, each arrival counts
+    once. The sub-window's range is half a scrape short of it, so that it holds its own
+    scrape steps alone whether Prometheus' ranges include their start (2.x) or not (3.x).
+    `by`: a grouping clause such as ``" by (namespace, pod)"``, or empty.
+    """
+    inner = f"sum{by} (increase({counter}[{2 * scrape_s}s]))"
+    return f"sum_over_time(({inner})[{1000 * sub_window_s - 500 * scrape_s}ms:{scrape_s}s]) / 2"
 
 
 def parse_histogram(result: Sequence[Mapping[str, Any]] | None, name: str) -> list[tuple[float, float]]:
@@ -895,7 +919,7 @@ _BY_POD_RECIPES = {
 }
 _PENDING_ROLE = "pending_kv"  # fleet series "pending_kv.<pool>", one per PendingWork
 _ROUTER_ROLE = "router_in_flight"  # fleet series "router_in_flight.<pool>", per Preset.router_in_flight
-# fleet series "arrival_counts.<span s>.<step s>": arrivals per pod per step over the span, a
+# fleet series "arrival_counts.<span s>.<step s>.<scrape s>": arrivals per pod per step over the span, a
 # subquery (sizing_queries' arrival counts, the burstiness and automatic headroom inputs)
 _COUNTS_ROLE = "arrival_counts"
 FLEET_PREFIX = "fleet."
@@ -904,8 +928,8 @@ FLEET_PREFIX = "fleet."
 def _recipe(q: Query) -> tuple[str, tuple[str, ...]] | None:
     name = q.name
     if q.series_window is not None:
-        span, step = q.series_window
-        return ("series", (f"{_COUNTS_ROLE}.{span}.{step}",))
+        span, step, scrape = q.series_window
+        return ("series", (f"{_COUNTS_ROLE}.{span}.{step}.{scrape}",))
     if name in _RECIPES:
         return _RECIPES[name]
     base, _, pool = name.partition(".")
@@ -967,9 +991,9 @@ def _fleet_promql(p: Preset, role: str, ns: str, window_s: int, short_window_s: 
         table[f"{_ROUTER_ROLE}.{pool}"] = f"sum by (namespace, pod, worker) ({series}{{{ns}}})"
     base, _, window = role.partition(".")
     if base == _COUNTS_ROLE:
-        span, _, step = window.partition(".")
-        counts = f"sum by (namespace, pod) (increase({p.prompt_tokens}_count{{{ns}}}[{int(step)}s]))"
-        return f"({counts})[{int(span)}s:{int(step)}s]"
+        span, step, scrape = (int(x) for x in window.split("."))
+        counts = arrival_counts_promql(f"{p.prompt_tokens}_count{{{ns}}}", " by (namespace, pod)", step, scrape)
+        return f"({counts})[{span}s:{step}s]"
     return table.get(role)
 
 

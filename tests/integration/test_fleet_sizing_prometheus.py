@@ -26,6 +26,7 @@ PODS = {
 PROMPT_LE = (256.0, 1024.0, 4096.0)
 OUTPUT_LE = (64.0, 256.0)
 WINDOW_S, STEP_S, SPAN_S = 6, 2, 10
+SCRAPE_S = 1  # prometheus_factory's scrape interval
 
 
 def exposition(elapsed_s: float) -> str:
@@ -77,7 +78,7 @@ def test_fleet_split_sizing_readings_equal_the_objects_own_in_real_prometheus(pr
         at = time.time() - 1.0
         source = AtInstant(prom.url, at)
         queries = metrics.sizing_queries(
-            "vllm", NS, "a", ("prefill", "decode"), WINDOW_S, STEP_S, horizon_s=SPAN_S
+            "vllm", NS, "a", ("prefill", "decode"), WINDOW_S, STEP_S, horizon_s=SPAN_S, scrape_s=SCRAPE_S
         )
         own = asyncio.run(source.run(queries))
         roles = metrics.fleet_roles(queries)
@@ -99,5 +100,46 @@ def test_fleet_split_sizing_readings_equal_the_objects_own_in_real_prometheus(pr
         assert pods and all(p.startswith("a-") for p in pods), pods
         split_a = metrics.fleet_split(only_a, queries, NS, "a", 0.9)
         assert loop.sizing_readings(split_a, STEP_S) == got
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.prometheus
+def test_the_arrival_counts_count_every_arrival_once_in_real_prometheus(prometheus_factory):
+    """120 arrivals between two scrapes, then none: the counts over the span add up to 120,
+    all in one sub-window. (`increase` over each sub-window alone sees only the scrapes inside
+    it: it would count the 120 twice, or not at all when they land between two sub-windows.)"""
+    pod = "a-prefill-7d9f8c6b5-ab001"
+    scrapes: list[float] = []
+    jump_after = 4  # scrapes before the arrivals
+
+    def text() -> str:
+        scrapes.append(time.monotonic())
+        # a counter far from zero, as a running engine's is (Prometheus extrapolates no
+        # increase back past the counter's zero)
+        n = 1000 + (120 if len(scrapes) > jump_after else 0)
+        return f'vllm:request_prompt_tokens_count{{namespace="{NS}",pod="{pod}"}} {n}\n'
+
+    server = serve_text(text)
+    try:
+        prom = prometheus_factory({"engines": [f"127.0.0.1:{server.server_port}"]})
+        deadline = time.monotonic() + 60
+        while len(scrapes) < jump_after + 8 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(scrapes) >= jump_after + 8, "Prometheus did not scrape"
+        source = AtInstant(prom.url, time.time() - 1.0)
+        span = 16
+        queries = metrics.sizing_queries(
+            "vllm", NS, "a", ("prefill", "decode"), WINDOW_S, STEP_S, horizon_s=span, scrape_s=SCRAPE_S
+        )
+        own = asyncio.run(source.run(queries))
+        counts = loop.sizing_readings(own, STEP_S).arrival_counts
+        assert counts, own
+        assert sum(counts) == pytest.approx(120, rel=0.03), counts
+        assert max(counts) == pytest.approx(120, rel=0.03), counts  # one sub-window holds them all
+        roles = metrics.fleet_roles(queries)
+        fleet = asyncio.run(source.run(metrics.fleet_queries("vllm", [NS], WINDOW_S, None, roles)))
+        split = loop.sizing_readings(metrics.fleet_split(fleet, queries, NS, "a", 0.9), STEP_S)
+        assert split.arrival_counts == pytest.approx(counts, rel=1e-12)
     finally:
         server.shutdown()

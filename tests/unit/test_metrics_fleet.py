@@ -173,7 +173,7 @@ def test_histogram_quantile_without_observations_or_inf_bucket_is_nan():
 
 
 def sizing(obj: str) -> list[metrics.Query]:
-    return metrics.sizing_queries("vllm", NS, obj, POOLS, 60, 30, horizon_s=3600)
+    return metrics.sizing_queries("vllm", NS, obj, POOLS, 60, 30, horizon_s=3600, scrape_s=15)
 
 
 def counts(pod: str, points: dict[float, float]) -> dict:
@@ -189,16 +189,17 @@ def test_the_sizing_inputs_are_fleet_series_split_like_the_objects_own():
     qs = sizing("a")
     roles = metrics.fleet_roles(qs)
     fleet_q = {q.name: q.promql for q in metrics.fleet_queries("vllm", [NS], 60, 30, roles)}
-    # One counts series per (span, step), each pod's own increase per step.
-    assert fleet_q["fleet.arrival_counts.3600.30"] == (
-        '(sum by (namespace, pod) (increase(vllm:request_prompt_tokens_count{namespace=~"ns"}[30s])))'
+    # One counts series per (span, step, scrape), each pod's own arrivals per step.
+    assert fleet_q["fleet.arrival_counts.3600.30.15"] == (
+        "(sum_over_time((sum by (namespace, pod) "
+        '(increase(vllm:request_prompt_tokens_count{namespace=~"ns"}[30s])))[22500ms:15s]) / 2)'
         "[3600s:30s]"
     )
-    assert "fleet.arrival_counts.60.30" in fleet_q  # the window's counts, a series of its own
+    assert "fleet.arrival_counts.60.30.15" in fleet_q  # the window's counts, a series of its own
     a_pre, a_dec, b_pre = pods("a", "prefill", 2), pods("a", "decode", 1), pods("b", "prefill", 1)
     values = {a_pre[0]: 1.0, a_pre[1]: 3.0, a_dec[0]: 5.0, b_pre[0]: 100.0}
     res = fleet(values)
-    res["fleet.arrival_counts.3600.30"] = [
+    res["fleet.arrival_counts.3600.30.15"] = [
         counts(a_pre[0], {T - 60: 2.0, T - 30: 4.0, T: 1.0}),
         counts(a_pre[1], {T - 30: 6.0, T: 0.0}),  # started later: no point at T - 60
         counts(a_dec[0], {T - 30: 50.0, T: 50.0}),  # decode pods are not the arrival pool

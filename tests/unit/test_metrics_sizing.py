@@ -21,7 +21,7 @@ def bucket(le: str, v: float) -> dict:
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_sizing_queries_use_the_engine_histograms_and_new_names(engine) -> None:
-    qs = {q.name: q for q in m.sizing_queries(engine, "ns", "llm", POOLS, 120, 30, horizon_s=3600)}
+    qs = {q.name: q for q in m.sizing_queries(engine, "ns", "llm", POOLS, 120, 30, horizon_s=3600, scrape_s=15)}
     p = m.preset(engine)
     assert f"{p.prompt_tokens}_bucket" in qs["prompt_tokens_histogram"].promql
     assert f"{p.output_tokens}_bucket" in qs["output_tokens_histogram"].promql
@@ -34,7 +34,7 @@ def test_sizing_queries_use_the_engine_histograms_and_new_names(engine) -> None:
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 def test_sizing_queries_are_valid_promql(tmp_path) -> None:
-    qs = m.sizing_queries("vllm", "ns", "llm", POOLS, 120, 30, horizon_s=3600)
+    qs = m.sizing_queries("vllm", "ns", "llm", POOLS, 120, 30, horizon_s=3600, scrape_s=15)
     rules = {
         "groups": [{"name": "g", "rules": [{"record": f"r{i}", "expr": q.promql} for i, q in enumerate(qs)]}]
     }
