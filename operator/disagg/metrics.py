@@ -992,7 +992,9 @@ def _fleet_promql(p: Preset, role: str, ns: str, window_s: int, short_window_s: 
     base, _, window = role.partition(".")
     if base == _COUNTS_ROLE:
         span, step, scrape = (int(x) for x in window.split("."))
-        counts = arrival_counts_promql(f"{p.prompt_tokens}_count{{{ns}}}", " by (namespace, pod)", step, scrape)
+        counts = arrival_counts_promql(
+            f"{p.prompt_tokens}_count{{{ns}}}", " by (namespace, pod)", step, scrape
+        )
         return f"({counts})[{span}s:{step}s]"
     return table.get(role)
 

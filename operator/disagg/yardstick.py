@@ -843,8 +843,10 @@ def best_static(
     )
     if reached and tr.pools == (POOL_PREFILL, POOL_DECODE) and frontier_trials > 0:
         found, stats.frontier = _sweep_frontier(
-            lambda p, d: (s.gpu_budget is None or _gpus(s, {POOL_PREFILL: p, POOL_DECODE: d}) <= s.gpu_budget)
-            and trial({POOL_PREFILL: p, POOL_DECODE: d}, allowed)[0],
+            lambda p, d: (
+                (s.gpu_budget is None or _gpus(s, {POOL_PREFILL: p, POOL_DECODE: d}) <= s.gpu_budget)
+                and trial({POOL_PREFILL: p, POOL_DECODE: d}, allowed)[0]
+            ),
             (sizes[POOL_PREFILL], sizes[POOL_DECODE]),
             (s.gpus_per_replica.get(POOL_PREFILL, 1), s.gpus_per_replica.get(POOL_DECODE, 1)),
             lo_n,

@@ -21,7 +21,9 @@ def bucket(le: str, v: float) -> dict:
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_sizing_queries_use_the_engine_histograms_and_new_names(engine) -> None:
-    qs = {q.name: q for q in m.sizing_queries(engine, "ns", "llm", POOLS, 120, 30, horizon_s=3600, scrape_s=15)}
+    qs = {
+        q.name: q for q in m.sizing_queries(engine, "ns", "llm", POOLS, 120, 30, horizon_s=3600, scrape_s=15)
+    }
     p = m.preset(engine)
     assert f"{p.prompt_tokens}_bucket" in qs["prompt_tokens_histogram"].promql
     assert f"{p.output_tokens}_bucket" in qs["output_tokens_histogram"].promql
