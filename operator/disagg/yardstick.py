@@ -842,11 +842,10 @@ def best_static(
         trial, tr.pools, prev, lo_n, s.max_replicas, allowed, s, probe=True, trade=True
     )
     if reached and tr.pools == (POOL_PREFILL, POOL_DECODE) and frontier_trials > 0:
+        # No GPU-budget check: every fleet the sweep may return costs less than the one found,
+        # which fits; the larger fleets it tries only bound the others, by monotonicity.
         found, stats.frontier = _sweep_frontier(
-            lambda p, d: (
-                (s.gpu_budget is None or _gpus(s, {POOL_PREFILL: p, POOL_DECODE: d}) <= s.gpu_budget)
-                and trial({POOL_PREFILL: p, POOL_DECODE: d}, allowed)[0]
-            ),
+            lambda p, d: trial({POOL_PREFILL: p, POOL_DECODE: d}, allowed)[0],
             (sizes[POOL_PREFILL], sizes[POOL_DECODE]),
             (s.gpus_per_replica.get(POOL_PREFILL, 1), s.gpus_per_replica.get(POOL_DECODE, 1)),
             lo_n,

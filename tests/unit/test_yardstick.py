@@ -6,6 +6,7 @@ import io
 import itertools
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -89,6 +90,17 @@ def test_best_static_is_the_fewest_fixed_workers(bursty: Workload) -> None:
     for p in range(1, total - 1):
         cheaper = {"prefill": p, "decode": total - 1 - p}
         assert yardstick.fixed_fleet_metrics(bursty, SMALL, cheaper)["slo_attainment"] < target, cheaper
+
+
+def test_the_frontier_sweep_under_a_gpu_budget_stays_within_it(bursty: Workload) -> None:
+    """The sweep's bounds try fleets over the budget (monotonicity still holds there); what it
+    returns costs no more than the fleet the search found within the budget."""
+    free, _ = yardstick.best_static(bursty, SMALL)
+    budget = yardstick._gpus(SMALL, free) + 1
+    s = replace(SMALL, gpu_budget=budget)
+    sizes, stats = yardstick.best_static(bursty, s)
+    assert stats.reached and stats.frontier is not None and stats.frontier["complete"]
+    assert yardstick._gpus(s, sizes) == yardstick._gpus(SMALL, free) <= budget
 
 
 def test_json_references_and_equal_attainment(doc: dict) -> None:
