@@ -660,6 +660,10 @@ def _search_pools(
     return sizes_of(best), reached
 
 
+class _OutOfTrials(Exception):
+    """The frontier sweep asked for its last allowed trial (`_sweep_frontier`)."""
+
+
 def _sweep_frontier(
     ok: Callable[[int, int], bool],
     best: tuple[int, int],
@@ -688,9 +692,6 @@ def _sweep_frontier(
     """
     gp, gd = gpus_per_worker
     asked = 0
-
-    class _OutOfTrials(Exception):
-        pass
 
     def test(p: int, d: int) -> bool:
         nonlocal asked
