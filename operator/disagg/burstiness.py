@@ -34,6 +34,7 @@ __all__ = ["arrival_counts", "burst_headroom", "index_of_dispersion", "noise_z"]
 MIN_COUNTS = 4  # sub-windows needed before a dispersion means anything
 BURST_QUANTILE = 0.95  # default share of requests whose rises the standing headroom covers
 NOISE_Z = 1.645  # rises within this many standard deviations of counting noise are noise
+NOISE_SHARE = 0.5  # of the share of rises a quantile leaves uncovered, what noise may take
 MAX_AUTO_HEADROOM = 2.0  # the automatic headroom never asks for more than 3x the demand
 
 
@@ -85,10 +86,12 @@ def index_of_dispersion(counts: Sequence[float] | np.ndarray, *, detrend: bool =
 def noise_z(quantile: float) -> float:
     """Standard deviations of counting noise a rise must exceed to count at this quantile.
 
-    Rises are read at the same quantile as the noise is discounted: at q = 0.99 a pure
-    Poisson process's largest 1 % of rises are noise, not bursts.
+    Pure noise may pass for a burst at most `NOISE_SHARE` as often as the quantile lets
+    rises go uncovered: at q = 0.99 one point in 200. Were it as often (one in 100), the
+    quantile of an hour's rises on pure Poisson traffic would sit at the edge of the noise
+    and be a burst half the time.
     """
-    return max(NOISE_Z, NormalDist().inv_cdf(quantile))
+    return max(NOISE_Z, NormalDist().inv_cdf(1.0 - NOISE_SHARE * (1.0 - quantile)))
 
 
 def burst_headroom(
@@ -108,8 +111,9 @@ def burst_headroom(
     ``counts``: arrivals per sub-window over the trailing horizon, oldest first.
     At every sub-window end t, the planned-for rate is the mean over the trailing
     ``window_s``, m(t); the rise is ``max m(s) for s in (t, t + startup_s]`` minus
-    m(t), less ``z`` standard deviations of the counting noise of that difference
-    (Poisson noise times ``dispersion``, the index of dispersion); relative to m(t).
+    m(t), less the counting noise of that difference (Poisson noise times
+    ``dispersion``, the index of dispersion) at ``z`` standard deviations for the
+    largest of the start-up's rates (`_single_z`); relative to m(t).
     The result is the ``quantile`` of those relative rises, each weighted by the
     rate it rises to (the requests it would leave unserved), between ``floor`` and
     ``cap``: with ``quantile`` the SLO's percentile, the rises larger than the
@@ -154,12 +158,29 @@ def burst_headroom(
     # the largest planned-for rate within one start-up after each point (sliding max)
     ahead = np.lib.stride_tricks.sliding_window_view(m[1:], lead).max(axis=1)[:n]
     now = m[:n]
-    rise = ahead - now - z * np.sqrt(dispersion * (ahead + now) / w)
+    rise = ahead - now - _single_z(z, lead, k) * np.sqrt(dispersion * (ahead + now) / w)
     ok = now > 0
     if not ok.any():
         return None
     rel = np.maximum(rise[ok], 0.0) / now[ok]
     return float(min(cap, max(floor, _weighted_quantile(rel, ahead[ok], quantile))))
+
+
+def _single_z(z: float, lead: int, k: int) -> float:
+    """The z one rise must pass so that the largest of a start-up's rises passes ``z`` by noise
+    no more often than one rise would (Sidak's correction for the maximum).
+
+    The rise at a point is the largest of ``lead`` planned-for rates after it, windows of ``k``
+    sub-windows sliding one at a time: about ``1 + (lead - 1) / k`` independent windows. Without
+    this, pure noise at a start-up of many windows gets a standing headroom (the largest of
+    nine noisy rates passes 2.33 sigma nine times as often as one does). The rises share the
+    rate they rise from, so the correction is on the safe side of noise.
+    """
+    independent = 1.0 + (lead - 1) / k
+    if independent <= 1.0:
+        return z
+    single_miss = -math.expm1(math.log1p(-NormalDist().cdf(-z)) / independent)
+    return NormalDist().inv_cdf(1.0 - single_miss)
 
 
 def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
