@@ -5,9 +5,12 @@ Fed by the operator's watch streams (the Kopf event handlers in disagg.handlers 
 and namespace when the autoscaler starts (`prime`, the only LISTs it sends). The autoscaler
 loop reads pools and pods from here, so its steady state sends no request per object per tick.
 
-Children are indexed by their owner (the `disagg.dev/deployment` label). An event and a LIST
-can race: the newer resourceVersion wins, and a deletion leaves a tombstone so a LIST that was
-answered before the deletion cannot bring the object back.
+Children are indexed by their owner (the `disagg.dev/deployment` label). An event, a LIST and
+the answer to the operator's own write can race: the newer resourceVersion wins, and a
+deletion leaves a tombstone so a LIST that was answered before the deletion cannot bring the
+object back. (A cached object older than the server's is not only a stale read: a status
+write merged over it puts the old conditions back, and nothing reconciles a status-only
+change.)
 
 Pure: no Kopf, no Kubernetes client, no HTTP (only dicts in, dicts out).
 """
@@ -81,7 +84,11 @@ class WatchCache:
             self._drop(kind, key)
             return
         self._tombstones.pop((kind, *key), None)
-        self._store(kind, key, obj)
+        # A watch delivers each object's versions in order, but the operator's own writes are
+        # stored from their answers (`CachedKube`), before the watch has delivered the versions
+        # written in between: an event older than the cached version is one of those.
+        if _newer(obj, self._objects[kind].get(key)):
+            self._store(kind, key, obj)
 
     def prime(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> None:
         """A LIST's answer: adds what the watches have not delivered yet, never over a newer

@@ -4,6 +4,7 @@ fake Prometheus: conditions, Events, drains, persisted scaler state, forgetting 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from pathlib import Path
 
@@ -263,6 +264,29 @@ def test_a_finished_drain_lowers_replicas_by_exactly_the_victim():
     rec = drain.DrainRecord.from_pod(w.kube.obj("Pod", NS, name))
     assert rec is not None and rec.removing == w.now
     assert w.kube.obj("Pod", NS, name)["metadata"]["annotations"][names.ANNOTATION_DELETION_COST]
+
+
+def test_a_late_watch_event_does_not_put_old_conditions_back():
+    """Reconcile writes Ready; the watch then delivers the object's version from before that
+    write, late (as under load). The next decision merges its own conditions into the status
+    it reads: read from that old version, it wrote the old conditions back, and with nothing
+    left to reconcile (a status-only change) the object reported its pools not ready for good."""
+    w = World()
+    for _ in range(3):  # steady: the decisions hold
+        w.step()
+    before = copy.deepcopy(w.body())
+    ready = status.condition(
+        names.COND_READY, True, "AllPoolsReady", "every pool has its desired replicas ready", 1
+    )
+    conds = status.merge_conditions(before["status"]["conditions"], [ready])
+    asyncio.run(reconcile.write_status(loop.cached(w.kube, w.opts), before, {"conditions": conds}))
+    w.opts.cache.observe(api.KIND, "MODIFIED", before)  # the watch, late
+    w.prom.error = ConnectionError("prometheus down")  # a decision that writes a condition
+    w.now += 30.0
+    w.prom.now = w.now
+    asyncio.run(loop.step(w.kube, w.body(), w.opts, w.now))
+    assert w.condition(names.COND_METRICS_AVAILABLE)["status"] == "False"
+    assert w.condition(names.COND_READY)["status"] == "True"
 
 
 def test_reconcile_reports_an_invalid_spec_as_true_and_a_valid_one_as_false():

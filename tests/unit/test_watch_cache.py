@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 
 from fakes import FakeKube, deployment, disagg_deployment, pod
 
@@ -45,6 +46,25 @@ def test_a_list_never_overrides_a_newer_event_nor_revives_a_deleted_object():
     assert [(d["metadata"]["name"], d["spec"]["replicas"]) for d in deps] == [("a-decode", 5)]
     c.prime("Deployment", [_rv(deployment("a", "decode", 3), 11)])  # a newer LIST does win
     assert c.get("Deployment", "ns", "a-decode")["spec"]["replicas"] == 3
+
+
+def test_a_late_watch_event_never_replaces_the_operators_newer_write():
+    """The answer to the operator's own write is cached at once; the watch then delivers the
+    versions before it, late under load: they must not replace it."""
+    kube = FakeKube()
+    kube.put(disagg_deployment("a", {}))
+    wc = WatchCache()
+    wc.prime(api.KIND, [kube.obj(api.KIND, "ns", "a")])
+    wc.primed_done()
+    before = copy.deepcopy(kube.obj(api.KIND, "ns", "a"))
+    ck = CachedKube(kube, wc)
+    ready = {"type": "Ready", "status": "True", "reason": "AllPoolsReady", "message": "m"}
+    asyncio.run(ck.patch(api.KIND, "ns", "a", {"status": {"conditions": [ready]}}, subresource="status"))
+    wc.observe(api.KIND, "MODIFIED", before)  # the version before the write, delivered late
+    assert wc.get(api.KIND, "ns", "a")["status"]["conditions"] == [ready]
+    # the next version does replace it
+    wc.observe(api.KIND, "MODIFIED", _rv(kube.obj(api.KIND, "ns", "a"), 1_000))
+    assert wc.get(api.KIND, "ns", "a")["metadata"]["resourceVersion"] == "1000"
 
 
 def test_managed_fields_are_not_kept():
