@@ -792,6 +792,20 @@ async def apply(
     return pending
 
 
+def not_serving_yet(
+    tr: Tracker, snap: metrics.Snapshot, outcome: autoscaler.Outcome, pods: list[dict]
+) -> bool:
+    """A held decision of an object none of whose pods has served yet, without metrics: it is
+    not reported. Its metrics cannot exist before a pod serves, so `HoldStaleMetrics` (a
+    Warning Event and a status write) on every new object would be a false alarm, and while
+    many objects start at once those reports queue for the API server with the object's lock
+    held, in front of the reconciles that bring its pools up. The first decision once a pod
+    serves (or the metrics come) is reported as usual; so is every decision after one was."""
+    return (
+        tr.metrics_ok is None and not snap.ok and not outcome.changed and not any(routable(p) for p in pods)
+    )
+
+
 async def write_decision_status(
     kube: Kube,
     body: Mapping[str, Any],
@@ -1037,6 +1051,9 @@ async def step(
         # the steps already waiting to carry out theirs.
         kube.slot.release()
     fresh = await kube.get(api.KIND, ns, name)
+    if not_serving_yet(tr, snap, outcome, pods):
+        export_metrics(fresh, spec, outcome, snap, pods)
+        return
     await write_decision_status(kube, fresh, config, outcome, snap, tr, pending)
     export_metrics(fresh, spec, outcome, snap, pods)
     slot_wait_s = kube.slot.waited_s if isinstance(kube, WriteGated) else 0.0

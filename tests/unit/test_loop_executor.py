@@ -102,6 +102,31 @@ def test_metrics_available_follows_the_snapshot():
     assert warn and warn[-1]["reason"] == "HoldStaleMetrics"
 
 
+def test_a_new_object_is_not_reported_stale_before_a_pod_serves():
+    """No metrics can exist before a pod serves: no Warning, no status write until one does;
+    then the decision is reported. Pods serving without metrics are reported at once."""
+    w = World()
+    for (kind, _, _), obj in w.kube.objects.items():
+        if kind == "Pod":
+            obj["status"] = {"phase": "Pending", "conditions": []}
+    w.prom.error = ConnectionError("no target yet")
+    writes = w.kube.calls[("patch", api.KIND)]
+    w.step()
+    assert w.kube.calls[("patch", api.KIND)] == writes and w.kube.events == []
+    w.pods(prefill=1, decode=2)  # serving now
+    w.step()
+    assert w.condition(names.COND_METRICS_AVAILABLE)["status"] == "False"
+    assert [e["reason"] for e in w.kube.events] == ["HoldStaleMetrics"]
+
+
+def test_serving_pods_without_metrics_are_reported_at_the_first_decision():
+    w = World()
+    w.prom.error = ConnectionError("prometheus down")
+    w.step()
+    assert w.condition(names.COND_METRICS_AVAILABLE)["status"] == "False"
+    assert [e["reason"] for e in w.kube.events] == ["HoldStaleMetrics"]
+
+
 def test_the_operator_asks_for_the_short_window_rate():
     w = World()
     w.step()
