@@ -793,17 +793,35 @@ async def apply(
 
 
 def not_serving_yet(
-    tr: Tracker, snap: metrics.Snapshot, outcome: autoscaler.Outcome, pods: list[dict]
+    tr: Tracker,
+    snap: metrics.Snapshot,
+    outcome: autoscaler.Outcome,
+    pods: list[dict],
+    now: float,
+    scrape_s: float,
 ) -> bool:
-    """A held decision of an object none of whose pods has served yet, without metrics: it is
-    not reported. Its metrics cannot exist before a pod serves, so `HoldStaleMetrics` (a
-    Warning Event and a status write) on every new object would be a false alarm, and while
-    many objects start at once those reports queue for the API server with the object's lock
-    held, in front of the reconciles that bring its pools up. The first decision once a pod
-    serves (or the metrics come) is reported as usual; so is every decision after one was."""
-    return (
-        tr.metrics_ok is None and not snap.ok and not outcome.changed and not any(routable(p) for p in pods)
-    )
+    """A held decision of a new object whose metrics cannot exist yet: it is not reported.
+
+    Until the object's first complete snapshot, while none of its pods serves, or the first
+    was admitted less than two scrape intervals ago (the age a sample may reach before it is
+    stale: a pod that serves has one by then), missing metrics are what a new deployment
+    has. `HoldStaleMetrics` (a Warning Event and a status write) on every new object would be
+    a false alarm, and while many objects start at once those reports queue for the API
+    server with the object's lock held, in front of the reconciles that bring its pools up.
+    Later decisions are reported as usual: a Prometheus that never sees the pods is named
+    two scrape intervals after the first one serves."""
+    if tr.metrics_ok is not None or snap.ok or outcome.changed:
+        return False
+    admitted = [t for p in pods if routable(p) and (t := admitted_at(p)) is not None]
+    return not admitted or now - min(admitted) < 2 * scrape_s
+
+
+def admitted_at(pod: Mapping[str, Any]) -> float | None:
+    """When the pod's routable gate opened (unix seconds), None when unknown."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == names.READINESS_GATE and c.get("status") == "True":
+            return status.parse_time(c.get("lastTransitionTime"))
+    return None
 
 
 async def write_decision_status(
@@ -1051,7 +1069,7 @@ async def step(
         # the steps already waiting to carry out theirs.
         kube.slot.release()
     fresh = await kube.get(api.KIND, ns, name)
-    if not_serving_yet(tr, snap, outcome, pods):
+    if not_serving_yet(tr, snap, outcome, pods, now, a.scrape_interval_seconds):
         export_metrics(fresh, spec, outcome, snap, pods)
         return
     await write_decision_status(kube, fresh, config, outcome, snap, tr, pending)

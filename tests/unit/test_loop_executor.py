@@ -103,8 +103,9 @@ def test_metrics_available_follows_the_snapshot():
 
 
 def test_a_new_object_is_not_reported_stale_before_a_pod_serves():
-    """No metrics can exist before a pod serves: no Warning, no status write until one does;
-    then the decision is reported. Pods serving without metrics are reported at once."""
+    """No metrics can exist before a pod serves, nor before Prometheus has scraped it: no
+    Warning, no status write until two scrape intervals after the first pod began to serve;
+    then the missing metrics are reported."""
     w = World()
     for (kind, _, _), obj in w.kube.objects.items():
         if kind == "Pod":
@@ -113,8 +114,20 @@ def test_a_new_object_is_not_reported_stale_before_a_pod_serves():
     writes = w.kube.calls[("patch", api.KIND)]
     w.step()
     assert w.kube.calls[("patch", api.KIND)] == writes and w.kube.events == []
-    w.pods(prefill=1, decode=2)  # serving now
+    for (kind, _, name), obj in list(w.kube.objects.items()):
+        if kind == "Pod":  # serving from the next decision on, no sample yet
+            w.kube.put(
+                pod(
+                    NAME,
+                    obj["metadata"]["labels"][names.LABEL_POOL],
+                    int(name[-5:]),
+                    created=w.now - 60,
+                    admitted=w.now + 25,
+                )
+            )
     w.step()
+    assert w.kube.calls[("patch", api.KIND)] == writes and w.kube.events == []
+    w.step(dt=2 * SCRAPE)  # two scrape intervals after the first pod began to serve
     assert w.condition(names.COND_METRICS_AVAILABLE)["status"] == "False"
     assert [e["reason"] for e in w.kube.events] == ["HoldStaleMetrics"]
 
