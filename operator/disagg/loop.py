@@ -1039,6 +1039,13 @@ async def step(
         due = now - tr.last_decision_at >= a.interval_seconds
     if not (due or draining_now):
         return
+    if not draining_now and not set(api.pool_names(spec)) <= set(
+        await list_deployments(kube, ns, name, opts)
+    ):
+        # A pool not created yet reads as 0 replicas, which a decision would "grow" to its
+        # minimum by reconciling from here: the controller's reconcile creates the pools at
+        # their spec's sizes; the first decision comes once they exist.
+        return
     snap = await snapshot(kube, body, spec, pods, opts, now, fleet)
     tr.last_snapshot = snap
     if draining_now:

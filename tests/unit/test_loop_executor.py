@@ -140,6 +140,21 @@ def test_serving_pods_without_metrics_are_reported_at_the_first_decision():
     assert [e["reason"] for e in w.kube.events] == ["HoldStaleMetrics"]
 
 
+def test_no_decision_before_the_pools_exist():
+    """A pool not created yet would read as 0 replicas and be "grown" to its minimum by a
+    reconcile from the decision (with a write slot and the object's lock held, while the
+    controller's own reconcile creates it): the decision waits for the pools instead."""
+    w = World()
+    w.kube.objects.pop(("Deployment", NS, f"{NAME}-decode"))
+    resync(w.kube, w.opts.cache)
+    w.kube.calls.clear()
+    w.step()
+    assert dict(w.kube.calls) == {} and w.kube.events == []
+    assert loop.TRACKERS[(NS, NAME)].last_outcome is None
+    w.kube.put(deployment(NAME, "decode", 2))
+    assert w.step() is not None
+
+
 def test_the_operator_asks_for_the_short_window_rate():
     w = World()
     w.step()
