@@ -824,22 +824,32 @@ def admitted_at(pod: Mapping[str, Any]) -> float | None:
     return None
 
 
-async def write_decision_status(
-    kube: Kube,
+class Report(NamedTuple):
+    """What a decision writes about itself: status fields and Events ((reason, message, type))."""
+
+    status: dict[str, Any]
+    events: list[tuple[str, str, str]]
+    persist: str | None  # why the scaler state is written (None: it is not)
+
+    def writes(self, body: Mapping[str, Any]) -> bool:
+        return bool(self.events) or reconcile.status_changed(body, self.status)
+
+
+def decision_report(
     body: Mapping[str, Any],
     config: autoscaler.Config,
     outcome: autoscaler.Outcome,
     snap: metrics.Snapshot,
     tr: Tracker,
     pending: Deferred | None = None,
-) -> None:
+) -> Report:
     """Conditions, lastDecision, calibration and scalerState; an Event when the targets change
     or the metrics come or go. `status.ratio` is reconcile's (from the targets in DESIRED).
 
     `pending`: what a reconcile of this decision left unwritten (`apply`). Its status fields go
     out in the same patch, the decision's conditions merged over theirs; its pool Events'
     messages go into the decision's Event (posted on their own only when the decision has
-    none). The patch and the Event are independent and sent at once: one round trip."""
+    none)."""
     pending_status = pending.status if pending is not None else None
     pending_events = pending.events if pending is not None else []
     meta = body["metadata"]
@@ -877,23 +887,37 @@ async def write_decision_status(
         # this one lacks (e.g. the arrival rate when the metrics are missing) are cleared.
         new_status["lastDecision"] = replacing(prev, record)
         new_status["calibration"] = outcome.calibration
-    events: list[Awaitable[None]] = []
+    events: list[tuple[str, str, str]] = []
     if outcome.changed or tr.metrics_ok != snap.ok:
         detail = "; ".join(outcome.notes) or snap.reason()
         done = "".join(f"; {message}" for _, message in pending_events)
-        events.append(
-            kube.event(
-                body,
-                outcome.reason,
-                f"{autoscaler.summary(outcome, config.pools)}{done}; {detail}"[:1000],
-                type_="Normal" if snap.ok else "Warning",
-                action="Autoscale",
-            )
-        )
+        message = f"{autoscaler.summary(outcome, config.pools)}{done}; {detail}"[:1000]
+        events.append((outcome.reason, message, "Normal" if snap.ok else "Warning"))
     else:
-        events.extend(kube.event(body, reason, message) for reason, message in pending_events)
-    await asyncio.gather(reconcile.write_status(kube, body, new_status), *events)
-    if persist is not None:
+        events.extend((reason, message, "") for reason, message in pending_events)
+    return Report(new_status, events, persist)
+
+
+async def write_decision_status(
+    kube: Kube,
+    body: Mapping[str, Any],
+    config: autoscaler.Config,
+    outcome: autoscaler.Outcome,
+    snap: metrics.Snapshot,
+    tr: Tracker,
+    pending: Deferred | None = None,
+) -> None:
+    """Write `decision_report`: the patch and the Events are independent and sent at once (one
+    round trip)."""
+    report = decision_report(body, config, outcome, snap, tr, pending)
+    events: list[Awaitable[None]] = [
+        kube.event(body, reason, message, type_=kind, action="Autoscale")
+        if kind
+        else kube.event(body, reason, message)
+        for reason, message, kind in report.events
+    ]
+    await asyncio.gather(reconcile.write_status(kube, body, report.status), *events)
+    if report.persist is not None:
         tr.saved_policy, tr.saved_at = outcome.state.policy, outcome.record.time
     tr.metrics_ok = snap.ok
 
@@ -1079,6 +1103,18 @@ async def step(
     if not_serving_yet(tr, snap, outcome, pods, now, a.scrape_interval_seconds):
         export_metrics(fresh, spec, outcome, snap, pods)
         return
+    if isinstance(kube, WriteGated) and decision_report(fresh, config, outcome, snap, tr, pending).writes(
+        fresh
+    ):
+        # The report waits for its slot with the object's lock released: while many objects
+        # start, a reconcile that brings a pool up does not queue behind a status write. It is
+        # made from the object as it is once the slot is had (what a reconcile wrote meanwhile
+        # stays); a growing decision's deferred status is dropped if one did.
+        seen = fresh["metadata"].get("resourceVersion")
+        await (kube.slot.take_unlocked(kube.lock) if kube.lock is not None else kube.slot.take())
+        fresh = await kube.get(api.KIND, ns, name)
+        if pending is not None and fresh["metadata"].get("resourceVersion") != seen:
+            pending = Deferred(None, pending.events)
     await write_decision_status(kube, fresh, config, outcome, snap, tr, pending)
     export_metrics(fresh, spec, outcome, snap, pods)
     slot_wait_s = kube.slot.waited_s if isinstance(kube, WriteGated) else 0.0
@@ -1142,7 +1178,8 @@ class WriteSlot:
     that makes many pools grow at once would keep the other due objects waiting behind those
     writes, to decide on metrics from before the step when their turn came. The slot is
     asked for with the object's lock held (a reconcile of the object waits for the step's
-    writes, as it would for the step itself); nothing holds a slot and then asks for a lock."""
+    writes, as it would for the step itself), but for a report's (`take_unlocked`): a report
+    holds a slot while it asks for its object's lock, which only a reconcile (no slot) holds."""
 
     def __init__(self, slots: asyncio.Semaphore) -> None:
         self.slots = slots
@@ -1162,10 +1199,33 @@ class WriteSlot:
             self.waited_s += waited
             opmetrics.DECISION_WAIT.labels("slot").observe(waited)
 
+    async def take_unlocked(self, lock: asyncio.Lock) -> None:
+        """`take`, with `lock` (held by the caller) released while waiting and held again after.
+
+        Only a reconcile can hold an object's lock while a step waits for it here, and a
+        reconcile takes no slot: holding a slot while asking for the lock cannot deadlock."""
+        if self.held:
+            return
+        lock.release()
+        try:
+            await self.take()
+        finally:
+            await _reacquire(lock)
+
     def release(self) -> None:
         if self.held:
             self.held = False
             self.slots.release()
+
+
+async def _reacquire(lock: asyncio.Lock) -> None:
+    """Hold `lock` again, even when cancelled meanwhile (the caller's `async with` releases it)."""
+    got = asyncio.ensure_future(lock.acquire())
+    try:
+        await asyncio.shield(got)
+    except asyncio.CancelledError:
+        await got
+        raise
 
 
 class WriteGated:
@@ -1173,9 +1233,10 @@ class WriteGated:
 
     WRITES = frozenset({"apply", "create", "patch", "delete", "event"})
 
-    def __init__(self, kube: Any, slot: WriteSlot) -> None:
+    def __init__(self, kube: Any, slot: WriteSlot, lock: asyncio.Lock | None = None) -> None:
         self.kube = kube
         self.slot = slot
+        self.lock = lock  # the object's lock the step holds (None: it holds none)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.kube, name)
@@ -1217,7 +1278,8 @@ async def _step_in_task(
             await asyncio.shield(fleet)
         asked = time.monotonic()
         opmetrics.DECISION_WAIT.labels("metrics").observe(asked - started)
-        async with reconcile.lock_for(*key):
+        lock = reconcile.lock_for(*key)
+        async with lock:
             locked = time.monotonic()
             opmetrics.DECISION_WAIT.labels("lock").observe(locked - asked)
             # A task that waited longer than a tick for the object's lock takes the time it
@@ -1226,7 +1288,7 @@ async def _step_in_task(
             slot = WriteSlot(_slots_for(opts))
             try:
                 await step(
-                    WriteGated(cached(kube, opts), slot),
+                    WriteGated(cached(kube, opts), slot, lock),
                     body,
                     opts,
                     now + waited if waited > opts.tick_s else now,

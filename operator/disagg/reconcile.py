@@ -98,15 +98,20 @@ def target_replicas(spec: api.DisaggDeploymentSpec, deployments: Mapping[str, di
     return out
 
 
-async def write_status(kube: Kube, body: Mapping[str, Any], new_status: dict[str, Any]) -> bool:
-    """Server-side apply of the operator's status fields; skipped when nothing changed."""
+def status_changed(body: Mapping[str, Any], new_status: Mapping[str, Any]) -> bool:
+    """Whether writing `new_status` changes the object's status (conditions by their content)."""
     old = body.get("status") or {}
-    changed = any(
+    return any(
         (not status.conditions_equal(old.get(k), v)) if k == "conditions" else old.get(k) != v
         for k, v in new_status.items()
     )
-    if not changed:
+
+
+async def write_status(kube: Kube, body: Mapping[str, Any], new_status: dict[str, Any]) -> bool:
+    """Server-side apply of the operator's status fields; skipped when nothing changed."""
+    if not status_changed(body, new_status):
         return False
+    old = body.get("status") or {}
     meta = body["metadata"]
     payload = dict(new_status)
     if "pools" in payload and isinstance(old.get("pools"), dict):

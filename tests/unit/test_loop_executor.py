@@ -629,6 +629,45 @@ def test_a_growing_decision_gives_its_write_slot_back_before_its_report():
     assert grown and max(grown) < order.index("other step") < report, order
 
 
+def test_a_report_waits_for_its_slot_without_the_objects_lock():
+    """While many objects start, a decision's report (status, Event) may wait long for a write
+    slot: the object's reconciles must not wait behind it. The report is then made from the
+    object as the reconcile left it: its conditions stay."""
+    w = World()
+    for _ in range(3):  # steady: the decisions hold
+        w.step()
+    w.prom.error = ConnectionError("prometheus down")  # the next decision reports
+    w.now += 30.0
+    w.prom.now = w.now
+    ready = status.condition(
+        names.COND_READY, True, "AllPoolsReady", "every pool has its desired replicas ready", 1
+    )
+
+    async def main() -> None:
+        slots = asyncio.Semaphore(1)
+        await slots.acquire()  # another object's step holds the only slot
+        lock = reconcile.lock_for(NS, NAME)
+        await lock.acquire()  # as _step_in_task holds it
+        kube = loop.WriteGated(loop.cached(w.kube, w.opts), loop.WriteSlot(slots), lock)
+        stepping = asyncio.create_task(loop.step(kube, w.body(), w.opts, w.now))
+        await asyncio.sleep(0.05)  # decided; its report waits for the slot
+        assert not lock.locked()
+        async with lock:  # a reconcile runs meanwhile
+            body = w.opts.cache.get(api.KIND, NS, NAME)
+            conds = status.merge_conditions(body["status"]["conditions"], [ready])
+            await reconcile.write_status(loop.cached(w.kube, w.opts), body, {"conditions": conds})
+        slots.release()
+        await stepping
+        assert lock.locked()  # held again for the caller to release
+        kube.slot.release()
+        lock.release()
+
+    asyncio.run(main())
+    assert w.condition(names.COND_METRICS_AVAILABLE)["status"] == "False"
+    assert w.condition(names.COND_READY)["status"] == "True"
+    assert [e["reason"] for e in w.kube.events][-1] == "HoldStaleMetrics"
+
+
 def test_a_growing_decision_posts_one_event_naming_its_pools_sent_with_its_status():
     """The pools' PoolUpdated Event is folded into the decision's own Event, which goes out
     beside the status patch (one round trip after the Deployment write, not three)."""
