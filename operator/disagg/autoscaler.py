@@ -245,7 +245,8 @@ class Observation:
     count_interval_s: float | None = None
 
 
-def _gate(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def gate_condition(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The pod's routable readiness-gate condition, None before the operator set it."""
     for c in pod.get("status", {}).get("conditions", []) or []:
         if c.get("type") == names.READINESS_GATE:
             return c
@@ -263,7 +264,7 @@ def startup_seconds(pods: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Observed pod start-up by pod name: creation to first admission (the routable gate set True)."""
     out: dict[str, float] = {}
     for p in pods:
-        c = _gate(p)
+        c = gate_condition(p)
         if c and c.get("status") == "True" and c.get("reason") == names.GATE_ADMITTED:
             t0 = status.parse_time(p["metadata"].get("creationTimestamp"))
             t1 = status.parse_time(c.get("lastTransitionTime"))

@@ -818,10 +818,8 @@ def not_serving_yet(
 
 def admitted_at(pod: Mapping[str, Any]) -> float | None:
     """When the pod's routable gate opened (unix seconds), None when unknown."""
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == names.READINESS_GATE and c.get("status") == "True":
-            return status.parse_time(c.get("lastTransitionTime"))
-    return None
+    c = autoscaler.gate_condition(pod)
+    return status.parse_time(c.get("lastTransitionTime")) if c and c.get("status") == "True" else None
 
 
 class Report(NamedTuple):
