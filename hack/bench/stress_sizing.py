@@ -13,7 +13,9 @@ policy fed, one at a time and together, by
   sizes     the window's request-size classes (disagg.sizes) instead of mean/std,
   ca2       the index of dispersion of arrival counts per two scrapes over the last
             10 min (disagg.burstiness) in Allen-Cunneen and the counting noise,
-  headroom  the automatic burst headroom (last hour of counts, start-up, window).
+  headroom  the automatic burst headroom (last hour of counts, start-up, window),
+  front     the front load gain learnt from lasting TTFT misses at plan
+            (autoscaler.learnt_front_gain); `default` is the spec's defaults.
 
 Prints attainment and GPU-hours per variant. No assertion: this prints numbers. The
 variants are the operator's own switches, `spec.autoscaling.sizing` (EvalSettings.sizing),
@@ -28,6 +30,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from disagg import api
 from disagg import evaluate as ev
 from disagg.workload import Workload, burst, load_trace, piecewise_poisson, poisson
 
@@ -45,6 +48,7 @@ def workloads(minutes: float) -> dict[str, Workload]:
 
     shift_a = piecewise_poisson([(dur / 2, 4.0), (dur / 2, 4.0)], rng)
     half = shift_a < dur / 2
+    batched = poisson(6, dur, prompt_tokens=(3, 2000), output_tokens=(20, 200), seed=5)
     shift_p = np.where(half, rng.integers(200, 800, shift_a.size), rng.integers(6000, 12000, shift_a.size))
     return {
         "smooth: Poisson 6 rps, uniform prompts (the cost of each input)": poisson(
@@ -59,24 +63,38 @@ def workloads(minutes: float) -> dict[str, Workload]:
         "short -> long prompts at half time (4 rps)": Workload(
             shift_a, shift_p, rng.integers(50, 300, shift_a.size), name="shift"
         ),
+        "batched: Poisson 6 rps, arrivals floored to 3 s (coarse timestamps)": Workload(
+            np.floor(batched.arrival_s / 3.0) * 3.0,
+            batched.prompt_tokens,
+            batched.output_tokens,
+            name="batched",
+        ),
     }
 
 
-def settings(base: ev.EvalSettings, flags: tuple[bool, bool, bool] | None) -> ev.EvalSettings:
+def settings(base: ev.EvalSettings, flags: tuple[bool, bool, bool, bool]) -> ev.EvalSettings:
     """The `disagg` policy with some of the issue-14 inputs switched on (spec.autoscaling.sizing)."""
-    if flags is None:
-        flags = (False, False, False)
-    sizes, ca2, headroom = flags
-    return replace(base, sizing={"requestSizes": sizes, "burstiness": ca2, "autoHeadroom": headroom})
+    sizes, ca2, headroom, front = flags
+    return replace(
+        base,
+        sizing={"requestSizes": sizes, "burstiness": ca2, "autoHeadroom": headroom, "frontLoadGain": front},
+    )
 
 
 VARIANTS = {
-    "disagg": None,
-    "+sizes": (True, False, False),
-    "+ca2": (False, True, False),
-    "+headroom": (False, False, True),
-    "+ca2+headroom": (False, True, True),
-    "+all": (True, True, True),
+    "disagg": (False, False, False, False),
+    "+sizes": (True, False, False, False),
+    "+ca2": (False, True, False, False),
+    "+headroom": (False, False, True, False),
+    "+ca2+headroom": (False, True, True, False),
+    "+front": (False, False, False, True),
+    "default": (
+        api.SIZING_REQUEST_SIZES_DEFAULT,
+        api.SIZING_BURSTINESS_DEFAULT,
+        api.SIZING_AUTO_HEADROOM_DEFAULT,
+        api.SIZING_FRONT_LOAD_GAIN_DEFAULT,
+    ),
+    "+all": (True, True, True, True),
 }
 
 

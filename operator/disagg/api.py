@@ -51,6 +51,7 @@ MAX_GPU_BUDGET = MAX_REPLICAS * MAX_GPUS_PER_REPLICA
 SIZING_REQUEST_SIZES_DEFAULT = False
 SIZING_BURSTINESS_DEFAULT = False
 SIZING_AUTO_HEADROOM_DEFAULT = True
+SIZING_FRONT_LOAD_GAIN_DEFAULT = True
 
 
 # ---------------------------------------------------------------------------
@@ -755,6 +756,13 @@ class Sizing(_Model):
         "within one decision lead, start-up + interval + scrape, over the last hour); `headroom` is then a "
         "floor under it.",
     )
+    front_load_gain: bool = Field(
+        SIZING_FRONT_LOAD_GAIN_DEFAULT,
+        description="Learn a gain on the load the prefill (and encoder) pools are sized for from lasting "
+        "TTFT misses the model did not predict (the fleet at plan and steady, yet the observed TTFT percentile "
+        "over the target), e.g. requests that arrive together within a scrape; it falls back to 1 while the "
+        "target is met. Flat TTFT targets only.",
+    )
 
 
 class Autoscaling(_Model):
@@ -944,7 +952,7 @@ class DisaggDeploymentStatus(_Status):
     scaler_state: FreeForm | None = Field(
         None,
         description="The autoscaler's memory (stabilization window, rate samples, calibration samples, "
-        "token shape, start-up times), bounded in size: a restarted operator resumes from it.",
+        "token shape, start-up times, front load gain), bounded in size: a restarted operator resumes from it.",
     )
 
 

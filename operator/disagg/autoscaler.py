@@ -31,14 +31,15 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from disagg import api, burstiness, drain, names, planner, policy, status
 from disagg.calibration import Calibrator
 from disagg.metrics import back_pool
-from disagg.sizes import SizeDistribution
+from disagg.model import StageModels
+from disagg.sizes import SizeDistribution, ttft_covers
 
 __all__ = [
     "BURST_HORIZON_S",
@@ -77,6 +78,13 @@ LEAD_MIN_S, LEAD_MAX_S = 5.0, 600.0
 MAX_STARTUP_SAMPLES = 50
 #: Calibration samples kept per stage.
 MAX_CALIBRATION_SAMPLES = 240
+#: The front load gain (`learnt_front_gain`): the factor one lasting unpredicted TTFT miss
+#: multiplies it by, its ceiling, and its half-life while the target is met.
+FRONT_GAIN_STEP = 2.0
+FRONT_GAIN_MAX = 8.0
+FRONT_GAIN_HALF_LIFE_S = 1800.0
+#: Pools that queue requests for their first token: the front load gain sizes them.
+FRONT_POOLS = (names.POOL_ENCODER, names.POOL_PREFILL)
 #: Token-shape keys remembered between windows that show no finished request.
 SHAPE_KEYS = (
     "prompt_tokens_mean",
@@ -302,6 +310,11 @@ class ScalerState:
     prefill_samples: tuple[tuple[float, float], ...] = ()  # (prompt tokens, prefill ms)
     shape: dict[str, float] = field(default_factory=dict)  # last measured token means
     startups: dict[str, float] = field(default_factory=dict)  # observed start-up s by pod
+    # the front load gain (`learnt_front_gain`), when it was last updated, and the first
+    # decision of the current run of TTFT misses with the fleet at plan
+    front_gain: float = 1.0
+    front_gain_at: float | None = None
+    miss_since: float | None = None
 
     def calibrator(self) -> Calibrator:
         c = Calibrator(max_samples=MAX_CALIBRATION_SAMPLES)
@@ -322,6 +335,10 @@ class ScalerState:
             # pairs, not a map: a merge patch of status replaces a list whole (a map would keep
             # the names it does not mention, and grow without bound)
             "startups": [[k, round(v, 3)] for k, v in self.startups.items()],
+            # times only when known: a merge patch deletes a null, and the read-back must equal this
+            "frontGain": _without_none(
+                {"gain": round(self.front_gain, 4), "at": self.front_gain_at, "missSince": self.miss_since}
+            ),
         }
 
     @classmethod
@@ -348,6 +365,14 @@ class ScalerState:
             startups = {str(k): float(v) for k, v in items if math.isfinite(float(v)) and float(v) >= 0}
         except (TypeError, ValueError, AttributeError):
             startups = {}
+        gain, gain_at, miss_since = 1.0, None, None
+        try:
+            fg = d.get("frontGain") or {}
+            g = float(fg.get("gain", 1.0))
+            gain = min(FRONT_GAIN_MAX, g) if math.isfinite(g) and g >= 1.0 else 1.0
+            gain_at, miss_since = _time_or_none(fg.get("at")), _time_or_none(fg.get("missSince"))
+        except (TypeError, ValueError, AttributeError):
+            gain, gain_at, miss_since = 1.0, None, None
         pol = d.get("policy")
         return cls(
             policy=policy.PolicyState.from_dict(pol if isinstance(pol, dict) else None),
@@ -355,7 +380,18 @@ class ScalerState:
             prefill_samples=prefill,
             shape=shape,
             startups=startups,
+            front_gain=gain,
+            front_gain_at=gain_at,
+            miss_since=miss_since,
         )
+
+
+def _time_or_none(x: Any) -> float | None:
+    """A time read back from the state: a finite number, else None (a damaged field starts fresh)."""
+    if x is None:
+        return None
+    t = float(x)
+    return t if math.isfinite(t) else None
 
 
 # --------------------------------------------------------------------------- outcome
@@ -421,6 +457,7 @@ class DecisionRecord:
     admitted_fraction: float | None = None  # share of the load the plan serves (the rest is shed)
     arrival_dispersion: float | None = None  # measured index of dispersion used (None: Poisson)
     auto_headroom: float | None = None  # automatic headroom used (None: the spec's headroom only)
+    front_gain: float | None = None  # learnt multiplier on the front pools' load (None: switched off)
     size_classes: int | None = None  # prompt size classes planned over (None: the mean request)
 
     @classmethod
@@ -472,6 +509,7 @@ class DecisionRecord:
                 "plannedRps": _r(self.planned_rps),
                 "arrivalDispersion": _r(self.arrival_dispersion),
                 "autoHeadroom": _r(self.auto_headroom),
+                "frontLoadGain": _r(self.front_gain),
                 "sizeClasses": self.size_classes,
                 "custom": {k: _r(v) for k, v in self.custom.items()},
                 "leadTimeSeconds": _r(self.lead_time_s, 1),
@@ -693,6 +731,131 @@ def summary(outcome: Outcome, pools: Sequence[str]) -> str:
     return line
 
 
+def learnt_front_gain(
+    config: Config,
+    obs: Observation,
+    state: ScalerState,
+    models: StageModels,
+    *,
+    current: Mapping[str, int],
+    planned: Mapping[str, int],
+    startup_s: float,
+) -> tuple[float, float | None, float | None]:
+    """(gain, when it was last updated, since when TTFT has missed at plan) after this observation.
+
+    The queueing model can be wrong in ways no input shows: requests that arrive together
+    inside one scrape (a trace with coarse timestamps, a client that fans out) queue for
+    the prefill workers all at once, which neither the rate nor the dispersion of counts
+    per sub-window reveals. The front load gain multiplies the load the front pools
+    (encoder, prefill) are sized for; it starts at 1 and is learnt from the observed TTFT
+    at the SLO percentile against the target:
+
+    * a miss counts only when the fleet was steady for the whole window (no pod pending
+      or draining, no scaling action for one start-up and one window, the autoscaler on
+      record that long) and is at least what the model asks for now: the model said
+      enough, the window said not. A miss while the fleet was below plan or changing is
+      the lag the forecast and the headroom answer;
+    * it must last two windows that do not overlap, so that one slow window's quantile (a
+      few requests) does not count. Then the gain grows by `FRONT_GAIN_STEP`, up to
+      `FRONT_GAIN_MAX`;
+    * a window comfortably within the target (at most `Tuning.ttft_comfort` of it) lowers
+      it toward 1 (half-life `FRONT_GAIN_HALF_LIFE_S`): a gain no longer needed goes. One
+      between comfort and the target holds it: lowering it there probes back into misses.
+
+    Nothing is learnt from a window with fewer requests than one beyond the percentile
+    (its quantile is its slowest request), nor while more than half the requests the
+    percentile lets go would miss on an idle system (`unreachable_share`): those misses
+    no capacity fixes; nor under a target that grows with the prompt, whose percentile
+    says little about which requests missed. `spec.autoscaling.sizing.frontLoadGain`
+    off: the gain stays 1.
+    """
+    gain, at, since = state.front_gain, state.front_gain_at, state.miss_since
+    if not config.sizing.front_load_gain:
+        return 1.0, None, None
+    now = obs.now
+    ttft, rate = obs.ttft_observed_s, obs.arrival_rps
+    p = config.planning.slo.percentile
+    if (
+        not obs.metrics_ok
+        or config.planning.slo.ttft_s_per_1k_tokens
+        or ttft is None
+        or not math.isfinite(ttft)
+        or rate is None
+        or not math.isfinite(rate)
+        or rate * config.window_s * (1.0 - p) < 1.0
+    ):
+        return gain, at, since
+    target = config.ttft_target_s
+    if ttft <= target:
+        if ttft <= config.tuning.ttft_comfort * target and gain > 1.0 and at is not None and now > at:
+            dt = min(now - at, 2.0 * config.interval_s)  # a gap in the metrics is not a met window
+            gain = max(1.0, gain * 0.5 ** (dt / FRONT_GAIN_HALF_LIFE_S))
+        return gain, now, None
+    pol = state.policy
+    settle = startup_s + config.window_s
+    steady = (
+        all(not pv.leaving and pv.pending_pods == 0 for pv in obs.pools.values())
+        and pol.first_seen is not None
+        and now - pol.first_seen >= settle
+        and (pol.last_action is None or now - pol.last_action >= settle)
+        and all(current.get(k, 0) >= n for k, n in planned.items())
+    )
+    if not steady or unreachable_share(config, obs, models) > (1.0 - p) / 2.0:
+        return gain, now, None
+    if since is None:
+        return gain, now, now
+    if now - since >= config.window_s:
+        return min(FRONT_GAIN_MAX, gain * FRONT_GAIN_STEP), now, None
+    return gain, now, since
+
+
+def unreachable_share(config: Config, obs: Observation, models: StageModels) -> float:
+    """Share of the window's requests that miss TTFT even on an idle system, or with less slack
+    than one decode step (on time only on an idle decode worker): no capacity brings them in.
+
+    From the window's size distribution when there is one, else from the prompt and output
+    means and spreads read as log-normal; 1 (nothing known) without a prompt mean.
+    """
+    sizes = obs.sizes if isinstance(obs.sizes, SizeDistribution) else None
+    if sizes is None:
+        pm, ps = obs.prompt_tokens_mean, obs.prompt_tokens_std
+        om, os_ = obs.output_tokens_mean, obs.output_tokens_std
+        if pm is None or not math.isfinite(pm) or pm <= 0:
+            return 1.0
+        ok = [v if v is not None and math.isfinite(v) and v >= 0 else 0.0 for v in (ps, om, os_)]
+        sizes = SizeDistribution.from_mean_std(pm, ok[0], max(ok[1], 1.0), ok[2])
+    slo = config.planning.slo
+    cov = ttft_covers(
+        sizes,
+        models,
+        slo.ttft_s,
+        slo.percentile,
+        chunked=config.planning.chunked,
+        extra_s=2.0 * float(models.decode.step_ms(1)) / 1000.0,  # the first token and one step of slack
+        target_s_per_1k_tokens=slo.ttft_s_per_1k_tokens,
+    )
+    return cov.idle_miss_fraction
+
+
+def front_sized(
+    config: Config,
+    plan_at: Callable[[float], planner.Plan],
+    rate: float,
+    gain: float,
+    planned: dict[str, int],
+) -> dict[str, int]:
+    """`planned` with the front pools sized for `rate` x `gain` (`learnt_front_gain`), the
+    other pools as they were; within the GPU budget (over it: `planned` unchanged)."""
+    if gain <= 1.0 or not any(p in planned for p in FRONT_POOLS):
+        return planned
+    front = _pooled(plan_at(rate * gain), config.pools)
+    out = {p: max(n, front[p]) if p in FRONT_POOLS and p in front else n for p, n in planned.items()}
+    budget = config.base_policy.gpu_budget
+    if budget is not None and policy.total_gpus(out, config.base_policy.gpus_per_replica) > budget:
+        return planned
+    return out
+
+
 def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
     """One autoscaling decision. See the module docstring."""
     pools = config.pools
@@ -706,7 +869,8 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
     startups = {**state.startups, **obs.startups}
     while len(startups) > MAX_STARTUP_SAMPLES:  # keep the most recent pods' figures
         startups.pop(next(iter(startups)))
-    lead = config.decision_lead(lead_time(list(startups.values())))
+    startup_s = lead_time(list(startups.values()))
+    lead = config.decision_lead(startup_s)
     pcfg = config.policy_config(lead)
     tn = config.tuning
 
@@ -739,6 +903,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
     admitted: float | None = None
     notes: list[str] = []
     inputs = sizing_inputs(config, obs, lead) if observed is not None else SizingInputs()
+    gain, gain_at, miss_since = state.front_gain, state.front_gain_at, state.miss_since
     if observed is not None:
         queued = sum(v for v in obs.queued.values() if v is not None and math.isfinite(v))
         rate, pstate = policy.sizing_rate(
@@ -764,6 +929,16 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
             footprint = observed_kv_footprint(obs, models.decode.kv_cache_tokens)
             plan = config.planning.plan(demand_for(obs, rate, shape, inputs, footprint), models)
             planned = _pooled(plan, pools)
+            gain, gain_at, miss_since = learnt_front_gain(
+                config, obs, state, models, current=current, planned=planned, startup_s=startup_s
+            )
+            planned = front_sized(
+                config,
+                lambda r: config.planning.plan(demand_for(obs, r, shape, inputs, footprint), models),
+                rate,
+                gain,
+                planned,
+            )
             # What the current load needs: a budget rebalance never shrinks a donor below it.
             # The share of the load to admit is that plan's too: under a short budget the front
             # door sheds what the pools cannot serve now, not what a forecast might bring.
@@ -827,6 +1002,9 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         prefill_samples=tuple(calibrator.prefill),
         shape=shape,
         startups=startups,
+        front_gain=gain,
+        front_gain_at=gain_at,
+        miss_since=miss_since,
     )
     record = DecisionRecord(
         time=now,
@@ -860,6 +1038,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         admitted_fraction=admitted,
         arrival_dispersion=inputs.dispersion,
         auto_headroom=inputs.auto_headroom,
+        front_gain=gain if config.sizing.front_load_gain else None,
         size_classes=len(inputs.sizes.prompt_tokens) if inputs.sizes is not None else None,
     )
     return Outcome(

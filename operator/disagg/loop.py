@@ -174,7 +174,7 @@ def state_write_reason(tr: Tracker, new: PolicyState, now: float) -> str | None:
     recommendation (a restart extends it to the restart: `extend_restored`), the start of the
     stabilization window (`firstSeen`), the last action and its targets, a new backlog-driven
     recommendation (the window skips those later); and at least every SCALER_STATE_REFRESH_S
-    for the rest (calibration samples, start-ups, shape, rate samples)."""
+    for the rest (calibration samples, start-ups, shape, rate samples, the front load gain)."""
     old = tr.saved_policy
     if old is None or tr.saved_at is None:
         return "first decision"

@@ -252,6 +252,17 @@ KV = [
         kv_running=3.0,
     ),
 ]
+# The fleet the model asks for at 4 rps of 1,000-token prompts, steady, yet TTFT at p99 misses
+# the 0.6 s target window after window (requests that arrive together): the front load gain
+# grows, and with it the prefill pool alone. The last rows have the added prefill pending.
+AT_PLAN = {"prefill": 1, "decode": 2}
+MISSES = [
+    Row(4.0, AT_PLAN, ttft=0.3),
+    Row(4.0, AT_PLAN, ttft=0.3),
+    *[Row(4.0, AT_PLAN, ttft=0.9)] * 8,
+    Row(4.0, {"prefill": 2, "decode": 2}, ttft=0.9, pending={"prefill": 1}),
+    Row(4.0, {"prefill": 2, "decode": 2}, ttft=0.9),
+]
 ALL_SIZING = {"requestSizes": True, "burstiness": True, "autoHeadroom": True}
 NO_SIZING = {"requestSizes": False, "burstiness": False, "autoHeadroom": False}
 
@@ -263,6 +274,7 @@ CASES = {
     "budget pressure": (BUDGET, replace(SETTINGS, gpu_budget=6)),
     "sizes and bursty counts": (SIZED, replace(SETTINGS, sizing=ALL_SIZING)),
     "observed KV footprint": (KV, SETTINGS),
+    "lasting TTFT misses at plan": (MISSES, SETTINGS),
 }
 
 
@@ -290,6 +302,19 @@ def test_colocated_decisions_are_identical(case: str) -> None:
     ops, evs = run_both(_colocated(rows), settings, placement="colocated")
     assert ops == evs
     assert {p for t, _, _ in ops for p in t} == {"colocated"}
+
+
+def test_lasting_misses_at_plan_grow_the_prefill_pool_alone() -> None:
+    """The misses row by row: the operator's gain (kept in status.scalerState between
+    decisions) and the evaluator's grow alike; only prefill grows; without the switch nothing."""
+    ops, evs = run_both(MISSES)
+    assert ops == evs
+    assert [t for t, _, _ in ops[:9]] == [AT_PLAN] * 9  # settling, then a miss that must last
+    assert ops[9][0] == {"prefill": 2, "decode": 2} and ops[9][2] == "ScaleUp"
+    gain = loop.TRACKERS[(NS, NAME)].last_outcome.state.front_gain
+    assert gain > 1.0
+    off, _ = run_both(MISSES, replace(SETTINGS, sizing={"frontLoadGain": False}))
+    assert all(t == AT_PLAN for t, _, _ in off)
 
 
 def test_the_table_exercises_the_short_window_and_the_budget() -> None:

@@ -1,0 +1,183 @@
+"""The front load gain (autoscaler.learnt_front_gain): learnt from lasting TTFT misses at plan only."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from disagg import autoscaler, drain, evaluate, policy
+from disagg.autoscaler import (
+    FRONT_GAIN_HALF_LIFE_S,
+    FRONT_GAIN_MAX,
+    FRONT_GAIN_STEP,
+    Observation,
+    PoolObservation,
+    ScalerState,
+    front_sized,
+    learnt_front_gain,
+    unreachable_share,
+)
+from disagg.planner import SLO
+from disagg.workload import Workload, poisson
+
+SETTINGS = evaluate.EvalSettings()  # flat 0.6 s TTFT at p99, 60 s window, 30 s interval
+CONFIG = autoscaler.config_from_spec(evaluate.spec_for(SETTINGS, "disaggregated"))
+MODELS = CONFIG.planning.models
+PLANNED = {"prefill": 1, "decode": 2}
+STARTUP_S = 60.0
+T0 = 10_000.0  # on record since 0, no action since 0: steady
+
+
+def obs(now: float = T0, ttft: float | None = 0.9, **kw) -> Observation:
+    pools = kw.pop("pools", {"prefill": PoolObservation(1), "decode": PoolObservation(2)})
+    fields = dict(arrival_rps=4.0, prompt_tokens_mean=1000.0, output_tokens_mean=200.0, ttft_observed_s=ttft)
+    fields.update(kw)
+    return Observation(now=now, metrics_ok=True, pools=pools, **fields)
+
+
+def state(**kw) -> ScalerState:
+    pol = policy.PolicyState(first_seen=0.0, last_action=kw.pop("last_action", 0.0))
+    return ScalerState(policy=pol, **kw)
+
+
+def learn(o: Observation, st: ScalerState, config=CONFIG, current=PLANNED, planned=PLANNED):
+    return learnt_front_gain(config, o, st, MODELS, current=current, planned=planned, startup_s=STARTUP_S)
+
+
+def test_a_miss_must_last_two_windows_at_plan_before_the_gain_grows() -> None:
+    gain, at, since = learn(obs(T0), state())
+    assert (gain, at, since) == (1.0, T0, T0)  # the first miss is only noted
+    st = state(front_gain_at=at, miss_since=since)
+    assert learn(obs(T0 + 30), st)[0] == 1.0  # half a window later: not yet
+    gain, _, since = learn(obs(T0 + 60), st)
+    assert gain == FRONT_GAIN_STEP and since is None  # a whole window later: it grows, the run restarts
+
+
+def test_a_met_window_ends_the_run_of_misses() -> None:
+    gain, _, since = learn(obs(T0 + 60, ttft=0.5), state(miss_since=T0))
+    assert gain == 1.0 and since is None
+
+
+@pytest.mark.parametrize(
+    "why",
+    [
+        "pod pending",
+        "pod draining",
+        "recent action",
+        "below plan",
+        "new autoscaler",
+        "window of few requests",
+    ],
+)
+def test_a_miss_the_model_did_not_claim_to_prevent_teaches_nothing(why: str) -> None:
+    o, st, current = obs(T0 + 60), state(miss_since=T0), PLANNED
+    if why == "pod pending":
+        o = replace(o, pools={**o.pools, "prefill": PoolObservation(1, pending=1)})
+    elif why == "pod draining":
+        leaving = drain.PodView("decode-0", "Running", True, True, drain.DrainRecord(T0, T0 + 600, "proceed"))
+        assert leaving.leaving
+        o = replace(o, pools={**o.pools, "decode": PoolObservation(2, pods=(leaving,))})
+    elif why == "recent action":
+        st = state(miss_since=T0, last_action=T0)  # its workers have served for less than a window
+    elif why == "below plan":
+        current = {"prefill": 1, "decode": 1}
+    elif why == "new autoscaler":
+        st = replace(st, policy=replace(st.policy, first_seen=T0))
+    elif why == "window of few requests":
+        o = replace(o, arrival_rps=1.0)  # 60 requests: the p99 is the slowest one
+    gain, _, since = learn(o, st, current=current)
+    assert gain == 1.0
+    if why != "window of few requests":
+        assert since is None  # the run of misses at plan restarts
+
+
+def test_misses_no_capacity_fixes_teach_nothing() -> None:
+    """Prompts whose own prefill takes longer than the target miss on an idle system."""
+    long = obs(T0 + 60, prompt_tokens_mean=20_000.0, prompt_tokens_std=5_000.0)
+    assert unreachable_share(CONFIG, long, MODELS) > 0.5
+    assert learn(long, state(miss_since=T0))[0] == 1.0
+    assert unreachable_share(CONFIG, obs(), MODELS) == 0.0
+
+
+def test_the_gain_stops_at_its_ceiling() -> None:
+    gain, _, _ = learn(obs(T0 + 60), state(front_gain=FRONT_GAIN_MAX, miss_since=T0))
+    assert gain == FRONT_GAIN_MAX
+
+
+def test_a_comfortable_window_lowers_the_gain_a_close_one_holds_it() -> None:
+    st = state(front_gain=4.0, front_gain_at=T0 - 60)
+    comfortable, _, _ = learn(obs(T0, ttft=0.2), st)
+    assert comfortable == pytest.approx(4.0 * 0.5 ** (60 / FRONT_GAIN_HALF_LIFE_S))
+    assert learn(obs(T0, ttft=0.55), st)[0] == 4.0
+    # a long gap in the metrics counts as two intervals, not as hours of met windows
+    assert learn(obs(T0, ttft=0.2), replace(st, front_gain_at=T0 - 7200))[0] == pytest.approx(comfortable)
+    assert learn(obs(T0, ttft=0.2), state(front_gain=1.0))[0] == 1.0  # never below 1
+
+
+def test_nothing_is_learnt_under_a_growing_target_or_with_the_switch_off() -> None:
+    growing = replace(
+        CONFIG, planning=replace(CONFIG.planning, slo=SLO(percentile=0.99, ttft_s_per_1k_tokens=0.05))
+    )
+    assert learn(obs(T0 + 60), state(miss_since=T0), config=growing)[0] == 1.0
+    off = replace(CONFIG, sizing=CONFIG.sizing.model_copy(update={"front_load_gain": False}))
+    assert learn(obs(T0 + 60), state(front_gain=4.0, miss_since=T0), config=off) == (1.0, None, None)
+
+
+def test_front_sized_grows_the_front_pools_alone_within_the_budget() -> None:
+    def plan_at(rate: float):
+        return CONFIG.planning.plan(autoscaler.demand_for(obs(), rate, {}), MODELS)
+
+    base = autoscaler._pooled(plan_at(4.0), CONFIG.pools)
+    assert front_sized(CONFIG, plan_at, 4.0, 1.0, base) == base
+    grown = front_sized(CONFIG, plan_at, 4.0, 8.0, base)
+    assert grown["prefill"] > base["prefill"] and grown["decode"] == base["decode"]
+    tight = replace(CONFIG, base_policy=replace(CONFIG.base_policy, gpu_budget=sum(base.values())))
+    assert front_sized(tight, plan_at, 4.0, 8.0, base) == base
+
+
+def test_the_gain_survives_the_status_round_trip_and_damage_starts_fresh() -> None:
+    st = state(front_gain=3.5, front_gain_at=T0, miss_since=T0 - 30)
+    back = ScalerState.from_dict(st.to_dict())
+    assert (back.front_gain, back.front_gain_at, back.miss_since) == (3.5, T0, T0 - 30)
+    st = replace(st, startups={"prefill-0": 42.0})
+    for damaged in ({"gain": "x"}, {"gain": math.nan}, {"gain": 0.2}, {"gain": 2.0, "at": "soon"}, [3]):
+        back = ScalerState.from_dict({**st.to_dict(), "frontGain": damaged})
+        assert (back.front_gain, back.front_gain_at, back.miss_since) == (1.0, None, None)
+        assert back.startups == {"prefill-0": 42.0}  # the rest of the memory is kept
+    assert ScalerState.from_dict({**st.to_dict(), "frontGain": {"gain": 1e9}}).front_gain == FRONT_GAIN_MAX
+
+
+def test_requests_that_arrive_together_are_served_once_the_gain_is_learnt() -> None:
+    """Poisson arrivals floored to 3 s (a trace with coarse timestamps): ~18 requests at once.
+
+    Rates and counts per sub-window look Poisson, so only the misses tell; with the gain the
+    `disagg` policy ends with more prefill workers and most of the requests it lost on time."""
+    w = poisson(6, 2400, prompt_tokens=(3, 2000), output_tokens=(20, 200), seed=5)
+    batched = Workload(np.floor(w.arrival_s / 3.0) * 3.0, w.prompt_tokens, w.output_tokens, name="batched")
+    off = evaluate.run_policy("disagg", batched, replace(SETTINGS, sizing={"frontLoadGain": False}))
+    on = evaluate.run_policy("disagg", batched, SETTINGS)
+    a_off, a_on = off.metrics["slo_attainment"], on.metrics["slo_attainment"]
+    assert a_off < 0.7 and a_on > a_off + 0.25
+    prefill = [t["replicas"]["prefill"] for t in on.timeline if "replicas" in t]
+    assert max(prefill) > max(t["replicas"]["prefill"] for t in off.timeline if "replicas" in t)
+    smooth_off = evaluate.run_policy("disagg", w, replace(SETTINGS, sizing={"frontLoadGain": False}))
+    smooth_on = evaluate.run_policy("disagg", w, SETTINGS)
+    assert (
+        smooth_on.metrics["gpu_hours"] == smooth_off.metrics["gpu_hours"]
+    )  # the same arrivals spread out: no gain
+
+
+def test_the_decision_shows_the_gain_it_sized_with() -> None:
+    """status.lastDecision.inputs.frontLoadGain: the learnt gain; absent with the switch off."""
+    o = obs(T0, ttft=0.5)
+    out = autoscaler.decide(CONFIG, o, state(front_gain=4.0, front_gain_at=T0 - 30))
+    assert out.record.to_status()["inputs"]["frontLoadGain"] == 4.0
+    assert out.state.front_gain == 4.0  # held: met, but not comfortably
+    assert out.targets["prefill"] > autoscaler.decide(CONFIG, o, state()).targets["prefill"]
+    off = replace(CONFIG, sizing=CONFIG.sizing.model_copy(update={"front_load_gain": False}))
+    assert (
+        "frontLoadGain" not in autoscaler.decide(off, o, state(front_gain=4.0)).record.to_status()["inputs"]
+    )
