@@ -32,7 +32,7 @@ import numpy as np
 
 from disagg import api
 from disagg import evaluate as ev
-from disagg.workload import Workload, burst, load_trace, piecewise_poisson, poisson
+from disagg.workload import Workload, burst, load_trace, piecewise_poisson, poisson, with_coarse_timestamps
 
 COUNT_S = 15.0  # arrival counts per scrape
 DISPERSION_SPAN_S = 600.0
@@ -63,11 +63,8 @@ def workloads(minutes: float) -> dict[str, Workload]:
         "short -> long prompts at half time (4 rps)": Workload(
             shift_a, shift_p, rng.integers(50, 300, shift_a.size), name="shift"
         ),
-        "batched: Poisson 6 rps, arrivals floored to 3 s (coarse timestamps)": Workload(
-            np.floor(batched.arrival_s / 3.0) * 3.0,
-            batched.prompt_tokens,
-            batched.output_tokens,
-            name="batched",
+        "batched: Poisson 6 rps, arrivals floored to 3 s (coarse timestamps)": with_coarse_timestamps(
+            batched, 3.0
         ),
     }
 

@@ -17,6 +17,7 @@ Pure module: numpy and the standard library only.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -199,6 +200,21 @@ def with_media(w: Workload, media_fraction: float, media_items: int, seed: int |
         np.maximum(w.media_items, media),
         w.hash_ids,
         name=f"{w.name} +media({media_fraction:g}x{media_items})" if media_fraction > 0 else w.name,
+    )
+
+
+def with_coarse_timestamps(w: Workload, quantum_s: float) -> Workload:
+    """`w` with every arrival floored to a multiple of `quantum_s` seconds: the requests of each
+    quantum arrive together, as a trace with coarse timestamps replays them (the order is kept)."""
+    if not (math.isfinite(quantum_s) and quantum_s > 0):
+        raise ValueError(f"quantum_s must be > 0, got {quantum_s!r}")
+    return Workload(
+        np.floor(w.arrival_s / quantum_s) * quantum_s,
+        w.prompt_tokens,
+        w.output_tokens,
+        w.media_items,
+        w.hash_ids,
+        name=f"{w.name} (timestamps floored to {quantum_s:g} s)",
     )
 
 

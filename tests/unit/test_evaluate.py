@@ -20,7 +20,7 @@ from disagg.evaluate import (
     rate_scaled,
     run_policy,
 )
-from disagg.workload import Workload, burst, poisson
+from disagg.workload import Workload, burst, poisson, with_coarse_timestamps
 
 SHORT = EvalSettings(startup_s=30.0, stabilization_s=120.0, timeline_points=50)
 
@@ -212,12 +212,26 @@ def test_cli_json(small_trace: str, capsys) -> None:
         (["--workload", "weekly"], "unknown workload"),
         (["--rate-scale", "0"], "--rate-scale"),
         (["--headroom", "-0.2"], "--headroom"),
+        (["--coarse-timestamps", "0"], "--coarse-timestamps"),
     ],
 )
 def test_cli_bad_input_exit_2(small_trace: str, capsys, extra: list[str], msg: str) -> None:
     rc = main(["evaluate", "--trace", small_trace, *extra])
     assert rc == 2
     assert msg in capsys.readouterr().err
+
+
+def test_coarse_timestamps_replay_each_quantums_requests_together() -> None:
+    w = poisson(4.0, 60.0, prompt_tokens=500, output_tokens=50, seed=3)
+    c = with_coarse_timestamps(w, 3.0)
+    assert len(c) == len(w) and np.array_equal(c.prompt_tokens, w.prompt_tokens)
+    assert set(np.unique(c.arrival_s)) <= {3.0 * k for k in range(21)}  # on the 3 s grid
+    assert np.all(
+        (w.arrival_s - c.arrival_s >= 0) & (w.arrival_s - c.arrival_s < 3.0)
+    )  # floored, never later
+    assert len(np.unique(c.arrival_s)) < len(w) / 5  # about 12 requests at each instant
+    with pytest.raises(ValueError, match="quantum_s"):
+        with_coarse_timestamps(w, 0.0)
 
 
 def test_cli_missing_file(capsys) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from disagg import autoscaler, drain, evaluate, policy
@@ -21,7 +20,7 @@ from disagg.autoscaler import (
     unreachable_share,
 )
 from disagg.planner import SLO
-from disagg.workload import Workload, poisson
+from disagg.workload import poisson, with_coarse_timestamps
 
 SETTINGS = evaluate.EvalSettings()  # flat 0.6 s TTFT at p99, 60 s window, 30 s interval
 CONFIG = autoscaler.config_from_spec(evaluate.spec_for(SETTINGS, "disaggregated"))
@@ -156,7 +155,7 @@ def test_requests_that_arrive_together_are_served_once_the_gain_is_learnt() -> N
     Rates and counts per sub-window look Poisson, so only the misses tell; with the gain the
     `disagg` policy ends with more prefill workers and most of the requests it lost on time."""
     w = poisson(6, 2400, prompt_tokens=(3, 2000), output_tokens=(20, 200), seed=5)
-    batched = Workload(np.floor(w.arrival_s / 3.0) * 3.0, w.prompt_tokens, w.output_tokens, name="batched")
+    batched = with_coarse_timestamps(w, 3.0)
     off = evaluate.run_policy("disagg", batched, replace(SETTINGS, sizing={"frontLoadGain": False}))
     on = evaluate.run_policy("disagg", batched, SETTINGS)
     a_off, a_on = off.metrics["slo_attainment"], on.metrics["slo_attainment"]

@@ -70,6 +70,13 @@ def register(subparsers: Any) -> None:
     f("--rate-scale", type=int, default=1, help="superpose K time-shifted copies of the trace (default 1)")
     f("--workload", default="trace", help="trace (replay) or diurnal (synthetic 2 h day; default trace)")
     f("--seed", type=int, default=0, help="seed for the rate-scale offsets and the diurnal workload")
+    f(
+        "--coarse-timestamps",
+        type=float,
+        metavar="SECONDS",
+        help="floor every arrival to a multiple of SECONDS, after --workload and --rate-scale: the "
+        "requests of each such quantum arrive together, as a trace with coarse timestamps replays them",
+    )
     f("--output", default="table", help="table or json (default table)")
     f("--plot", metavar="FILE.png", help="write load and pool sizes over time per policy")
     f("--gpu-budget", type=int, help="most GPUs all pools may hold (default: none)")
@@ -403,6 +410,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown output {args.output!r}; choose from table, json")
     if args.rate_scale < 1:
         raise UsageError(f"--rate-scale must be >= 1, got {args.rate_scale}")
+    if args.coarse_timestamps is not None and not args.coarse_timestamps > 0:
+        raise UsageError(f"--coarse-timestamps must be > 0 seconds, got {args.coarse_timestamps}")
     if args.plot and not args.plot.lower().endswith(".png"):
         raise UsageError(f"--plot writes a PNG; give a .png file name, got {args.plot!r}")
     if args.startup_seconds < 0 or not args.interval > 0:
@@ -424,7 +433,7 @@ def run(args: argparse.Namespace) -> int:
     settings = _settings(args)
 
     from disagg.evaluate import ReferencesMismatch, diurnal, evaluate, rate_scaled
-    from disagg.workload import load_trace, with_media
+    from disagg.workload import load_trace, with_coarse_timestamps, with_media
 
     try:
         w = load_trace(args.trace, args.format, limit=args.limit)
@@ -436,6 +445,8 @@ def run(args: argparse.Namespace) -> int:
         w = diurnal(w, args.rate_scale, seed=args.seed)
     else:
         w = rate_scaled(w, args.rate_scale, seed=args.seed)
+    if args.coarse_timestamps is not None:
+        w = with_coarse_timestamps(w, args.coarse_timestamps)
     if args.media_fraction > 0:
         w = with_media(w, args.media_fraction, args.media_items, seed=args.seed)
 
