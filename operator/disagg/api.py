@@ -760,8 +760,8 @@ class Sizing(_Model):
         SIZING_FRONT_LOAD_GAIN_DEFAULT,
         description="Learn a gain on the load the prefill (and encoder) pools are sized for from lasting "
         "TTFT misses the model did not predict (the fleet at plan and steady, yet the observed TTFT percentile "
-        "over the target), e.g. requests that arrive together within a scrape; it falls back to 1 while the "
-        "target is met. Flat TTFT targets only.",
+        "over the target), e.g. requests that arrive together within a scrape; it falls back to 1 while TTFT "
+        "is comfortably within the target. Flat TTFT targets only.",
     )
 
 
