@@ -932,6 +932,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
             gain, gain_at, miss_since = learnt_front_gain(
                 config, obs, state, models, current=current, planned=planned, startup_s=startup_s
             )
+            base = planned
             planned = front_sized(
                 config,
                 lambda r: config.planning.plan(demand_for(obs, r, shape, inputs, footprint), models),
@@ -939,6 +940,11 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
                 gain,
                 planned,
             )
+            if planned != base:  # the record's stage figures and predictions are the base plan's
+                notes.append(
+                    f"front load gain {gain:.2f}: {_format_pools(planned, FRONT_POOLS)} sized for "
+                    f"{gain:.2f}x the planned rate (the plan's figures are for {_format_pools(base, FRONT_POOLS)})"
+                )
             # What the current load needs: a budget rebalance never shrinks a donor below it.
             # The share of the load to admit is that plan's too: under a short budget the front
             # door sheds what the pools cannot serve now, not what a forecast might bring.

@@ -176,6 +176,7 @@ def test_the_decision_shows_the_gain_it_sized_with() -> None:
     assert out.record.to_status()["inputs"]["frontLoadGain"] == 4.0
     assert out.state.front_gain == 4.0  # held: met, but not comfortably
     assert out.targets["prefill"] > autoscaler.decide(CONFIG, o, state()).targets["prefill"]
+    assert any(n.startswith("front load gain 4.00: prefill ") for n in out.record.notes)  # says why
     off = replace(CONFIG, sizing=CONFIG.sizing.model_copy(update={"front_load_gain": False}))
     assert (
         "frontLoadGain" not in autoscaler.decide(off, o, state(front_gain=4.0)).record.to_status()["inputs"]
