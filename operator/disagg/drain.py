@@ -9,7 +9,9 @@ an operator restart resumes it:
    `controller.kubernetes.io/pod-deletion-cost` at the minimum, so the
    ReplicaSet picks exactly this pod when its Deployment shrinks;
 2. removable: its in-flight requests and (prefill) pending KV sends read zero
-   from a fresh sample; a missing or stale sample is never read as zero;
+   from a fresh sample taken at least `ROUTING_SETTLE_S` after the drain began (a
+   sample from while routers could still send it work says nothing about the
+   requests they sent since); a missing or stale sample is never read as zero;
 3. removing: the Deployment's replicas were lowered by one for it (annotation
    gets "removing": <time>); the ReplicaSet deletes it. If the ReplicaSet
    removed another pod instead, the victim is re-admitted.
@@ -31,6 +33,12 @@ from disagg.names import ANNOTATION_DRAIN, LABEL_POD_TEMPLATE_HASH, READINESS_GA
 from disagg.status import is_draining, parse_time, pod_condition
 
 MIN_DELETION_COST = "-2147483648"
+#: Seconds routers may go on sending a drained pod new work after its drain began: the gate's
+#: write, the EndpointSlice update and each router's watch of it, or the router API call for
+#: routers that ignore readiness. Only an in-flight count sampled after this tells that
+#: nothing more is on its way; Kubernetes' own advice for endpoint propagation (a preStop
+#: sleep) is of the same order.
+ROUTING_SETTLE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -168,15 +176,30 @@ def next_action(
     record: DrainRecord,
     in_flight: float | None,
     now: float,
+    *,
+    sampled_at: float | None,
+    left_routing_at: float | None = None,
 ) -> DrainAction:
-    """What to do with one draining pod now."""
+    """What to do with one draining pod now.
+
+    `in_flight` is its work from a fresh sample (None: unknown) and `sampled_at` when that
+    sample was taken, on the operator's clock (None: not known). A count of zero removes the pod only from a sample taken at least
+    `ROUTING_SETTLE_S` after the drain began: one taken earlier misses the requests routers
+    sent the pod until they learnt it was leaving, and the pod's deletion would lose them.
+    `left_routing_at` is when routers were last told to stop (a drain resumed by a restarted
+    operator is taken out of routing again); None: when the drain began.
+    """
     name = pod["metadata"]["name"]
     if record.removing is not None:
         return DrainAction(name, "verify", "waiting for the ReplicaSet to remove it")
     if record.idle or pod.get("status", {}).get("phase") == "Pending":
         return DrainAction(name, "remove", "never received work")
     if in_flight is not None and in_flight <= 0:
-        return DrainAction(name, "remove", "no work in flight")
+        settle_from = max(record.since, left_routing_at or record.since)
+        if sampled_at is not None and sampled_at >= settle_from + ROUTING_SETTLE_S:
+            return DrainAction(name, "remove", "no work in flight")
+        if now < record.deadline:
+            return DrainAction(name, "wait", "no work in flight in a sample from before routing settled")
     if now >= record.deadline:
         work = "unknown (no fresh metrics)" if in_flight is None else f"{in_flight:g} in flight"
         if record.on_timeout == "proceed" and in_flight is None:

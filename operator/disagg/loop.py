@@ -546,11 +546,12 @@ async def list_deployments(
 
 
 #: Draining pods this process has taken out of routing (the gate False, and the worker removed
-#: from the routers that ignore Ready: routerclient). A drain this process did not start (an
-#: operator restart) is taken out once more at its first drain step: the previous process may
-#: have died between writing the drain record and calling the router, and the router would go
-#: on sending the pod new requests until it is deleted.
-OUT_OF_ROUTING: set[str] = set()
+#: from the routers that ignore Ready: routerclient), with when. A drain this process did not
+#: start (an operator restart) is taken out once more at its first drain step: the previous
+#: process may have died between writing the drain record and calling the router, and the
+#: router would go on sending the pod new requests until it is deleted; its drain then settles
+#: from that moment, not from the record's start (drain.next_action's `left_routing_at`).
+OUT_OF_ROUTING: dict[str, float] = {}
 
 
 def _pod_key(pod: Mapping[str, Any]) -> str:
@@ -558,14 +559,14 @@ def _pod_key(pod: Mapping[str, Any]) -> str:
     return meta.get("uid") or f"{meta['namespace']}/{meta['name']}"
 
 
-async def take_out_of_routing(kube: Kube, pod: Mapping[str, Any]) -> None:
+async def take_out_of_routing(kube: Kube, pod: Mapping[str, Any], now: float) -> None:
     """The routable gate False (if it is not yet) and the worker removed from routers that ignore Ready."""
     if status.pod_condition(pod, names.READINESS_GATE) != "False":
         await reconcile.set_routable(
             kube, pod, False, names.GATE_DRAINING, "being drained by disagg-operator"
         )
     await routerclient.set_worker_routable(kube, pod, False)  # routers that ignore Ready
-    OUT_OF_ROUTING.add(_pod_key(pod))
+    OUT_OF_ROUTING[_pod_key(pod)] = now
 
 
 async def set_drain(
@@ -579,15 +580,15 @@ async def set_drain(
     except NotFound:
         return
     if record is None:
-        OUT_OF_ROUTING.discard(_pod_key(pod))
+        OUT_OF_ROUTING.pop(_pod_key(pod), None)
         await reconcile.set_routable(
             kube, pod, True, names.GATE_READMITTED, "drain cancelled; routable again"
         )
         await routerclient.set_worker_routable(kube, pod, True)
     elif record.removing is not None:
-        OUT_OF_ROUTING.discard(_pod_key(pod))  # being deleted: nothing more to remember
+        OUT_OF_ROUTING.pop(_pod_key(pod), None)  # being deleted: nothing more to remember
     elif status.pod_condition(pod, names.READINESS_GATE) != "False":
-        await take_out_of_routing(kube, pod)
+        await take_out_of_routing(kube, pod, record.since)
 
 
 async def readmit(kube: Kube, body: Mapping[str, Any], pod: Mapping[str, Any], why: str) -> None:
@@ -642,13 +643,20 @@ async def drain_step(
             rec = drain.DrainRecord.from_pod(pod)
             assert rec is not None
             if rec.removing is None and _pod_key(pod) not in OUT_OF_ROUTING:
-                await take_out_of_routing(kube, pod)  # a drain resumed after an operator restart
+                await take_out_of_routing(kube, pod, now)  # a drain resumed after an operator restart
             # The router's count for this pod's worker URL (how the router names it) can only
             # lengthen the wait: pod_in_flight_fresh takes the larger of it and the engine's.
             work = metrics.pod_in_flight_fresh(
                 snap, pool, pod["metadata"]["name"], scrape, worker=routerclient.worker_url(pod)
             )
-            act = drain.next_action(pod, rec, work, now)
+            act = drain.next_action(
+                pod,
+                rec,
+                work,
+                now,
+                sampled_at=snap.sampled_at(pool, pod["metadata"]["name"]),
+                left_routing_at=OUT_OF_ROUTING.get(_pod_key(pod)),
+            )
             if act.action == "verify":
                 if now - (rec.removing or 0) > WRONG_VICTIM_AFTER_S:
                     # The ReplicaSet removed another pod (or none): this one is needed again.

@@ -563,6 +563,13 @@ class Snapshot:
             return None
         return self.evaluated_at.get(pool, self.time) - t
 
+    def sampled_at(self, pool: str, pod: str) -> float | None:
+        """When the pod's newest sample was taken, on the operator's clock: the snapshot's time
+        (when the operator asked) less the sample's age on Prometheus' clock. The operator asked
+        before Prometheus answered, so this is never later than the sample's true time."""
+        age = self.sample_age(pool, pod)
+        return None if age is None else self.time - age
+
     def reason(self) -> str:
         """The problems with their figures (a sample's age, a bad value): for Events and logs."""
         return "; ".join(str(p) for p in self.problems[:5]) or METRICS_FRESH

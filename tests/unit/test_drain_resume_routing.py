@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from test_loop_executor import NS, T0, World, _draining
 
-from disagg import loop, names, status
+from disagg import drain, loop, names, status
 
 pytestmark = pytest.mark.usefixtures("fresh_loop_memory")
 
@@ -34,6 +34,7 @@ def test_a_resumed_drain_sets_the_gate_and_removes_the_worker_once(router_calls)
     no_gate = _draining(w, "decode", 2, deadline=T0 + 600, on_timeout="readmit")
     # Died after the gate, before the router call.
     no_router = _draining(w, "decode", 3, deadline=T0 + 600, on_timeout="readmit")
+    loop.OUT_OF_ROUTING.clear()  # begun by the operator that died
     for c in w.kube.obj("Pod", NS, no_router)["status"]["conditions"]:
         if c["type"] == names.READINESS_GATE:
             c["status"], c["reason"] = "False", names.GATE_DRAINING
@@ -57,3 +58,20 @@ def test_a_readmitted_pod_is_added_back_and_forgotten(router_calls):
     w.step(1.0)
     assert router_calls[-1] == (name, True)
     assert not loop.OUT_OF_ROUTING
+
+
+def test_a_resumed_drain_settles_from_when_it_left_routing_again(router_calls):
+    """The record began long ago, but the restarted operator cannot know when routers last
+    sent the pod work: only a sample taken ROUTING_SETTLE_S after it took the pod out of
+    routing again ends the drain."""
+    w = World(prefill=1, decode=4)
+    name = _draining(w, "decode", 3, deadline=T0 + 600, on_timeout="readmit")  # began 100 s ago
+    loop.OUT_OF_ROUTING.clear()  # by the operator that died
+    w.load(2.0, **{name: 0.0})  # reads idle in the newest scrape
+    w.step(1.0)
+    assert router_calls == [(name, False)]
+    assert w.replicas("decode") == 4
+    assert names.EVENT_DRAIN_COMPLETED not in w.kube.reasons()
+    w.step(drain.ROUTING_SETTLE_S)
+    assert names.EVENT_DRAIN_COMPLETED in w.kube.reasons()
+    assert w.replicas("decode") == 3

@@ -140,10 +140,10 @@ def test_the_drain_decision_keeps_a_pod_the_router_still_counts():
     pod = {"metadata": {"name": POD, "annotations": {}}, "status": {"phase": "Running"}}
     busy = snapshot({POD: 0}, [sample(1, worker=WORKER)])
     work = metrics.pod_in_flight_fresh(busy, "decode", POD, SCRAPE, worker=WORKER)
-    assert drain.next_action(pod, rec, work, now=10).action == "wait"
+    assert drain.next_action(pod, rec, work, now=10, sampled_at=10).action == "wait"
     done = snapshot({POD: 0}, [sample(0, worker=WORKER)])
     work = metrics.pod_in_flight_fresh(done, "decode", POD, SCRAPE, worker=WORKER)
-    assert drain.next_action(pod, rec, work, now=10).action == "remove"
+    assert drain.next_action(pod, rec, work, now=10, sampled_at=10).action == "remove"
 
 
 @pytest.mark.usefixtures("fresh_loop_memory")

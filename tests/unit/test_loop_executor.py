@@ -226,6 +226,32 @@ def test_scale_down_drains_the_idlest_pod_first():
     assert names.EVENT_DRAIN_STARTED in w.kube.reasons()
 
 
+def test_a_drain_ends_only_on_a_sample_taken_after_routers_stopped_sending_work():
+    """The victim read idle at the decision, but routers could send it requests until its
+    drain settled: a zero from a sample taken before then (fresh by age) must not remove it."""
+    w = World(spec=sample_spec(scaleDownStabilizationSeconds=0), prefill=2, decode=6)
+    idle = f"{NAME}-decode-5f7c9-00003"
+    w.load(1.0, **{f"{NAME}-decode-5f7c9-{i:05d}": 5.0 for i in range(6)} | {idle: 0.0})
+    out = w.step()
+    assert out is not None and idle in [o.pod for o in out.drains]
+    since = w.now
+    # One second later the newest scrape is still the one from before the drain (10 s old:
+    # fresh at a 15 s scrape interval) and reads it idle: that says nothing of what came since.
+    w.prom.sample_age_s = 10.0
+    w.step(1.0)
+    assert w.replicas("decode") == 6
+    assert names.EVENT_DRAIN_COMPLETED not in w.kube.reasons()
+    # A scrape inside the settling time does not count either.
+    w.prom.sample_age_s = 0.0
+    w.now = since + drain.ROUTING_SETTLE_S - 2.0
+    w.step(1.0)
+    assert w.replicas("decode") == 6
+    # The first scrape after the drain settled reads it idle: now it goes.
+    w.step(1.0)
+    assert names.EVENT_DRAIN_COMPLETED in w.kube.reasons()
+    assert w.replicas("decode") == 5
+
+
 def _revision(w: World, pool: str, revisions: list[str]) -> None:
     """Label the pool's pods as the ReplicaSets of `revisions` own them, in turn."""
     pods = sorted(n for (k, _, n) in w.kube.objects if k == "Pod" and f"-{pool}-" in n)
@@ -257,10 +283,13 @@ def test_no_scale_down_drain_starts_or_completes_during_a_rollout():
 
 
 def _draining(w: World, pool: str, i: int, *, deadline: float, on_timeout: str) -> str:
+    """A drain this process began 100 s ago (a restarted operator's drains: clear
+    loop.OUT_OF_ROUTING after this)."""
     name = f"{NAME}-{pool}-5f7c9-{i:05d}"
     rec = drain.DrainRecord(w.now - 100, deadline, on_timeout)
     obj = w.kube.obj("Pod", NS, name)
     obj["metadata"]["annotations"][names.ANNOTATION_DRAIN] = rec.to_annotation()
+    loop.OUT_OF_ROUTING[loop._pod_key(obj)] = rec.since
     return name
 
 
