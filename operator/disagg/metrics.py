@@ -64,10 +64,20 @@ class Preset:
     # media requests they take and the media items (images, frames, clips) in them.
     media_requests: str | None = None
     media_items: str | None = None
-    # Per pool: the engine's own P/D router's gauge of the requests it has in flight on each
-    # worker, labelled `worker="http://<pod IP>:<port>"` (docs/metrics.md, "The routers'
+    # Per pool: the engine's own P/D router's gauges of the requests bound for each worker,
+    # labelled `worker="http://<pod IP>:<port>"` and summed (docs/metrics.md, "The routers'
     # per-worker counts"). A pool without an entry gets no router count.
-    router_in_flight: tuple[tuple[str, str], ...] = ()
+    router_in_flight: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def router_series(self, pool: str, selector: str) -> str | None:
+        """The PromQL vector of `router_in_flight`'s gauges for `pool` under `selector`; None
+        when the router counts nothing for it."""
+        for p, names in self.router_in_flight:
+            if p == pool:
+                if len(names) == 1:
+                    return f"{names[0]}{{{selector}}}"
+                return f'{{__name__=~"{"|".join(names)}",{selector}}}'
+        return None
 
 
 VLLM = Preset(
@@ -97,9 +107,14 @@ VLLM = Preset(
     # items"), one per item of every request.
     media_requests="vllm:request_prompt_tokens_count",
     media_items="vllm:mm_cache_queries_total",
-    # vllm-router 0.1.17 counts the streams it has open on each decode worker; for a prefill
-    # worker it exports occupancy and tokens only, no per-request count, so prefill has none.
-    router_in_flight=((POOL_DECODE, "vllm_router_pd_active_decode_requests"),),
+    # vllm-router 0.1.17 picks a request's decode worker when the request arrives and sends it
+    # there only once the prefill stage is done: until then it counts the request as pending on
+    # that worker, then as active while the stream is open. A decode pod whose engine reads
+    # idle may still have requests on their way from prefill, so the drain reads both. For a
+    # prefill worker it exports occupancy and tokens only, no per-request count: none.
+    router_in_flight=(
+        (POOL_DECODE, ("vllm_router_pd_active_decode_requests", "vllm_router_pd_pending_decode_requests")),
+    ),
 )
 
 SGLANG = Preset(
@@ -125,8 +140,8 @@ SGLANG = Preset(
     # sglang-router 0.3.2 counts the requests it has open on every worker, prefill and decode
     # alike (it holds the prefill request open for the whole stream).
     router_in_flight=(
-        (POOL_PREFILL, "smg_worker_requests_active"),
-        (POOL_DECODE, "smg_worker_requests_active"),
+        (POOL_PREFILL, ("smg_worker_requests_active",)),
+        (POOL_DECODE, ("smg_worker_requests_active",)),
     ),
 )
 
@@ -368,13 +383,13 @@ def build_queries(
         )
     if router_deployment:
         rs = router_selector(namespace, router_deployment)
-        for pool, series in p.router_in_flight:
+        for pool, _ in p.router_in_flight:
             if pool not in pools:
                 continue
             q.append(
                 Query(
                     f"router_in_flight_by_worker.{pool}",
-                    f"sum by (worker) ({series}{{{rs}}})",
+                    f"sum by (worker) ({p.router_series(pool, rs)})",
                     "by_worker",
                     required=False,
                     pool=pool,
@@ -994,8 +1009,8 @@ def _fleet_promql(p: Preset, role: str, ns: str, window_s: int, short_window_s: 
     }
     for work in p.pending_kv:
         table[f"{_PENDING_ROLE}.{work.pool}"] = work.promql(ns, by="namespace, pod")
-    for pool, series in p.router_in_flight:
-        table[f"{_ROUTER_ROLE}.{pool}"] = f"sum by (namespace, pod, worker) ({series}{{{ns}}})"
+    for pool, _ in p.router_in_flight:
+        table[f"{_ROUTER_ROLE}.{pool}"] = f"sum by (namespace, pod, worker) ({p.router_series(pool, ns)})"
     base, _, window = role.partition(".")
     if base == _COUNTS_ROLE:
         span, step, scrape = (int(x) for x in window.split("."))

@@ -20,6 +20,7 @@ import openai
 import pytest
 from router_util import StandaloneFleet, StaticRouter, router_binary
 
+from disagg import metrics
 from disagg.emulator.fleet import DeploymentEmulator
 from disagg.emulator.metrics import NAMES
 from disagg.model import StageModels
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.timeout(300)
 ENGINES = ["vllm", "sglang"]
 FIRST_ADDRESS = {"vllm": "127.2.40.2", "sglang": "127.2.41.2"}
 DRAIN_ADDRESS = {"vllm": "127.2.42.2", "sglang": "127.2.43.2"}
+PENDING_ADDRESS = "127.2.44.2"
 LATE_S = 0.15  # a token may come this much later than the model on a loaded 2-core machine
 EARLY_S = 0.01
 
@@ -162,4 +164,63 @@ def test_a_worker_removed_from_the_router_gets_no_new_request_and_its_streams_fi
     assert all(complete(r, 200, 60) for r in long_done), "in-flight streams on the removed pod finish"
     # the victim completed only what it held: nothing new reached it after the removal
     assert after - before == held, (before, after, held)
+    assert summary["requests"]["lost"] == 0 and summary["http"]["errors"] == 0
+
+
+def router_metric(router: StaticRouter, name: str, worker: str) -> float:
+    """The router's gauge `name` for `worker`, summed over its label sets (0 when absent)."""
+    args = router.p.args
+    port = args[args.index("--prometheus-port") + 1]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", line)
+        if m and f'worker="{worker}"' in m.group(1):
+            total += float(m.group(2))
+    return total
+
+
+def test_vllm_router_counts_requests_bound_for_a_decode_worker_while_their_prefill_runs(tmp_path):
+    """vllm-router picks a request's decode worker when the request arrives, and sends it there
+    only after the prefill stage: meanwhile the decode engine does not count it, the router
+    counts it as pending on that worker. A drain that read only the engine (and the router's
+    open streams) could remove a decode pod with requests on their way to it; the operator's
+    router query adds the pending gauge (disagg.metrics.VLLM.router_in_flight)."""
+    needs("vllm")
+    operator_reads = dict(metrics.VLLM.router_in_flight)["decode"]  # the gauges the drain sums
+    fleet = StandaloneFleet(tmp_path, PENDING_ADDRESS, prefill=1, decode=1, engine="vllm")
+    decode = fleet.decode_urls[0]
+    router = None
+    try:
+        router = StaticRouter(tmp_path, "vllm", fleet.prefill_urls, fleet.decode_urls)
+
+        async def main():
+            client = openai.AsyncOpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
+            await stream(client, 8, 2)
+            # eight long prompts at once: one prefill worker takes them one after another (~1.3 s)
+            tasks = [asyncio.create_task(stream(client, 4000, 3)) for _ in range(8)]
+            unseen = pending_max = 0.0
+            deadline = time.monotonic() + 10
+            while not all(t.done() for t in tasks) and time.monotonic() < deadline:
+                pending = router_metric(router, "vllm_router_pd_pending_decode_requests", decode)
+                counted = sum(router_metric(router, name, decode) for name in operator_reads)
+                engine = pod_metric(decode, "vllm:num_requests_running") + pod_metric(
+                    decode, "vllm:num_requests_waiting"
+                )
+                pending_max = max(pending_max, pending)
+                unseen = max(unseen, counted - engine)
+                await asyncio.sleep(0.05)
+            done = await asyncio.gather(*tasks)
+            await client.close()
+            return done, pending_max, unseen
+
+        done, pending_max, unseen = asyncio.run(main())
+        assert router_metric(router, "vllm_router_pd_pending_decode_requests", decode) == 0
+    finally:
+        if router is not None:
+            router.stop()
+        summary = fleet.summary()
+    assert all(complete(r, 4000, 3) for r in done)
+    assert pending_max >= 4, pending_max  # several requests bound for the decode pod at once
+    assert unseen >= 4, unseen  # ... that its engine did not count yet, and the operator's query does
     assert summary["requests"]["lost"] == 0 and summary["http"]["errors"] == 0

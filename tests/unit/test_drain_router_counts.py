@@ -108,8 +108,16 @@ def test_a_router_series_without_a_worker_label_is_refused_and_adds_nothing():
 @pytest.mark.parametrize(
     ("engine", "expected"),
     [
-        ("vllm", {"decode": "vllm_router_pd_active_decode_requests"}),  # prefill: no per-request count
-        ("sglang", {"prefill": "smg_worker_requests_active", "decode": "smg_worker_requests_active"}),
+        # vLLM decode: streams open plus requests bound for the worker still in their prefill
+        # stage; prefill: no per-request count
+        (
+            "vllm",
+            {
+                "decode": '{__name__=~"vllm_router_pd_active_decode_requests'
+                '|vllm_router_pd_pending_decode_requests",'
+            },
+        ),
+        ("sglang", {"prefill": "smg_worker_requests_active{", "decode": "smg_worker_requests_active{"}),
     ],
 )
 def test_the_router_query_per_engine_and_pool(engine, expected):
@@ -125,7 +133,7 @@ def test_the_router_query_per_engine_and_pool(engine, expected):
     for pool, series in expected.items():
         q = got[pool]
         assert q.kind == "by_worker" and not q.required and q.pool == pool
-        assert q.promql.startswith(f"sum by (worker) ({series}{{")  # summed over the router replicas
+        assert q.promql.startswith(f"sum by (worker) ({series}")  # summed over the router replicas
         assert 'namespace="ns1"' in q.promql
         pattern = re.search(r'pod=~"([^"]+)"', q.promql).group(1).replace("\\\\", "\\")
         assert re.fullmatch(pattern, "llm-router-7d9f8c6b5-abcde")  # a router pod
