@@ -224,3 +224,45 @@ def test_vllm_router_counts_requests_bound_for_a_decode_worker_while_their_prefi
     assert pending_max >= 4, pending_max  # several requests bound for the decode pod at once
     assert unseen >= 4, unseen  # ... that its engine did not count yet, and the operator's query does
     assert summary["requests"]["lost"] == 0 and summary["http"]["errors"] == 0
+
+
+def test_vllm_router_still_sends_a_removed_decode_worker_the_requests_bound_for_it(tmp_path):
+    """Taking a decode worker out of the router (its removal API; the pod turning not Ready does
+    the same with service discovery) stops new requests, not the ones bound for it whose prefill
+    stage runs: they still go to it. So a drain must wait for them (the pending gauge)."""
+    needs("vllm")
+    fleet = StandaloneFleet(tmp_path, PENDING_ADDRESS, prefill=1, decode=2, engine="vllm")
+    e2e = NAMES["vllm"]["e2e"] + "_count"
+    router = None
+    try:
+        router = StaticRouter(tmp_path, "vllm", fleet.prefill_urls, fleet.decode_urls)
+
+        async def main():
+            client = openai.AsyncOpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
+            await stream(client, 8, 2)
+            tasks = [asyncio.create_task(stream(client, 4000, 3)) for _ in range(8)]
+            bound: dict[str, float] = {}
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and not any(v >= 2 for v in bound.values()):
+                await asyncio.sleep(0.05)
+                bound = {
+                    u: router_metric(router, "vllm_router_pd_pending_decode_requests", u)
+                    for u in fleet.decode_urls
+                }
+            victim = max(bound, key=bound.get)
+            before = pod_metric(victim, e2e)
+            status = router.remove_worker(victim)
+            done = await asyncio.gather(*tasks)
+            after = pod_metric(victim, e2e)
+            await client.close()
+            return bound[victim], status, done, after - before
+
+        pending, status, done, served_after = asyncio.run(main())
+    finally:
+        if router is not None:
+            router.stop()
+        summary = fleet.summary()
+    assert pending >= 2 and status == 200, (pending, status)
+    assert all(complete(r, 4000, 3) for r in done)
+    assert served_after >= pending, (served_after, pending)  # the bound requests went to it anyway
+    assert summary["requests"]["lost"] == 0 and summary["http"]["errors"] == 0
