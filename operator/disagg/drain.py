@@ -183,9 +183,10 @@ def next_action(
     """What to do with one draining pod now.
 
     `in_flight` is its work from a fresh sample (None: unknown) and `sampled_at` when that
-    sample was taken, on the operator's clock (None: not known). A count of zero removes the pod only from a sample taken at least
-    `ROUTING_SETTLE_S` after the drain began: one taken earlier misses the requests routers
-    sent the pod until they learnt it was leaving, and the pod's deletion would lose them.
+    sample was taken, on the operator's clock (None: not known). A count of zero removes the
+    pod only from a sample taken at least `ROUTING_SETTLE_S` after the drain began: one taken
+    earlier misses the requests routers sent the pod until they learnt it was leaving, and the
+    pod's deletion would lose them.
     `left_routing_at` is when routers were last told to stop (a drain resumed by a restarted
     operator is taken out of routing again); None: when the drain began.
     """

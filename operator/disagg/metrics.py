@@ -581,7 +581,8 @@ class Snapshot:
     def sampled_at(self, pool: str, pod: str) -> float | None:
         """When the pod's newest sample was taken, on the operator's clock: the snapshot's time
         (when the operator asked) less the sample's age on Prometheus' clock. The operator asked
-        before Prometheus answered, so this is never later than the sample's true time."""
+        before Prometheus answered, so this is never later than the sample's true time, whatever
+        the skew between the two clocks."""
         age = self.sample_age(pool, pod)
         return None if age is None else self.time - age
 
