@@ -142,9 +142,11 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     base = "".join(ch for ch in base if ch.isalnum() or ch == "-")[:40].strip("-")
     name = f"t-{base}-{uuid.uuid4().hex[:5]}"
     cluster.kubectl("create", "namespace", name)
+    # kube-controller-manager creates it; on a cluster that has just started on a loaded
+    # machine its service-account controller can take more than 30 s to begin.
     cluster.wait_for(
         lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
-        timeout=30,
+        timeout=120,
         what=f"default service account in {name}",
     )
     yield name
