@@ -67,6 +67,11 @@ up() {
   helm --kubeconfig "${KUBECONFIG}" upgrade --install "${RELEASE}" "${ROOT}/charts/disagg-operator" \
     --namespace "${NS}" --set "watchNamespaces={${NS}}" \
     --set "prometheus.url=http://127.0.0.1:${PROM_PORT}" --wait=false >/dev/null
+  # `kubectl wait` fails at once while a new CRD has no status conditions yet: retry it
+  for _ in $(seq 30); do
+    kc wait --for=condition=Established crd/disaggdeployments.disagg.dev --timeout=60s >/dev/null 2>&1 && break
+    sleep 2
+  done
   kc wait --for=condition=Established crd/disaggdeployments.disagg.dev --timeout=60s >/dev/null
 
   # The chart's operator pod lands on a simulated node, where nothing executes. Run the same

@@ -88,6 +88,19 @@ class Cluster:
     def get_json(self, *args: str) -> dict:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
+    def wait_established(self, crd: str, timeout: float = 60) -> None:
+        """Until the CRD's Established condition is True. (`kubectl wait --for=condition=...`
+        fails at once, instead of waiting, while a new CRD has no status conditions yet.)"""
+
+        def established() -> bool:
+            got = self.kubectl("get", f"crd/{crd}", "-o", "json", check=False)
+            if got.returncode != 0:
+                return False
+            conds = (json.loads(got.stdout).get("status") or {}).get("conditions") or []
+            return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
+
+        self.wait_for(established, timeout=timeout, what=f"CRD {crd} established")
+
     def wait_for(
         self, predicate: Callable[[], object], timeout: float = 60, interval: float = 0.5, what: str = ""
     ) -> object:
@@ -233,9 +246,7 @@ class OperatorProcess:
 def crd(cluster: Cluster) -> str:
     """The DisaggDeployment CRD, applied from crds/ and Established."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/disaggdeployments.disagg.dev", "--timeout=60s"
-    )
+    cluster.wait_established("disaggdeployments.disagg.dev")
     return "disaggdeployments.disagg.dev"
 
 

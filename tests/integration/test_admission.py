@@ -36,7 +36,7 @@ def expectation(path: Path) -> str:
 @pytest.fixture(scope="module")
 def crd(cluster) -> str:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+    cluster.wait_established(api.CRD_NAME)
     # Established can precede discovery by a moment; wait until the resource is served.
     cluster.wait_for(
         lambda: cluster.kubectl("get", api.PLURAL, "-A", check=False).returncode == 0,

@@ -413,7 +413,7 @@ def test_schema_refuses_bad_values(helm_bin: str, tmp_path: Path, bad: dict, mes
 def crd(cluster) -> None:
     """The CRD is cluster-scoped and may already exist: apply it, then install with --skip-crds."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+    cluster.wait_established(api.CRD_NAME)
 
 
 def release_name() -> str:

@@ -173,7 +173,7 @@ spec:
 
 def test_crd_cel_rule_rejects_invalid_object_with_its_message(cluster, namespace):
     cluster.kubectl("apply", "--server-side", "-f", "-", input=CRD)
-    cluster.kubectl("wait", "--for=condition=Established", "crd/widgets.smoke.disagg.dev", "--timeout=30s")
+    cluster.wait_established("widgets.smoke.disagg.dev", timeout=30)
     ok = "apiVersion: smoke.disagg.dev/v1\nkind: Widget\nmetadata: {name: ok}\nspec: {min: 1, max: 2}\n"
     bad = "apiVersion: smoke.disagg.dev/v1\nkind: Widget\nmetadata: {name: bad}\nspec: {min: 3, max: 2}\n"
     cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", "-", input=ok)

@@ -44,9 +44,7 @@ def routable(cluster, ns: str, name: str) -> list[dict]:
 @pytest.fixture
 def pod_monitor_crd(cluster):
     cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/podmonitors.monitoring.coreos.com", "--timeout=60s"
-    )
+    cluster.wait_established("podmonitors.monitoring.coreos.com")
     return "podmonitors.monitoring.coreos.com"
 
 
