@@ -12,9 +12,12 @@ Load is bounded (tens of requests); everything stays on loopback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import openai
 import pytest
@@ -80,27 +83,49 @@ def complete(r: dict, prompt: int, out: int) -> bool:
     )
 
 
+@dataclass
+class RoutedFleet:
+    """An emulated fleet behind a router; `summary` is the fleet's, read once the router stopped."""
+
+    fleet: StandaloneFleet
+    router: StaticRouter | None = None
+    summary: dict | None = None
+
+    async def client(self) -> openai.AsyncOpenAI:
+        """An SDK client on the router, warmed up (its connections and the router's) by one request."""
+        assert self.router is not None
+        client = openai.AsyncOpenAI(base_url=f"{self.router.url}/v1", api_key="unused", max_retries=0)
+        await stream(client, 8, 2)
+        return client
+
+
+@contextlib.contextmanager
+def routed_fleet(tmp_path, engine: str, address: str, *, prefill: int, decode: int) -> Iterator[RoutedFleet]:
+    """Start `prefill` + `decode` emulated workers on `address` and the engine's router in front of them."""
+    run = RoutedFleet(StandaloneFleet(tmp_path, address, prefill=prefill, decode=decode, engine=engine))
+    try:
+        run.router = StaticRouter(tmp_path, engine, run.fleet.prefill_urls, run.fleet.decode_urls)
+        yield run
+    finally:
+        if run.router is not None:
+            run.router.stop()
+        run.summary = run.fleet.summary()
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_router_serves_streams_from_the_emulated_pd_fleet(engine, tmp_path):
     needs(engine)
-    fleet = StandaloneFleet(tmp_path, FIRST_ADDRESS[engine], prefill=1, decode=2, engine=engine)
-    router = None
-    try:
-        router = StaticRouter(tmp_path, engine, fleet.prefill_urls, fleet.decode_urls)
+    with routed_fleet(tmp_path, engine, FIRST_ADDRESS[engine], prefill=1, decode=2) as run:
 
         async def main():
-            client = openai.AsyncOpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
-            await stream(client, 8, 2)  # warm up the SDK and the connections
+            client = await run.client()
             one_by_one = [await stream(client, 4000, 10) for _ in range(3)]
             together = await asyncio.gather(*(stream(client, 300 + 50 * i, 6) for i in range(12)))
             await client.close()
             return one_by_one, together
 
         one_by_one, together = asyncio.run(main())
-    finally:
-        if router is not None:
-            router.stop()
-        summary = fleet.summary()
+    summary = run.summary
     ttft, step = model_ttft(4000)
     for r in one_by_one:
         assert complete(r, 4000, 10), r
@@ -130,15 +155,12 @@ def pod_metric(url: str, name: str) -> float:
 def test_a_worker_removed_from_the_router_gets_no_new_request_and_its_streams_finish(engine, tmp_path):
     """The drain mechanism for routers that ignore Ready=False (docs/router.md): the removal API."""
     needs(engine)
-    fleet = StandaloneFleet(tmp_path, DRAIN_ADDRESS[engine], prefill=1, decode=2, engine=engine)
     e2e = NAMES[engine]["e2e"] + "_count"
-    router = None
-    try:
-        router = StaticRouter(tmp_path, engine, fleet.prefill_urls, fleet.decode_urls)
+    with routed_fleet(tmp_path, engine, DRAIN_ADDRESS[engine], prefill=1, decode=2) as run:
+        fleet, router = run.fleet, run.router
 
         async def main():
-            client = openai.AsyncOpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
-            await stream(client, 8, 2)
+            client = await run.client()
             long = [asyncio.create_task(stream(client, 200, 60)) for _ in range(4)]  # ~2.7 s each
             await asyncio.sleep(0.8)  # all four are decoding now
             held = {u: pod_metric(u, "disagg_emulator_in_flight_requests") for u in fleet.decode_urls}
@@ -153,10 +175,7 @@ def test_a_worker_removed_from_the_router_gets_no_new_request_and_its_streams_fi
             return held[victim], victim, status, listed, short, long_done, before, after
 
         held, victim, status, listed, short, long_done, before, after = asyncio.run(main())
-    finally:
-        if router is not None:
-            router.stop()
-        summary = fleet.summary()
+    summary = run.summary
     assert held >= 1, "the victim held streams when it was removed"
     assert status in (200, 202, 204), status
     assert victim not in listed
@@ -188,15 +207,11 @@ def test_vllm_router_counts_requests_bound_for_a_decode_worker_while_their_prefi
     router query adds the pending gauge (disagg.metrics.VLLM.router_in_flight)."""
     needs("vllm")
     operator_reads = dict(metrics.VLLM.router_in_flight)["decode"]  # the gauges the drain sums
-    fleet = StandaloneFleet(tmp_path, PENDING_ADDRESS, prefill=1, decode=1, engine="vllm")
-    decode = fleet.decode_urls[0]
-    router = None
-    try:
-        router = StaticRouter(tmp_path, "vllm", fleet.prefill_urls, fleet.decode_urls)
+    with routed_fleet(tmp_path, "vllm", PENDING_ADDRESS, prefill=1, decode=1) as run:
+        router, decode = run.router, run.fleet.decode_urls[0]
 
         async def main():
-            client = openai.AsyncOpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
-            await stream(client, 8, 2)
+            client = await run.client()
             # eight long prompts at once: one prefill worker takes them one after another (~1.3 s)
             tasks = [asyncio.create_task(stream(client, 4000, 3)) for _ in range(8)]
             unseen = pending_max = 0.0
@@ -216,10 +231,7 @@ def test_vllm_router_counts_requests_bound_for_a_decode_worker_while_their_prefi
 
         done, pending_max, unseen = asyncio.run(main())
         assert router_metric(router, "vllm_router_pd_pending_decode_requests", decode) == 0
-    finally:
-        if router is not None:
-            router.stop()
-        summary = fleet.summary()
+    summary = run.summary
     assert all(complete(r, 4000, 3) for r in done)
     assert pending_max >= 4, pending_max  # several requests bound for the decode pod at once
     assert unseen >= 4, unseen  # ... that its engine did not count yet, and the operator's query does
@@ -231,15 +243,12 @@ def test_vllm_router_still_sends_a_removed_decode_worker_the_requests_bound_for_
     the same with service discovery) stops new requests, not the ones bound for it whose prefill
     stage runs: they still go to it. So a drain must wait for them (the pending gauge)."""
     needs("vllm")
-    fleet = StandaloneFleet(tmp_path, PENDING_ADDRESS, prefill=1, decode=2, engine="vllm")
     e2e = NAMES["vllm"]["e2e"] + "_count"
-    router = None
-    try:
-        router = StaticRouter(tmp_path, "vllm", fleet.prefill_urls, fleet.decode_urls)
+    with routed_fleet(tmp_path, "vllm", PENDING_ADDRESS, prefill=1, decode=2) as run:
+        fleet, router = run.fleet, run.router
 
         async def main():
-            client = openai.AsyncOpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
-            await stream(client, 8, 2)
+            client = await run.client()
             tasks = [asyncio.create_task(stream(client, 4000, 3)) for _ in range(8)]
             bound: dict[str, float] = {}
             deadline = time.monotonic() + 5
@@ -258,10 +267,7 @@ def test_vllm_router_still_sends_a_removed_decode_worker_the_requests_bound_for_
             return bound[victim], status, done, after - before
 
         pending, status, done, served_after = asyncio.run(main())
-    finally:
-        if router is not None:
-            router.stop()
-        summary = fleet.summary()
+    summary = run.summary
     assert pending >= 2 and status == 200, (pending, status)
     assert all(complete(r, 4000, 3) for r in done)
     assert served_after >= pending, (served_after, pending)  # the bound requests went to it anyway
