@@ -20,11 +20,20 @@ policy fed, one at a time and together, by
 Prints attainment and GPU-hours per variant. No assertion: this prints numbers. The
 variants are the operator's own switches, `spec.autoscaling.sizing` (EvalSettings.sizing),
 so this runs the one decision (`autoscaler.decide`) the operator runs.
+
+With --yardstick, each workload instead goes through `disagg evaluate` whole: every
+policy at its default (and, with --curves, at every setting of its knob) against the
+hindsight oracle and the best fixed fleet, printed as `disagg evaluate` prints them;
+--out DIR keeps each workload's JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
+import sys
 import time
 from dataclasses import replace
 
@@ -105,7 +114,16 @@ def main() -> None:
     )
     ap.add_argument("--rate-scale", type=int, default=1, help="with --trace: superpose K copies")
     ap.add_argument("--diurnal", action="store_true", help="with --trace: its diurnal day (evaluate.diurnal)")
+    ap.add_argument(
+        "--yardstick",
+        action="store_true",
+        help="run every policy against the hindsight oracle and the best fixed fleet (disagg evaluate)",
+    )
+    ap.add_argument("--curves", action="store_true", help="with --yardstick: every policy's knob curve too")
+    ap.add_argument("--out", help="with --yardstick: write each workload's JSON into this directory")
     args = ap.parse_args()
+    if (args.curves or args.out) and not args.yardstick:
+        ap.error("--curves and --out go with --yardstick")
     s = ev.with_startup(ev.EvalSettings(), args.startup)
     if args.trace:
         w = load_trace(args.trace)
@@ -120,6 +138,9 @@ def main() -> None:
             sets = {k: v for k, v in sets.items() if args.only in k}
     for wname, w in sets.items():
         print(f"{wname}: {len(w):,} requests over {w.duration_s / 60:.0f} min, start-up {args.startup:.0f} s")
+        if args.yardstick:
+            yardstick(wname, w, s, args.curves, args.out)
+            continue
         for name in VARIANTS:
             t0 = time.perf_counter()
             r = ev.run_policy("disagg", w, settings(s, VARIANTS[name])).metrics
@@ -127,6 +148,23 @@ def main() -> None:
                 f"  {name:<14} attainment {r['slo_attainment']:.4f}  GPU-h {r['gpu_hours']:6.2f}"
                 f"  ttft p99 {r['ttft_p99_s'] or float('nan'):6.2f} s  ({time.perf_counter() - t0:4.0f} s wall)"
             )
+
+
+def yardstick(wname: str, w: Workload, s: ev.EvalSettings, curves: bool, out: str | None) -> None:
+    """`disagg evaluate` on one workload: its per-policy table and its equal-attainment table."""
+    from disagg.commands.evaluate import print_table
+
+    t0 = time.perf_counter()
+    doc = ev.evaluate(
+        w, ev.POLICIES, s, lambda msg: print(f"    {msg}", file=sys.stderr, flush=True), curves=curves
+    )
+    print_table(doc)  # the per-policy table, then the equal-attainment one
+    print(f"  ({time.perf_counter() - t0:.0f} s wall)", flush=True)
+    if out:
+        os.makedirs(out, exist_ok=True)
+        slug = re.sub(r"[^a-z0-9]+", "-", wname.split(":")[0].lower()).strip("-")
+        with open(os.path.join(out, f"{slug}.json"), "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=1)
 
 
 if __name__ == "__main__":
