@@ -419,6 +419,20 @@ def _gpus(s: EvalSettings, sizes: dict[str, int]) -> int:
     return sum(int(n) * s.gpus_per_replica.get(p, 1) for p, n in sizes.items())
 
 
+def _shrink_to_budget(s: EvalSettings, sizes: dict[str, int], lo_n: int) -> dict[str, int]:
+    """`sizes` within the GPU budget: the largest pool (the first of equals) loses a worker, in
+    turn, until the fleet fits or every pool is at `lo_n`."""
+    out = dict(sizes)
+    order = list(out)
+    while s.gpu_budget is not None and _gpus(s, out) > s.gpu_budget:
+        over = [p for p in order if out[p] > lo_n]
+        if not over:
+            break
+        largest = max(over, key=lambda p: (out[p], -order.index(p)))
+        out[largest] -= 1
+    return out
+
+
 # --------------------------------------------------------------------------- hindsight oracle
 
 
@@ -564,10 +578,7 @@ def _search_pools(
         return (*c[:i], n, *c[i + 1 :])
 
     def shrink_to_budget(c: tuple[int, ...]) -> tuple[int, ...]:
-        while not fits(c) and any(n > lo_n for n in c):
-            i = max((i for i in range(k) if c[i] > lo_n), key=lambda i: (c[i], -i))  # largest first
-            c = with_size(c, i, c[i] - 1)
-        return c
+        return tuple(_shrink_to_budget(s, sizes_of(c), lo_n).values())
 
     memo: dict[tuple[int, ...], bool] = {}
     limit = allowed
@@ -949,8 +960,14 @@ def hindsight_oracle(
             progress(f"oracle replay: {m['slo_attainment'] or 0.0:.4f} at {m['gpu_hours']:.2f} GPU-h")
         if _reaches(res.metrics, target):
             break
+        # grown, but never past the GPU budget (the searched sizes fit it: the search fails
+        # fleets over it): a reference that broke the budget would flatter nothing fairly
+        lo_n = max(1, s.min_replicas)
         padded = [
-            {p: min(s.max_replicas, n + max(1, math.ceil(pad * n))) for p, n in x.items()} for x in searched
+            _shrink_to_budget(
+                s, {p: min(s.max_replicas, n + max(1, math.ceil(pad * n))) for p, n in x.items()}, lo_n
+            )
+            for x in searched
         ]
         total.passes += 1
         res2 = replay(padded)

@@ -103,6 +103,18 @@ def test_the_frontier_sweep_under_a_gpu_budget_stays_within_it(bursty: Workload)
     assert yardstick._gpus(s, sizes) == yardstick._gpus(SMALL, free) <= budget
 
 
+def test_the_oracle_under_a_gpu_budget_never_holds_more_gpus_than_it(bursty: Workload) -> None:
+    """A budget too small for the bursts: the search's schedule misses the target, and its
+    repair (every interval's pools grown) must grow only within the budget, not reach the
+    target with GPUs no policy was allowed."""
+    budget = 3
+    s = replace(SMALL, gpu_budget=budget)
+    h = yardstick.hindsight_oracle(bursty, s, fixed_floor=False)
+    assert max(yardstick._gpus(s, x) for x in h.schedule) <= budget
+    assert sum(h.oracle.metrics["replicas_max"].values()) <= budget
+    assert h.oracle.metrics["slo_attainment"] < s.target_attainment  # 3 GPUs cannot serve the bursts
+
+
 def test_json_references_and_equal_attainment(doc: dict) -> None:
     refs = doc["references"]
     assert set(refs) == {"oracle", "best_static", "fluid_bound"}
