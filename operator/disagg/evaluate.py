@@ -65,7 +65,7 @@ from disagg.planner import SLO, Demand, PoolBounds, plan, split_threshold_tokens
 from disagg.sim.core import DONE, INF, REJECTED, Job
 from disagg.sim.engine import Cluster, SimConfig
 from disagg.sizes import SizeDistribution
-from disagg.workload import Workload, piecewise_poisson
+from disagg.workload import Workload, check_request_count, piecewise_poisson
 
 __all__ = [
     "POLICIES",
@@ -346,6 +346,7 @@ def rate_scaled(w: Workload, k: int, seed: int = 0) -> Workload:
         raise ValueError(f"rate scale must be an integer >= 1, got {k!r}")
     if k == 1 or len(w) == 0:
         return w
+    check_request_count(k * len(w), f"{k} copies of {len(w):,} requests")
     rng = np.random.default_rng(seed)
     t0 = w.arrival_s - w.arrival_s[0]
     span = float(t0[-1]) + (w.duration_s / max(1, len(w) - 1))
@@ -634,7 +635,9 @@ def spec_for(
             }
         )
     except ValidationError as exc:
-        raise ValueError(f"settings the disagg policy cannot run: {exc.errors()[0]['msg']}") from None
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise ValueError(f"settings the disagg policy cannot run: spec.{where}: {err['msg']}") from None
 
 
 def tuning_for(s: EvalSettings) -> autoscaler.Tuning:
@@ -1249,7 +1252,9 @@ def sim_config(s: EvalSettings, sizes: dict[str, int], pools: tuple[str, ...]) -
         prefill=max(1, sizes[names.POOL_PREFILL]),
         decode=max(1, sizes[names.POOL_DECODE]),
         encoder=max(1, sizes[names.POOL_ENCODER]) if names.POOL_ENCODER in pools else 0,
-        split_threshold=_sim_threshold(s) if s.placement == "conditional" else 2048,
+        split_threshold=_sim_threshold(s)
+        if s.placement == "conditional"
+        else names.SPLIT_THRESHOLD_DEFAULT_TOKENS,
         ttft_ms=s.slo.ttft_s * 1000.0,
         ttft_ms_per_1k_tokens=s.slo.ttft_s_per_1k_tokens * 1000.0,
         itl_ms=s.slo.itl_s * 1000.0,

@@ -30,6 +30,9 @@ PLACEMENT_COLOCATED = "colocated"
 PLACEMENT_CONDITIONAL = "conditional"
 #: Every spec.placement.mode (the planner and the simulator take the same).
 PLACEMENTS = (PLACEMENT_DISAGGREGATED, PLACEMENT_COLOCATED, PLACEMENT_CONDITIONAL)
+#: Prompt tokens from which conditional placement prefills remotely when no threshold is given
+#: (the simulator's default; the operator's is `spec.placement.splitThresholdTokens`).
+SPLIT_THRESHOLD_DEFAULT_TOKENS = 2048
 
 # --------------------------------------------------------------------------- labels and annotations
 

@@ -79,7 +79,15 @@ _T = TypeVar("_T")
 ENCODER_CS2 = 1.0  # encoder service variability (items per request vary): exponential-like
 
 
-def _num(name: str, v: Any, *, positive: bool = False, unit: bool = False, integer: bool = False) -> float:
+def _num(
+    name: str,
+    v: Any,
+    *,
+    positive: bool = False,
+    unit: bool = False,
+    integer: bool = False,
+    at_most: float | None = None,
+) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
         try:
             v = float(v)  # numpy scalars
@@ -88,18 +96,25 @@ def _num(name: str, v: Any, *, positive: bool = False, unit: bool = False, integ
     x = float(v)
     if math.isnan(x) or math.isinf(x):
         raise ValueError(f"{name} must be finite, got {v!r}")
-    if x < 0:
-        raise ValueError(f"{name} must be >= 0, got {v!r}")
     if positive and x <= 0:
         raise ValueError(f"{name} must be > 0, got {v!r}")
+    if x < 0:
+        raise ValueError(f"{name} must be >= 0, got {v!r}")
     if unit and x > 1:
         raise ValueError(f"{name} must be <= 1, got {v!r}")
+    if at_most is not None and x > at_most:
+        raise ValueError(f"{name} must be <= {at_most:,.0f}, got {v!r}")
     if integer and x != int(x):
         raise ValueError(f"{name} must be an integer, got {v!r}")
     return x
 
 
 # --------------------------------------------------------------------------- inputs
+
+# Longest mean prompt or output a demand may have: above any served model's context window
+# (the longest are a few million tokens); a typo of 1e12 would otherwise build per-chunk
+# transfer schedules of billions of entries.
+MAX_REQUEST_TOKENS = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -128,9 +143,9 @@ class Demand:
 
     def __post_init__(self) -> None:
         _num("arrival_rps", self.arrival_rps)
-        _num("prompt_tokens_mean", self.prompt_tokens_mean)
+        _num("prompt_tokens_mean", self.prompt_tokens_mean, at_most=MAX_REQUEST_TOKENS)
         _num("prompt_tokens_std", self.prompt_tokens_std)
-        _num("output_tokens_mean", self.output_tokens_mean, positive=True)
+        _num("output_tokens_mean", self.output_tokens_mean, positive=True, at_most=MAX_REQUEST_TOKENS)
         _num("output_tokens_std", self.output_tokens_std)
         _num("media_fraction", self.media_fraction, unit=True)
         _num("items_per_request", self.items_per_request)

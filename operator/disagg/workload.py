@@ -27,6 +27,18 @@ import numpy as np
 
 TRACE_FORMATS = ("azure", "mooncake")
 BLOCK_TOKENS = 512  # tokens per prefix hash block (Mooncake convention)
+# Most requests one workload may hold: a million simulate in ~30 s and take ~100 MB with their
+# per-request records, so this is minutes and a few GB; a rate typed 1000x too high fails fast.
+MAX_REQUESTS = 20_000_000
+
+
+def check_request_count(expected: float, what: str) -> None:
+    """Refuse a workload of about `expected` requests when that is over `MAX_REQUESTS`."""
+    if not expected <= MAX_REQUESTS:
+        raise ValueError(
+            f"{what} is about {expected:,.0f} requests; one workload holds at most {MAX_REQUESTS:,}"
+        )
+
 
 TokenSpec = int | tuple[int, int] | Callable[[np.random.Generator, int], np.ndarray]
 
@@ -255,10 +267,12 @@ def poisson(
         raise ValueError("give exactly one of duration_s and n")
     rng = np.random.default_rng(seed)
     if n is not None:
+        check_request_count(n, f"{n} requests")
         arrivals = np.cumsum(rng.exponential(1.0 / rate, size=int(n)))
     else:
         if not duration_s > 0:
             raise ValueError(f"duration must be > 0, got {duration_s}")
+        check_request_count(rate * duration_s, f"{rate:g} req/s for {duration_s:g} s")
         count = rng.poisson(rate * duration_s)
         arrivals = np.sort(rng.uniform(0.0, duration_s, size=count))
     return _build(
@@ -271,11 +285,12 @@ def piecewise_poisson(
     rng: np.random.Generator,
 ) -> np.ndarray:
     """Arrival times of a Poisson process whose rate is constant on each (length_s, rate) segment."""
+    if any(rate < 0 or length < 0 for length, rate in segments):
+        raise ValueError("segment rates and lengths must be >= 0")
+    check_request_count(sum(rate * length for length, rate in segments), "that arrival process")
     out = []
     t0 = 0.0
     for length, rate in segments:
-        if rate < 0 or length < 0:
-            raise ValueError("segment rates and lengths must be >= 0")
         k = rng.poisson(rate * length) if rate > 0 else 0
         if k:
             out.append(np.sort(rng.uniform(t0, t0 + length, size=k)))

@@ -90,11 +90,55 @@ def cli_env() -> dict[str, str]:
         (["emulate", "--trace", "t.csv", "--rate", "3"], "--rate does not apply with --trace"),
         (["emulate", "--time-scale", "0.5"], "--time-scale does not apply without --trace"),
         (["emulate", "--rate", "3", "--schedule", "0:1,60:4"], "give --rate or --schedule, not both"),
+        # sizes that would exhaust memory are refused by name, before anything is drawn
+        (
+            ["simulate", "--rate", "1e6"],
+            "--rate 1e+06 req/s for --duration 300 s is about 300,000,000 requests",
+        ),
+        (["simulate", "--requests", "100000000"], "--requests 100,000,000 is over 20,000,000"),
+        (
+            ["simulate", "--workload", "burst", "--burst-rate", "1e7"],
+            "--burst-rate 1e+07 req/s for --duration 300 s is about 3,000,000,000 requests",
+        ),
+        (["plan", "--input-tokens", "1e12"], "--input-tokens: prompt_tokens_mean must be <= 10,000,000"),
+        # flags that would be ignored
+        (
+            ["simulate", "--placement", "disaggregated", "--sweep-threshold"],
+            "--sweep-threshold applies to --placement conditional (or all), not disaggregated",
+        ),
+        (
+            ["simulate", "--placement", "colocated", "--split-threshold", "100"],
+            "--split-threshold applies to --placement conditional (or all), not colocated",
+        ),
+        (["simulate", "--admit-fraction", "0"], "--admit-fraction must be in (0, 1]"),
+        (
+            ["evaluate", "--trace", "t.csv", "--split-threshold", "100"],
+            "--split-threshold applies to --placement conditional, not disaggregated",
+        ),
+        # a bad setting names the flag that set it, not an internal field
+        (["evaluate", "--trace", "t.csv", "--decode-gpus-per-replica", "0"], "--decode-gpus-per-replica: "),
+        (["evaluate", "--trace", "t.csv", "--interval", "1e9"], "--interval: "),
+        (["evaluate", "--trace", "t.csv", "--percentile", "99"], "--percentile: percentile must be < 1"),
+        (["evaluate", "--trace", "t.csv", "--ttft", "0"], "--ttft: ttft_s must be > 0"),
+        (["evaluate", "--trace", "t.csv", "--ttft-per-1k", "-1"], "--ttft-per-1k: ttft_s_per_1k_tokens"),
+        (["plan", "--ttft", "-1"], "--ttft must be > 0, got -1.0"),
+        (["plan", "--ttft-per-1k", "-1"], "--ttft-per-1k"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(capsys, argv, fragment):
     assert main(argv) == 2
     assert fragment in one_error_line(capsys, argv[0])
+
+
+def test_a_trace_that_is_a_directory_or_too_large_a_scale_is_refused(capsys, tmp_path):
+    assert main(["simulate", "--workload", "trace", "--trace", str(tmp_path)]) == 2
+    assert f"cannot read {tmp_path}: Is a directory" in one_error_line(capsys, "simulate")
+    trace = tmp_path / "t.csv"
+    trace.write_text(AZURE_CSV)
+    assert main(["evaluate", "--trace", str(trace), "--rate-scale", "2000000"]) == 2
+    assert "--rate-scale 2000000 makes about 40,000,000 requests of this trace's 20" in one_error_line(
+        capsys, "evaluate"
+    )
 
 
 def test_plot_with_a_wrong_extension_is_refused_before_simulating(capsys, tmp_path):

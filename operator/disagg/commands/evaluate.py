@@ -184,6 +184,19 @@ def _settings(args: argparse.Namespace) -> Any:
     )
 
 
+def checked_settings(args: argparse.Namespace) -> Any:
+    """The evaluation settings, checked up front (the `disagg` policy's spec too), errors naming the flag."""
+    from disagg.cli import UsageError
+    from disagg.evaluate import spec_for
+
+    try:
+        settings = _settings(args)
+        spec_for(settings, settings.placement, (POOL_ENCODER, POOL_PREFILL, POOL_DECODE))
+    except ValueError as exc:
+        raise UsageError(modelflags.with_flag(str(exc)) or str(exc)) from None
+    return settings
+
+
 def _fmt(x: Any, nd: int = 3) -> str:
     if x is None:
         return "-"
@@ -418,6 +431,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--startup-seconds must be >= 0 and --interval > 0")
     if args.placement not in ("disaggregated", "conditional"):
         raise UsageError(f"unknown placement {args.placement!r}; choose from disaggregated, conditional")
+    if args.split_threshold is not None and args.placement != "conditional":
+        raise UsageError(f"--split-threshold applies to --placement conditional, not {args.placement}")
     if args.split_threshold is not None and args.split_threshold < 1:
         raise UsageError(f"--split-threshold must be >= 1 token, got {args.split_threshold}")
     if not 0.0 <= args.media_fraction <= 1.0:
@@ -430,7 +445,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--headroom must be between 0 and 4 (a fraction of the demand), got {args.headroom}"
         )
-    settings = _settings(args)
+    settings = checked_settings(args)
 
     from disagg.evaluate import ReferencesMismatch, diurnal, evaluate, rate_scaled
     from disagg.workload import load_trace, with_coarse_timestamps, with_media
@@ -441,6 +456,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot read {args.trace}: {exc.strerror or exc}") from None
     if len(w) < 2:
         raise UsageError(f"{args.trace}: needs at least two requests")
+    from disagg.workload import MAX_REQUESTS
+
+    # the diurnal day averages rate-scale x the trace's rate over two hours
+    expected = args.rate_scale * (w.mean_rate * 7200.0 if args.workload == "diurnal" else len(w))
+    if expected > MAX_REQUESTS:
+        raise UsageError(
+            f"--rate-scale {args.rate_scale} makes about {expected:,.0f} requests of this trace's "
+            f"{len(w):,}; one run replays at most {MAX_REQUESTS:,}"
+        )
     if args.workload == "diurnal":
         w = diurnal(w, args.rate_scale, seed=args.seed)
     else:

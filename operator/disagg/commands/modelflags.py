@@ -46,6 +46,61 @@ SLO_FLAGS: dict[str, tuple[type, Any, str]] = {
 }
 FLAGS = {**MODEL_FLAGS, **SLO_FLAGS}
 
+# A model, demand or SLO field as its ValueError names it -> the flag that sets it
+FIELD_FLAGS = {
+    "encoder.fixed_ms": "encoder-fixed-ms",
+    "encoder.ms_per_item": "encoder-ms-per-item",
+    "prefill.fixed_ms": "prefill-fixed-ms",
+    "prefill.ms_per_token_sq": "prefill-ms-per-token-sq",
+    "prefill.ms_per_token": "prefill-ms-per-token",
+    "transfer.kv_bytes_per_token": "kv-bytes-per-token",
+    "transfer.setup_ms": "link-setup-ms",
+    "transfer.bandwidth_gibps": "link-gibps",
+    "transfer.chunk_tokens": "chunk-tokens",
+    "decode.step_fixed_ms": "decode-step-ms",
+    "decode.step_ms_per_seq": "decode-ms-per-seq",
+    "decode.slots": "decode-slots",
+    "decode.kv_cache_tokens": "decode-kv-cache-tokens",
+    "arrival_rps": "arrival-rate",
+    "prompt_tokens_mean": "input-tokens",
+    "prompt_tokens_std": "input-tokens-std",
+    "output_tokens_mean": "output-tokens",
+    "output_tokens_std": "output-tokens-std",
+    "items_per_request": "items-per-request",
+    "media_fraction": "media-fraction",
+    "prefix_hit_rate": "prefix-hit-rate",
+    "ttft_s": "ttft",
+    "ttft_s_per_1k_tokens": "ttft-per-1k",
+    "itl_s": "itl",
+    "percentile": "percentile",
+}
+# A DisaggDeployment spec field (`disagg.evaluate.spec_for` names it in its error) -> the
+# `disagg evaluate` flag that sets it
+SPEC_FLAGS = {
+    "autoscaling.intervalSeconds": "interval",
+    "autoscaling.headroom": "headroom",
+    "autoscaling.gpuBudget": "gpu-budget",
+    "slo.ttftSeconds": "ttft",
+    "slo.ttftSecondsPerThousandTokens": "ttft-per-1k",
+    "slo.itlSeconds": "itl",
+    "slo.percentile": "percentile",
+    "placement.splitThresholdTokens": "split-threshold",
+    "pools.encoder.gpusPerReplica": "encoder-gpus-per-replica",
+    "pools.prefill.gpusPerReplica": "prefill-gpus-per-replica",
+    "pools.decode.gpusPerReplica": "decode-gpus-per-replica",
+}
+
+
+def with_flag(msg: str) -> str | None:
+    """`msg` (a ValueError's text) led by the flag of the field it names; None when it names none."""
+    for field, flag in FIELD_FLAGS.items():
+        if msg.startswith((f"{field} ", f"{field}:")):  # whole names: ttft_s is not ttft_s_per_1k_tokens
+            return f"--{flag}: {msg}"
+    for path, flag in SPEC_FLAGS.items():
+        if f"spec.{path}:" in msg:
+            return f"--{flag}: {msg}"
+    return None
+
 
 def defaults(names: list[str] | tuple[str, ...] | None = None) -> dict[str, Any]:
     """The worked example's value of each flag in `names` (default: every flag)."""

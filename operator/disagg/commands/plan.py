@@ -37,29 +37,6 @@ DEFAULTS: dict[str, Any] = {
     "placement": "disaggregated",
     "chunked": False,
 }
-# model field (as named in its ValueError) -> flag
-FIELD_FLAGS = {
-    "encoder.fixed_ms": "encoder-fixed-ms",
-    "encoder.ms_per_item": "encoder-ms-per-item",
-    "prefill.fixed_ms": "prefill-fixed-ms",
-    "prefill.ms_per_token_sq": "prefill-ms-per-token-sq",
-    "prefill.ms_per_token": "prefill-ms-per-token",
-    "transfer.kv_bytes_per_token": "kv-bytes-per-token",
-    "transfer.setup_ms": "link-setup-ms",
-    "transfer.bandwidth_gibps": "link-gibps",
-    "transfer.chunk_tokens": "chunk-tokens",
-    "decode.step_fixed_ms": "decode-step-ms",
-    "decode.step_ms_per_seq": "decode-ms-per-seq",
-    "decode.slots": "decode-slots",
-    "decode.kv_cache_tokens": "decode-kv-cache-tokens",
-    "output_tokens_mean": "output-tokens",
-    "media_fraction": "media-fraction",
-    "prefix_hit_rate": "prefix-hit-rate",
-    "ttft_s": "ttft",
-    "ttft_s_per_1k_tokens": "ttft-per-1k",
-    "itl_s": "itl",
-    "percentile": "percentile",
-}
 POOL_DEFAULTS = {
     names.POOL_ENCODER: (0, 10_000, 1),
     names.POOL_PREFILL: (1, 10_000, 1),
@@ -207,10 +184,12 @@ def _build(vals: dict[str, Any], arrival: float | None = None) -> tuple[Any, ...
     from disagg.model import DecodeModel, EncoderModel, PrefillModel, StageModels, TransferModel
     from disagg.planner import SLO, Demand, PoolBounds
 
-    def num(name: str, flag: str) -> float:
+    def num(name: str, flag: str, *, positive: bool = False) -> float:
         v = vals[name]
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(float(v)):
             raise ValueError(f"--{flag} must be a finite number, got {v!r}")
+        if positive and float(v) <= 0:
+            raise ValueError(f"--{flag} must be > 0, got {v!r}")
         if float(v) < 0:
             raise ValueError(f"--{flag} must be >= 0, got {v!r}")
         return float(v)
@@ -228,10 +207,7 @@ def _build(vals: dict[str, Any], arrival: float | None = None) -> tuple[Any, ...
             msg = str(exc)
             if msg.startswith("--"):
                 raise
-            for field, name in FIELD_FLAGS.items():
-                if msg.startswith(field):
-                    raise ValueError(f"--{name}: {msg}") from None
-            raise ValueError(f"--{flag}: {msg}") from None
+            raise ValueError(modelflags.with_flag(msg) or f"--{flag}: {msg}") from None
 
     models = StageModels(
         encoder=wrap(
@@ -283,9 +259,9 @@ def _build(vals: dict[str, Any], arrival: float | None = None) -> tuple[Any, ...
     slo = wrap(
         "ttft/--ttft-per-1k/--itl/--percentile/--itl-statistic",
         lambda: SLO(
-            num("ttft", "ttft"),
-            num("itl", "itl"),
-            num("percentile", "percentile"),
+            num("ttft", "ttft", positive=True),
+            num("itl", "itl", positive=True),
+            num("percentile", "percentile", positive=True),
             vals["itl_statistic"],
             ttft_s_per_1k_tokens=num("ttft_per_1k", "ttft-per-1k"),
         ),

@@ -66,7 +66,9 @@ def register(subparsers: Any) -> None:
     )
     pl.add_argument("--placement", choices=PLACEMENT_CHOICES, default="all", help="default: all three")
     pl.add_argument(
-        "--split-threshold", type=int, default=2048, help="conditional: prompt tokens >= go remote"
+        "--split-threshold",
+        type=int,
+        help=f"conditional: prompt tokens >= go remote (default {names.SPLIT_THRESHOLD_DEFAULT_TOKENS})",
     )
     pl.add_argument(
         "--sweep-threshold", action="store_true", help="conditional: pick the best split threshold"
@@ -142,6 +144,8 @@ def build_workload(args: argparse.Namespace):
             )
         except FileNotFoundError:
             raise UsageError(f"trace file not found: {args.trace}") from None
+        except OSError as exc:
+            raise UsageError(f"cannot read {args.trace}: {exc.strerror or exc}") from None
     if args.trace:
         raise UsageError("--trace needs --workload trace")
     duration = None if args.requests else args.duration
@@ -168,6 +172,31 @@ def build_workload(args: argparse.Namespace):
     w = wl.mix(0.0 + 1.0, arrivals=shape.arrival_s, **mix_kw)
     w.name = f"{shape.name} x {w.name}"
     return w
+
+
+def check_size(args: argparse.Namespace) -> None:
+    """Refuse, naming the flags, a synthetic workload too large for one run (`workload.MAX_REQUESTS`)."""
+    from disagg.cli import UsageError
+    from disagg.workload import MAX_REQUESTS
+
+    if args.workload == "trace":
+        return
+    if args.requests is not None and args.workload != "burst":
+        if args.requests > MAX_REQUESTS:
+            raise UsageError(
+                f"--requests {args.requests:,} is over {MAX_REQUESTS:,}, the most one run simulates"
+            )
+        return
+    rate = args.rate
+    if args.workload == "burst":
+        rate = max(rate, args.burst_rate if args.burst_rate is not None else 3.0 * args.rate)
+    expected = rate * args.duration
+    if not expected <= MAX_REQUESTS:
+        flags = "--rate" if rate == args.rate else "--burst-rate"
+        raise UsageError(
+            f"{flags} {rate:g} req/s for --duration {args.duration:g} s is about {expected:,.0f} requests; "
+            f"one run simulates at most {MAX_REQUESTS:,}"
+        )
 
 
 def sweep_threshold(workload, models, base, progress=None) -> tuple[int, list[dict[str, Any]]]:
@@ -213,6 +242,23 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--ttft-per-1k must be >= 0, got {args.ttft_per_1k}")
     if args.rate <= 0 and args.workload != "trace":
         raise UsageError("--rate must be > 0")
+    check_size(args)
+    conditional = args.placement in ("conditional", "all")
+    if args.split_threshold is not None and not conditional:
+        raise UsageError(
+            f"--split-threshold applies to --placement conditional (or all), not {args.placement}"
+        )
+    if args.sweep_threshold and not conditional:
+        raise UsageError(
+            f"--sweep-threshold applies to --placement conditional (or all), not {args.placement}"
+        )
+    if args.split_threshold is not None and args.split_threshold < 1:
+        raise UsageError(f"--split-threshold must be >= 1 token, got {args.split_threshold}")
+    if not 0.0 < args.admit_fraction <= 1.0:
+        raise UsageError(
+            f"--admit-fraction must be in (0, 1] (1: admission control off; 0 would reject every request), "
+            f"got {args.admit_fraction}"
+        )
     models = build_models(args)
     workload = build_workload(args)
     if len(workload) == 0:
@@ -231,7 +277,9 @@ def run(args: argparse.Namespace) -> int:
         decode=args.decode,
         encoder=args.encoder,
         colocated=args.colocated,
-        split_threshold=args.split_threshold,
+        split_threshold=names.SPLIT_THRESHOLD_DEFAULT_TOKENS
+        if args.split_threshold is None
+        else args.split_threshold,
         chunked=args.chunked,
         failure_prob=args.failure_prob,
         max_retries=args.max_retries,

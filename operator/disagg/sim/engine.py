@@ -85,7 +85,7 @@ class SimConfig:
     decode: int = 2
     encoder: int = 0
     colocated: int = 0
-    split_threshold: int = 2048
+    split_threshold: int = names.SPLIT_THRESHOLD_DEFAULT_TOKENS
     chunked: bool = False
     local_chunk_tokens: int = 0
     failure_prob: float = 0.0
