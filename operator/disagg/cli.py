@@ -77,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 0
+    if not getattr(args, "func", None):  # no command: usage to stderr, exit 2 as argparse does
+        parser.print_help(sys.stderr)
+        return 2
     try:
         from disagg.commands import checks
 

@@ -114,7 +114,7 @@ EVAL_POLICY_HELP = {
     "disagg": "this project: joint queueing planner on the observed demand, forecast and burst headroom one "
     "decision lead ahead, + policy.decide (300 s stabilization, drains, budget rebalance)",
     "static": "fixed pools planned for the trace's peak 60 s arrival rate",
-    "hpa": "per-pool HPA: ceil(ready x utilisation / 0.7), 10%% tolerance, 300 s scale-down stabilization",
+    "hpa": "per-pool HPA: ceil(ready x utilisation / 0.7), 10 % tolerance, 300 s scale-down stabilization",
     "throughput": "Dynamo's rule at a 30 s cadence: per pool ceil(rate / per-replica throughput) from the "
     "stage models, proportional squeeze under a budget",
     "dynamo": "Dynamo's SLA planner at its defaults: every 180 s on a 180 s window, prefill/decode sized by "

@@ -277,3 +277,20 @@ def test_closed_pipe_is_not_an_error():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0, err
     assert err == ""
+
+
+def test_no_command_prints_usage_to_stderr_and_exits_2(capsys):
+    assert main([]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "usage: disagg" in out.err
+
+
+def test_simulate_json_names_the_colocated_workers_that_ran(capsys):
+    """`colocated` 0 in the flags means prefill + decode workers; the report gives the count."""
+    assert main(["simulate", "--requests", "20", "--prefill", "2", "--decode", "3", "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {r["placement"]: r["config"]["colocated"] for r in doc["results"]} == {
+        "colocated": 5,
+        "disaggregated": 5,
+        "conditional": 5,
+    }

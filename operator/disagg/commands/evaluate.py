@@ -77,7 +77,7 @@ def register(subparsers: Any) -> None:
         help="floor every arrival to a multiple of SECONDS, after --workload and --rate-scale: the "
         "requests of each such quantum arrive together, as a trace with coarse timestamps replays them",
     )
-    f("--output", default="table", help="table or json (default table)")
+    f("--output", "-o", default="table", help="table or json (default table)")
     f("--plot", metavar="FILE.png", help="write load and pool sizes over time per policy")
     f("--gpu-budget", type=int, help="most GPUs all pools may hold (default: none)")
     f(

@@ -357,12 +357,16 @@ def _print_table(pl: Any) -> None:
         out(
             f"decode sized by {_BOUND_TEXT.get(d['decode_bound'], d['decode_bound'])}   KV cache "
             f"{int(dec['kv_cache_tokens']):,} tokens / {_fmt(dec['kv_footprint_tokens'], 0)} per sequence "
-            f"-> {int(dec['kv_slots'])} sequences (up to the slots)\n"
+            f"-> {int(dec['kv_slots'])} sequence{'' if int(dec['kv_slots']) == 1 else 's'} (up to the slots)\n"
         )
     pr = d["predicted"]
     out(
         f"predicted TTFT p{pl.slo.percentile * 100:g} {_fmt(pr['ttft_s'])} s   ITL {_fmt(pr['itl_s'])} s   "
-        f"best achievable TTFT {_fmt(d['best_achievable']['ttft_s'])} s"
+        + (
+            f"best achievable TTFT {_fmt(d['best_achievable']['ttft_s'])} s"
+            if d["best_achievable"]["ttft_s"] is not None
+            else "best achievable TTFT: none"
+        )
     )
     if pr["interference_ms"]:
         out(f"   prefill stall on colocated decode {_fmt(pr['interference_ms'], 1)} ms")

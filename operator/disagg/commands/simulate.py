@@ -105,7 +105,9 @@ def register(subparsers: Any) -> None:
     modelflags.add_flags(slo, ("ttft", "ttft_per_1k", "itl"), unset=False)
     modelflags.add_itl_statistic_flag(slo)
     o = p.add_argument_group("output")
-    o.add_argument("--output", choices=("table", "json"), default="table")
+    o.add_argument(
+        "--output", "-o", choices=("table", "json"), default="table", help="output format (default table)"
+    )
     o.add_argument("--plot", metavar="FILE.png", help="plot queues and latency over time")
     o.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)

@@ -159,7 +159,9 @@ class Report:
         return cls(
             placement=cfg.placement,
             workload=workload.summary() if workload is not None else {},
-            config={k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+            # colocated 0 means prefill + decode workers: the report says how many ran
+            config={k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
+            | {"colocated": cfg.colocated_workers()},
             horizon_s=horizon,
             wall_s=wall_s,
             requests=cl.submitted,
