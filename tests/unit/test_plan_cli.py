@@ -166,3 +166,17 @@ def test_from_file_invalid(capsys, tmp_path):
     path.write_text("spec: [1, 2\n")
     assert main(["plan", "--from", str(path)]) == 2
     assert "--from" in capsys.readouterr().err
+
+
+def test_a_colocated_plan_made_large_by_prefill_stalls_says_so_and_offers_the_disaggregated_one(capsys):
+    """At the max-gap ITL statistic every prefill on a colocated worker (230 ms) breaches the
+    0.15 s target for the requests decoding there, so the plan is huge; the text says why and
+    what the disaggregated pools would take."""
+    disaggregated = run_json(capsys, "--arrival-rate", "8")["gpus"]["total"]
+    assert main(["plan", "--arrival-rate", "8", "--placement", "colocated"]) == 0
+    text = capsys.readouterr().out
+    assert "no KV transfer (colocated)" in text and "GiB" not in text
+    assert "each prefill stalls the decodes running on its colocated worker for 230 ms" in text
+    assert f"Disaggregated pools need {disaggregated} GPUs (--placement disaggregated)" in text
+    assert main(["plan", "--arrival-rate", "8", "--placement", "colocated", "--itl-statistic", "mean"]) == 0
+    assert "note:" not in capsys.readouterr().out  # the mean gap absorbs the stall: no note

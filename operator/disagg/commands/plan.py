@@ -324,7 +324,9 @@ _BOUND_TEXT = {
 }
 
 
-def _print_table(pl: Any) -> None:
+def _print_table(pl: Any, disaggregated: Any = None) -> None:
+    """The plan as text; `disaggregated`, the same demand's disaggregated plan, is offered
+    beside a colocated one that prefill stalls over the ITL target made large."""
     d = pl.to_dict()
     out = sys.stdout.write
     st = d["stages"]
@@ -347,9 +349,15 @@ def _print_table(pl: Any) -> None:
         )
     out("\n")
     out(
-        f"prefill service {_fmt(st['prefill']['service_ms'], 1)} ms   KV {st['transfer']['kv_bytes'] / 2**30:.2f} GiB   "
-        f"transfer serial {_fmt(st['transfer']['serial_ms'], 2)} ms / chunked tail "
-        f"{_fmt(st['transfer']['chunked_ms'], 2)} ms   decode step {_fmt(st['decode']['step_ms'], 1)} ms "
+        f"prefill service {_fmt(st['prefill']['service_ms'], 1)} ms   "
+        + (
+            "no KV transfer (colocated)   "
+            if d["placement"] == names.PLACEMENT_COLOCATED
+            else f"KV {st['transfer']['kv_bytes'] / 2**30:.2f} GiB   "
+            f"transfer serial {_fmt(st['transfer']['serial_ms'], 2)} ms / chunked tail "
+            f"{_fmt(st['transfer']['chunked_ms'], 2)} ms   "
+        )
+        + f"decode step {_fmt(st['decode']['step_ms'], 1)} ms "
         f"(batch cap {int(st['decode']['batch_cap'])})\n"
     )
     dec = st["decode"]
@@ -391,6 +399,15 @@ def _print_table(pl: Any) -> None:
     out(f"feasible {'yes' if d['feasible'] else 'NO'}: {d['reason']}\n")
     if d["budget"]["sacrificed"]:
         out(f"sacrificed: {d['budget']['sacrificed']}\n")
+    if disaggregated is not None:
+        out(
+            f"note: each prefill stalls the decodes running on its colocated worker for "
+            f"{_fmt(pr['interference_ms'], 0)} ms, over the {pl.slo.itl_s:g} s ITL target "
+            f"({pl.slo.itl_statistic} gap), so the plan spreads requests until {pl.slo.percentile * 100:g} % of "
+            f"them decode without another's prefill on their worker. Disaggregated pools need "
+            f"{disaggregated.total_gpus} GPUs (--placement disaggregated); --itl-statistic mean judges "
+            f"a request by its mean gap instead.\n"
+        )
 
 
 def _sweep_rows(plans: list[Any]) -> list[dict[str, Any]]:
@@ -464,16 +481,16 @@ def run(args: argparse.Namespace) -> int:
             doc = {"schema": "disagg.plan.sweep/v1", "points": [pl.to_dict() for pl in plans]}
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         else:
-            names = [n for n in POOL_NAMES if n in plans[0].pools]
+            pools = [n for n in POOL_NAMES if n in plans[0].pools]
             sys.stdout.write(
                 f"{'rps':>8}"
-                + "".join(f"{n:>10}" for n in names)
+                + "".join(f"{n:>10}" for n in pools)
                 + f"{'gpus':>6}{'D/P':>7}{'ttft s':>8}{'itl s':>7}{'admit':>7}  feasible\n"
             )
             for pl in plans:
                 sys.stdout.write(
                     f"{pl.demand.arrival_rps:>8g}"
-                    + "".join(f"{pl.pools[n].replicas:>10}" for n in names)
+                    + "".join(f"{pl.pools[n].replicas:>10}" for n in pools)
                     + f"{pl.total_gpus:>6}{_fmt(pl.decode_per_prefill, 2):>7}{_fmt(pl.ttft_s):>8}"
                     f"{_fmt(pl.itl_s):>7}{_fmt(pl.admitted_fraction, 2):>7}  {'yes' if pl.feasible else 'no'}\n"
                 )
@@ -487,7 +504,17 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "json":
         sys.stdout.write(json.dumps(pl.to_dict(), indent=2) + "\n")
     else:
-        _print_table(pl)
+        stalled = (
+            placement == names.PLACEMENT_COLOCATED
+            and slo.itl_statistic != "mean"
+            and (pl.to_dict()["predicted"]["interference_ms"] or 0.0) > slo.itl_s * 1000.0
+        )
+        alt = (
+            plan(demand, models, slo, bounds, budget, names.PLACEMENT_DISAGGREGATED, chunked)
+            if stalled
+            else None
+        )
+        _print_table(pl, alt)
     if not pl.feasible:  # the plan is printed (it says what is short); the exit status says it failed
         raise CommandFailed(f"no plan meets the SLO: {pl.to_dict()['reason']}")
     return 0
