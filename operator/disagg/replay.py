@@ -144,4 +144,5 @@ def format_summary(s: dict) -> str:
         f"replay summary: requests={s['requests']} ok={s['ok']} failed={s['failed']} "
         f"truncated={s['truncated']} ttft p50/p90/p99={ms(s['ttft_s'])} itl p50/p90/p99={ms(s['itl_s'])} "
         f"max send lateness={'-' if late is None else f'{late * 1e3:.0f}ms'}"
+        + (f"\nfirst errors: {'; '.join(s['errors'][:3])}" if s["errors"] else "")
     )

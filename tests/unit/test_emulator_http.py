@@ -365,3 +365,16 @@ def test_replay_sends_a_trace_at_its_timestamps_and_checks_every_stream(tmp_path
         assert r.ttft_s > 0 and r.itl_s > 0
     assert [r.scheduled_s for r in results] == [0.0, 0.2, 0.2, 0.7]
     assert summarize(bad)["failed"] == 1 and "HTTP 400" in bad[0].detail
+
+
+def test_the_replay_summary_line_names_why_requests_failed():
+    from disagg.replay import Result, format_summary, summarize
+
+    results = [
+        Result(0, 0.0, 0.0, 0.2, 0.04, 1.0, "ok"),
+        Result(1, 1.0, 1.0, status="failed", detail="Connect call failed ('127.0.0.1', 9)"),
+    ]
+    text = format_summary(summarize(results))
+    assert "requests=2 ok=1 failed=1" in text
+    assert "first errors: #1: Connect call failed ('127.0.0.1', 9)" in text
+    assert "first errors" not in format_summary(summarize(results[:1]))

@@ -69,7 +69,12 @@ def register(subparsers: Any) -> None:
     f("--interval", type=float, default=30.0, help="seconds between autoscaling decisions (default 30)")
     f("--rate-scale", type=int, default=1, help="superpose K time-shifted copies of the trace (default 1)")
     f("--workload", default="trace", help="trace (replay) or diurnal (synthetic 2 h day; default trace)")
-    f("--seed", type=int, default=0, help="seed for the rate-scale offsets and the diurnal workload")
+    f(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed for the rate-scale offsets and the diurnal workload (default 0)",
+    )
     f(
         "--coarse-timestamps",
         type=float,

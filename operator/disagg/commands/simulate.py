@@ -43,14 +43,22 @@ def register(subparsers: Any) -> None:
     w.add_argument("--burst-rate", type=float, help="burst: rate during bursts (default 3 x --rate)")
     w.add_argument("--burst-period", type=float, default=60.0, help="burst: period in s (default 60)")
     w.add_argument(
-        "--burst-duty", type=float, default=0.25, help="burst: share of the period at the high rate"
+        "--burst-duty",
+        type=float,
+        default=0.25,
+        help="burst: share of the period at the high rate (default 0.25)",
     )
     w.add_argument(
         "--media-fraction", type=float, default=0.0, help="share of requests with media (default 0)"
     )
     w.add_argument("--media-items", type=int, default=1, help="media items per media request (default 1)")
     w.add_argument("--trace", metavar="FILE", help="trace file to replay (--workload trace)")
-    w.add_argument("--format", choices=("auto", "azure", "mooncake"), default="auto", help="trace format")
+    w.add_argument(
+        "--format",
+        choices=("auto", "azure", "mooncake"),
+        default="auto",
+        help="trace format (default auto: from the file)",
+    )
     w.add_argument(
         "--time-scale", type=float, default=1.0, help="multiply trace arrival times (0.5 = twice as fast)"
     )
@@ -92,7 +100,9 @@ def register(subparsers: Any) -> None:
         help="admission control: share of arrivals admitted; the rest, and arrivals that would queue past "
         "the TTFT target, are rejected early (default 1: off)",
     )
-    pl.add_argument("--failure-prob", type=float, default=0.0, help="probability a transfer attempt fails")
+    pl.add_argument(
+        "--failure-prob", type=float, default=0.0, help="probability a transfer attempt fails (default 0)"
+    )
     pl.add_argument("--max-retries", type=int, default=1, help="transfer retries per request (default 1)")
     pl.add_argument("--prefix-cache-tokens", type=int, default=0, help="per-worker prefix cache (0 = off)")
     modelflags.add_flags(
