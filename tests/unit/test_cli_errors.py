@@ -136,9 +136,12 @@ def test_a_trace_that_is_a_directory_or_too_large_a_scale_is_refused(capsys, tmp
     trace = tmp_path / "t.csv"
     trace.write_text(AZURE_CSV)
     assert main(["evaluate", "--trace", str(trace), "--rate-scale", "2000000"]) == 2
-    assert "--rate-scale 2000000 makes about 40,000,000 requests of this trace's 20" in one_error_line(
-        capsys, "evaluate"
+    assert (
+        "--rate-scale 2000000: 2000000 copies of 20 requests is about 40,000,000 requests"
+        in one_error_line(capsys, "evaluate")
     )
+    assert main(["evaluate", "--trace", str(trace), "--rate-scale", "2000000", "--workload", "diurnal"]) == 2
+    assert "--rate-scale 2000000: that arrival process is about" in one_error_line(capsys, "evaluate")
 
 
 def test_plot_with_a_wrong_extension_is_refused_before_simulating(capsys, tmp_path):

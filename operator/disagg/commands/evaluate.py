@@ -461,19 +461,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot read {args.trace}: {exc.strerror or exc}") from None
     if len(w) < 2:
         raise UsageError(f"{args.trace}: needs at least two requests")
-    from disagg.workload import MAX_REQUESTS
-
-    # the diurnal day averages rate-scale x the trace's rate over two hours
-    expected = args.rate_scale * (w.mean_rate * 7200.0 if args.workload == "diurnal" else len(w))
-    if expected > MAX_REQUESTS:
-        raise UsageError(
-            f"--rate-scale {args.rate_scale} makes about {expected:,.0f} requests of this trace's "
-            f"{len(w):,}; one run replays at most {MAX_REQUESTS:,}"
-        )
-    if args.workload == "diurnal":
-        w = diurnal(w, args.rate_scale, seed=args.seed)
-    else:
-        w = rate_scaled(w, args.rate_scale, seed=args.seed)
+    try:  # both refuse, before drawing anything, a workload too large for one run
+        if args.workload == "diurnal":
+            w = diurnal(w, args.rate_scale, seed=args.seed)
+        else:
+            w = rate_scaled(w, args.rate_scale, seed=args.seed)
+    except ValueError as exc:
+        raise UsageError(f"--rate-scale {args.rate_scale}: {exc}") from None
     if args.coarse_timestamps is not None:
         w = with_coarse_timestamps(w, args.coarse_timestamps)
     if args.media_fraction > 0:

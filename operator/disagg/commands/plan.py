@@ -507,7 +507,7 @@ def run(args: argparse.Namespace) -> int:
         stalled = (
             placement == names.PLACEMENT_COLOCATED
             and slo.itl_statistic != "mean"
-            and (pl.to_dict()["predicted"]["interference_ms"] or 0.0) > slo.itl_s * 1000.0
+            and pl.interference_ms > slo.itl_s * 1000.0
         )
         alt = (
             plan(demand, models, slo, bounds, budget, names.PLACEMENT_DISAGGREGATED, chunked)
