@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from disagg import api, burstiness, drain, names, planner, policy, status
+from disagg import api, burstiness, drain, metrics, names, planner, policy, status
 from disagg.calibration import Calibrator
 from disagg.metrics import back_pool
 from disagg.model import StageModels
@@ -251,6 +251,9 @@ class Observation:
     sizes: SizeDistribution | None = None
     arrival_counts: tuple[float, ...] | None = None
     count_interval_s: float | None = None
+    # the window's TTFT histogram, cumulative (upper bound, count or rate) pairs ending at
+    # +Inf, read with the sizes: any quantile of it, not only the SLO percentile's
+    ttft_buckets: tuple[tuple[float, float], ...] | None = None
 
 
 def gate_condition(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -762,12 +765,17 @@ def learnt_front_gain(
       it toward 1 (half-life `FRONT_GAIN_HALF_LIFE_S`): a gain no longer needed goes. One
       between comfort and the target holds it: lowering it there probes back into misses.
 
-    Nothing is learnt from a window with fewer requests than one beyond the percentile
-    (its quantile is its slowest request), nor while more than half the requests the
-    percentile lets go would miss on an idle system (`unreachable_share`): those misses
-    no capacity fixes; nor under a target that grows with the prompt, whose percentile
-    says little about which requests missed. `spec.autoscaling.sizing.frontLoadGain`
-    off: the gain stays 1.
+    Requests that miss on an idle system, or with less slack than one decode step
+    (`unreachable_share`, u), miss whatever the pools: no capacity fixes them. With the
+    window's size distribution and TTFT histogram (`sizing.requestSizes`), the TTFT judged
+    is the histogram's quantile at (1 - u) x p: above the target exactly when more than
+    1 - p of the reachable requests miss, since every unreachable one does. Without them
+    only the SLO percentile's TTFT is known, and nothing is learnt while u is more than
+    half the share the percentile lets go (that quantile then tells little about the
+    fleet). Nothing is learnt from a window with fewer requests than one beyond the
+    percentile (its quantile is its slowest request), nor under a target that grows with
+    the prompt, whose percentile says little about which requests missed.
+    `spec.autoscaling.sizing.frontLoadGain` off: the gain stays 1.
     """
     gain, at, since = state.front_gain, state.front_gain_at, state.miss_since
     if not config.sizing.front_load_gain:
@@ -775,6 +783,12 @@ def learnt_front_gain(
     now = obs.now
     ttft, rate = obs.ttft_observed_s, obs.arrival_rps
     p = config.planning.slo.percentile
+    reachable = 1.0  # share of the requests capacity can bring within the target, when known
+    judged_reachable = isinstance(obs.sizes, SizeDistribution) and bool(obs.ttft_buckets) and obs.metrics_ok
+    if judged_reachable:
+        reachable = 1.0 - unreachable_share(config, obs, models)
+        if reachable > 0.0:
+            ttft = metrics.histogram_quantile(reachable * p, obs.ttft_buckets or ())
     if (
         not obs.metrics_ok
         or config.planning.slo.ttft_s_per_1k_tokens
@@ -782,7 +796,7 @@ def learnt_front_gain(
         or not math.isfinite(ttft)
         or rate is None
         or not math.isfinite(rate)
-        or rate * config.window_s * (1.0 - p) < 1.0
+        or rate * config.window_s * reachable * (1.0 - p) < 1.0
     ):
         return gain, at, since
     target = config.ttft_target_s
@@ -800,7 +814,9 @@ def learnt_front_gain(
         and (pol.last_action is None or now - pol.last_action >= settle)
         and all(current.get(k, 0) >= n for k, n in planned.items())
     )
-    if not steady or unreachable_share(config, obs, models) > (1.0 - p) / 2.0:
+    if not steady:
+        return gain, now, None
+    if not judged_reachable and unreachable_share(config, obs, models) > (1.0 - p) / 2.0:
         return gain, now, None
     if since is None:
         return gain, now, now

@@ -424,6 +424,7 @@ class Obs:
     sizes: SizeDistribution | None = None  # the window's requests' sizes
     arrival_counts: tuple[float, ...] | None = None  # per scrape-resolution sub-window, oldest first
     count_interval_s: float | None = None
+    ttft_buckets: tuple[tuple[float, float], ...] | None = None  # the window's TTFTs, with the sizes
     # The back pool's running sequences now (num_requests_running), and its KV usage summed
     # over its workers (kv_cache_usage_perc) and running sequences, both averaged over the
     # metric window as the operator's avg_over_time queries read them; None where not read
@@ -496,6 +497,12 @@ class _Prefix:
         _n, pm, ps, om, os_ = self.stats(a, b)
         mf, items = self.media(a, b)
         return Demand(rate, pm, ps, max(1.0, om), os_, mf, max(1.0, items))
+
+
+def ttft_histogram(values: list[float]) -> tuple[tuple[float, float], ...]:
+    """Cumulative (upper bound, count) pairs of TTFTs over TTFT_BUCKETS, as an engine's histogram exports them."""
+    counts = np.histogram(np.minimum(values, 1e9), bins=[0.0, *TTFT_BUCKETS[:-1], 1e10])[0]
+    return tuple(zip(TTFT_BUCKETS, np.cumsum(counts).astype(float).tolist(), strict=True))
 
 
 def _hist_quantile(values: list[float], q: float) -> float | None:
@@ -702,6 +709,7 @@ def observation_from(o: Obs, startup_s: float, pools: tuple[str, ...] = POOLS) -
         sizes=o.sizes,
         arrival_counts=o.arrival_counts,
         count_interval_s=o.count_interval_s,
+        ttft_buckets=o.ttft_buckets,
     )
 
 
@@ -1186,6 +1194,7 @@ def run_policy(
             # (the load is taken to have been running before), not read as a ramp from zero
             covered = min(s.window_s, max(ts, s.scrape_s))
             media_fraction, items_per_request = pre.media(lo, ts)
+            ttfts = [x[1] for x in ttft_window if x[0] < ts]
             obs = Obs(
                 now=t,
                 rate=cnt / covered,
@@ -1198,7 +1207,7 @@ def run_policy(
                 ready={p: len(lp.serving(p)) for p in lp.pools},
                 requested=lp.requested(),
                 pending=dict(lp.waiting),
-                ttft_p=_hist_quantile([x[1] for x in ttft_window if x[0] < ts], s.slo.percentile),
+                ttft_p=_hist_quantile(ttfts, s.slo.percentile),
                 rate_short=pre.stats(ts - short_s, ts)[0] / min(short_s, max(ts, s.scrape_s)),
                 queued=next((q for tq, q in reversed(lp.queue_samples) if tq <= ts + 1e-9), 0),
                 media_fraction=media_fraction,
@@ -1208,7 +1217,14 @@ def run_policy(
             count_s = getattr(pol, "sizing_interval_s", None)
             if count_s is not None:
                 sizes, counts = sizing_observation(w, lo, ts, count_s, getattr(pol, "sizing_sizes", True))
-                obs = replace(obs, sizes=sizes, arrival_counts=counts, count_interval_s=count_s)
+                obs = replace(
+                    obs,
+                    sizes=sizes,
+                    arrival_counts=counts,
+                    count_interval_s=count_s,
+                    # the TTFT histogram the operator reads beside the token histograms
+                    ttft_buckets=ttft_histogram(ttfts) if sizes is not None and ttfts else None,
+                )
             targets, _reason = pol.decide(obs)
             if pol.admits:
                 cl.set_admission(pol.last_admitted)

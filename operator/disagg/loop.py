@@ -263,6 +263,7 @@ def observation(
         sizes=sz.sizes,
         arrival_counts=sz.arrival_counts,
         count_interval_s=sz.count_interval_s if sz.arrival_counts else None,
+        ttft_buckets=sz.ttft_buckets,
     )
 
 
@@ -274,6 +275,7 @@ class SizingReadings:
     arrival_counts: tuple[float, ...] | None = None
     count_interval_s: float | None = None
     problems: tuple[str, ...] = ()
+    ttft_buckets: tuple[tuple[float, float], ...] | None = None  # cumulative (le, rate), with the sizes
 
 
 def sizing_query_list(spec: api.DisaggDeploymentSpec, namespace: str, name: str) -> list[metrics.Query]:
@@ -300,6 +302,7 @@ def sizing_query_list(spec: api.DisaggDeploymentSpec, namespace: str, name: str)
             "prompt_tokens_sum_rate",
             "output_tokens_histogram",
             "output_tokens_sum_rate",
+            "ttft_histogram",
         }
     if sz.burstiness or sz.auto_headroom:
         keep.add("arrival_counts_horizon")
@@ -335,6 +338,13 @@ def sizing_readings(results: Mapping[str, Any], count_interval_s: float) -> Sizi
             )
         except metrics.MetricError as exc:
             problems.append(str(exc))
+    ttft_buckets = None
+    raw_ttft = ok("ttft_histogram")
+    if sizes is not None and raw_ttft is not None:  # read beside the sizes they are judged with
+        try:
+            ttft_buckets = tuple(metrics.parse_histogram(raw_ttft, "ttft_histogram"))
+        except metrics.MetricError as exc:
+            problems.append(str(exc))
     counts = None
     raw = ok("arrival_counts_horizon")
     if raw is not None:
@@ -342,7 +352,9 @@ def sizing_readings(results: Mapping[str, Any], count_interval_s: float) -> Sizi
             counts = tuple(metrics.parse_series(raw, "arrival_counts_horizon")) or None
         except metrics.MetricError as exc:
             problems.append(str(exc))
-    return SizingReadings(sizes, counts, float(count_interval_s) if counts else None, tuple(problems))
+    return SizingReadings(
+        sizes, counts, float(count_interval_s) if counts else None, tuple(problems), ttft_buckets
+    )
 
 
 async def read_sizing(

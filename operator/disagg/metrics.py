@@ -761,6 +761,8 @@ def sizing_queries(
     * ``prompt_tokens_histogram`` / ``output_tokens_histogram`` (kind ``histogram``):
       ``sum by (le) (rate(<tokens>_bucket[window]))``, with ``*_sum_rate`` for the
       ``+Inf`` bucket's mean;
+    * ``ttft_histogram`` (kind ``histogram``): the back pool's TTFT buckets over the window,
+      so the front load gain can read any quantile of them (`autoscaler.learnt_front_gain`);
     * ``arrival_counts`` (kind ``series``): arrivals per ``sub_window_s`` (a multiple
       of the scrape interval ``scrape_s``, at least two) over the window, each arrival
       counted once (`arrival_counts_promql`) -- the index of dispersion's input;
@@ -801,6 +803,13 @@ def sizing_queries(
             "output_tokens_sum_rate",
             f"sum(rate({p.output_tokens}_sum{{{bs}}}[{w}]))",
             "scalar",
+            required=False,
+            pool=back,
+        ),
+        Query(
+            "ttft_histogram",
+            f"sum by (le) (rate({p.ttft}_bucket{{{bs}}}[{w}]))",
+            "histogram",
             required=False,
             pool=back,
         ),
@@ -934,6 +943,7 @@ _RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "prompt_tokens_sum_rate": ("sum", ("prompt_sum",)),
     "output_tokens_histogram": ("buckets", ("output_bucket",)),
     "output_tokens_sum_rate": ("sum", ("output_sum",)),
+    "ttft_histogram": ("buckets", ("ttft_bucket",)),
 }
 _BY_POD_RECIPES = {
     "running_by_pod": "running",

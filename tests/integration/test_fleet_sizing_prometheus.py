@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import urllib.parse
 import urllib.request
@@ -47,6 +48,10 @@ def exposition(elapsed_s: float) -> str:
         lines.append(f'{metric}_bucket{{{labels},le="+Inf"}} {n}')
         lines.append(f"{metric}_count{{{labels}}} {n}")
         lines.append(f"{metric}_sum{{{labels}}} {n * (900 if role == 'prefill' else 120)}")
+        if role == "decode":  # the back pool's TTFT: half within 0.3 s, three quarters within 1 s
+            ttft = "vllm:time_to_first_token_seconds"
+            for le, c in (("0.3", n // 2), ("1", 3 * n // 4), ("+Inf", n)):
+                lines.append(f'{ttft}_bucket{{{labels},le="{le}"}} {c}')
     return "\n".join(lines) + "\n"
 
 
@@ -91,6 +96,10 @@ def test_fleet_split_sizing_readings_equal_the_objects_own_in_real_prometheus(pr
         # about 4 arrivals per second into "a"'s prefill pool (not "b"'s 7), counted per 2 s step
         assert 6.0 <= sum(want.arrival_counts) / len(want.arrival_counts) <= 10.0, want
         assert got.sizes == want.sizes
+        assert want.ttft_buckets is not None and [le for le, _ in want.ttft_buckets] == [0.3, 1.0, math.inf]
+        assert got.ttft_buckets is not None
+        assert [le for le, _ in got.ttft_buckets] == [le for le, _ in want.ttft_buckets]
+        assert [c for _, c in got.ttft_buckets] == pytest.approx([c for _, c in want.ttft_buckets], rel=1e-12)
         assert got.arrival_counts == pytest.approx(want.arrival_counts, rel=1e-12)
         assert got.count_interval_s == want.count_interval_s
         # Asked for "a"'s pods only (the tick's due objects), Prometheus answers those alone, and

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 from fakes import FakeKube, FakePrometheus, deployment, disagg_deployment, pod
 
-from disagg import autoscaler, drain, evaluate, loop, reconcile
+from disagg import autoscaler, drain, evaluate, loop, metrics, reconcile
 from disagg.evaluate import EvalSettings, Obs
 from disagg.sizes import SizeDistribution
 
@@ -394,9 +394,16 @@ def test_the_evaluator_fills_sizes_and_counts_from_the_window(monkeypatch) -> No
     assert at.arrival_counts == tuple([count_s] * int(225 // count_s))  # 1 rps, whole sub-windows
     assert at.sizes is not None
     assert at.sizes.prompt_mean_std[0] == pytest.approx(2550.0, rel=0.01)
+    # with the sizes, the window's TTFT histogram (the operator reads the engines' beside the
+    # token histograms): cumulative over the evaluation's buckets, its SLO percentile the one
+    # the decision sees as the observed TTFT
+    assert at.ttft_buckets is not None and at.ttft_buckets[-1][0] == float("inf")
+    counts = [c for _, c in at.ttft_buckets]
+    assert counts == sorted(counts) and counts[-1] > 0
+    assert metrics.histogram_quantile(SETTINGS.slo.percentile, at.ttft_buckets) == pytest.approx(at.ttft_p)
     seen.clear()
     evaluate.run_policy("disagg", w, replace(SETTINGS, interval_s=30.0, sizing=NO_SIZING))
-    assert all(o.sizes is None and o.arrival_counts is None for o in seen)
+    assert all(o.sizes is None and o.arrival_counts is None and o.ttft_buckets is None for o in seen)
 
 
 def test_the_observed_kv_footprint_sizes_decode_on_both_paths() -> None:

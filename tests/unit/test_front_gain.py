@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from disagg import autoscaler, drain, evaluate, policy
+from disagg import autoscaler, drain, evaluate, metrics, policy
 from disagg.autoscaler import (
     FRONT_GAIN_HALF_LIFE_S,
     FRONT_GAIN_MAX,
@@ -20,6 +20,7 @@ from disagg.autoscaler import (
     unreachable_share,
 )
 from disagg.planner import SLO
+from disagg.sizes import SizeDistribution
 from disagg.workload import poisson, with_coarse_timestamps
 
 SETTINGS = evaluate.EvalSettings()  # flat 0.6 s TTFT at p99, 60 s window, 30 s interval
@@ -181,3 +182,37 @@ def test_the_decision_shows_the_gain_it_sized_with() -> None:
     assert (
         "frontLoadGain" not in autoscaler.decide(off, o, state(front_gain=4.0)).record.to_status()["inputs"]
     )
+
+
+# 60 % of prompts of 1,000 tokens, 40 % of 50,000: those miss 0.6 s on an idle system. With the
+# sizes (`sizing.requestSizes`) the operator reads the TTFT histogram too (`loop.sizing_readings`).
+MIXED = SizeDistribution((1_000.0, 50_000.0), (0.0, 0.0), (0.6, 0.4), (200.0,), (0.0,), (1.0,))
+
+
+def ttft_histogram(late: float, n: float = 1000.0) -> tuple[tuple[float, float], ...]:
+    """n requests: the reachable ones in 0.3 s but a share `late` of all in 1 s; the rest (40 %) in 5 s."""
+    on_time = (0.6 - late) * n
+    return ((0.3, on_time), (0.6, on_time), (1.0, 0.6 * n), (5.0, n), (math.inf, n))
+
+
+def test_with_the_ttft_histogram_only_the_reachable_requests_misses_teach() -> None:
+    assert unreachable_share(CONFIG, obs(sizes=MIXED), MODELS) == pytest.approx(0.4)
+    # the SLO percentile's TTFT is an unreachable request's (5 s) whatever the pools do
+    only_unreachable = obs(T0 + 60, ttft=5.0, sizes=MIXED, ttft_buckets=ttft_histogram(0.0))
+    assert learn(only_unreachable, state(miss_since=T0)) == (1.0, T0 + 60, None)
+    # 10 % of all requests late at 1 s: 1 in 6 of the reachable ones, more than p99 lets go
+    reachable_late = obs(T0 + 60, ttft=5.0, sizes=MIXED, ttft_buckets=ttft_histogram(0.1))
+    assert learn(reachable_late, state(miss_since=T0))[0] == FRONT_GAIN_STEP
+    # without the histogram only the percentile's TTFT is known: with 40 % out of reach it says
+    # nothing about the pools, and nothing is learnt
+    assert learn(replace(reachable_late, ttft_buckets=None), state(miss_since=T0))[0] == 1.0
+
+
+def test_the_reachable_quantile_is_read_off_the_histogram_at_its_share() -> None:
+    """(1 - u) x p of all requests, 0.6 x 0.99 = 0.594: with 10 % late, 0.6 + 0.4 x 94 / 100 s."""
+    assert metrics.histogram_quantile(0.6 * 0.99, ttft_histogram(0.1)) == pytest.approx(0.976)
+    gain, _, since = learn(obs(T0, ttft=5.0, sizes=MIXED, ttft_buckets=ttft_histogram(0.1)), state())
+    assert (gain, since) == (1.0, T0)  # the first miss is noted
+    # every reachable request in 0.3 s: comfortable (at most half the target), a learnt gain decays
+    comfortable = obs(T0, ttft=5.0, sizes=MIXED, ttft_buckets=ttft_histogram(0.0))
+    assert learn(comfortable, state(front_gain=4.0, front_gain_at=T0 - 30))[0] < 4.0

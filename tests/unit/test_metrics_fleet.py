@@ -228,10 +228,15 @@ def test_the_sizing_inputs_are_fleet_series_split_like_the_objects_own():
             {"metric": {"le": "+Inf"}, "value": [T, "5.0"]},
         ],
         "output_tokens_sum_rate": [{"metric": {}, "value": [T, "5.0"]}],
+        "ttft_histogram": [
+            {"metric": {"le": "0.5"}, "value": [T, "2.5"]},
+            {"metric": {"le": "+Inf"}, "value": [T, "5.0"]},
+        ],
         "arrival_counts_horizon": [{"metric": {}, "values": [[T - 60, "2"], [T - 30, "10"], [T, "1"]]}],
     }
     assert loop.sizing_readings(got, 30.0) == loop.sizing_readings(own, 30.0)
     assert loop.sizing_readings(got, 30.0).arrival_counts == (2.0, 10.0, 1.0)
+    assert loop.sizing_readings(got, 30.0).ttft_buckets == ((0.5, 2.5), (math.inf, 5.0))  # the decode pod's
 
 
 def generated_pod(deployment: str, template_hash: str = "7d9f8c6b5", random: str = "x7k2q") -> str:

@@ -49,8 +49,21 @@ def test_queries_follow_the_switches() -> None:
         "prompt_tokens_sum_rate",
         "output_tokens_histogram",
         "output_tokens_sum_rate",
+        "ttft_histogram",
         "arrival_counts_horizon",
     }
+    # the back pool's TTFT buckets over the window, beside the token histograms
+    assert qs["ttft_histogram"].promql.startswith(
+        "sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{"
+    )
+    sizes_only = evaluate.spec_for(
+        replace(SETTINGS, sizing={"requestSizes": True, "burstiness": False, "autoHeadroom": False})
+    )
+    assert "ttft_histogram" in {q.name for q in loop.sizing_query_list(sizes_only, "ns", "x")}
+    headroom_only = evaluate.spec_for(
+        replace(SETTINGS, sizing={"requestSizes": False, "burstiness": False, "autoHeadroom": True})
+    )
+    assert "ttft_histogram" not in {q.name for q in loop.sizing_query_list(headroom_only, "ns", "x")}
     # counts per two scrapes (30 s) over the automatic headroom's hour
     assert qs["arrival_counts_horizon"].promql.endswith("[3600s:30s]")
     assert all(not q.required for q in qs.values())
@@ -67,6 +80,30 @@ def test_readings_parse_and_failures_are_missing() -> None:
     )
     assert good.sizes == SizeDistribution.from_buckets(PROMPT, OUTPUT)
     assert good.arrival_counts == (3.0, 4.0, 5.0) and good.count_interval_s == 30.0
+    assert good.ttft_buckets is None  # not asked: missing
+    ttft = [(0.5, 2.0), (1.0, 3.0), (float("inf"), 4.0)]
+    with_ttft = loop.sizing_readings(
+        {
+            "prompt_tokens_histogram": _hist(PROMPT),
+            "output_tokens_histogram": _hist(OUTPUT),
+            "ttft_histogram": _hist(ttft),
+        },
+        30.0,
+    )
+    assert with_ttft.ttft_buckets == tuple(ttft) and with_ttft.sizes == good.sizes
+    # a broken TTFT histogram is missing; the sizes still read. Without the sizes it is not read:
+    # the quantile the front load gain takes of it needs the sizes' share of unreachable requests
+    bad_ttft = loop.sizing_readings(
+        {
+            "prompt_tokens_histogram": _hist(PROMPT),
+            "output_tokens_histogram": _hist(OUTPUT),
+            "ttft_histogram": _hist([(0.5, 3.0), (float("inf"), 1.0)]),
+        },
+        30.0,
+    )
+    assert bad_ttft.ttft_buckets is None and bad_ttft.sizes == good.sizes and len(bad_ttft.problems) == 1
+    no_sizes = loop.sizing_readings({"ttft_histogram": _hist(ttft)}, 30.0)
+    assert no_sizes.ttft_buckets is None
     failed = loop.sizing_readings(
         {
             "prompt_tokens_histogram": RuntimeError("down"),
