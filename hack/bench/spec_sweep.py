@@ -36,7 +36,6 @@ import stress_sizing  # this directory's: the synthetic workloads
 
 from disagg import evaluate as ev
 from disagg import names, yardstick
-from disagg.names import POOL_ENCODER, POOL_PREFILL
 from disagg.workload import Workload, load_trace, with_media
 
 TRACES = os.environ.get("TRACES", os.path.join(os.path.dirname(__file__), "../../../shared/traces"))
@@ -102,12 +101,6 @@ def workload(case: str, synthetic: dict[str, Workload]) -> Workload:
     return ev.rate_scaled(w, k) if k > 1 else w
 
 
-def label(sizes: dict[str, int]) -> str:
-    """4P+2D (1E+4P+2D with an encoder pool)."""
-    letters = {POOL_ENCODER: "E", POOL_PREFILL: "P", names.POOL_DECODE: "D"}
-    return "+".join(f"{n}{letters[p]}" for p, n in sizes.items())
-
-
 def row(case: str, spec: str, w: Workload, s: ev.EvalSettings, equal: bool) -> str:
     t0 = time.perf_counter()
     m = ev.run_policy("disagg", w, s).metrics
@@ -119,14 +112,14 @@ def row(case: str, spec: str, w: Workload, s: ev.EvalSettings, equal: bool) -> s
     verdict = "met" if att >= s.target_attainment else "SHORT"
     line = (
         f"{case:<18} {spec:<13} disagg {att:7.2%} {gh:7.2f} GPU-h ({verdict})   best fixed "
-        f"{label(sizes):>9} {fixed['slo_attainment']:7.2%} {fixed['gpu_hours']:7.2f} GPU-h"
+        f"{yardstick._label(sizes):>9} {fixed['slo_attainment']:7.2%} {fixed['gpu_hours']:7.2f} GPU-h"
         f"{reached}   ratio {gh / fixed['gpu_hours']:.2f}"
     )
     if equal and att > s.target_attainment and att > fixed["slo_attainment"]:
         eq_sizes, _ = yardstick.best_static(w, s, target=att, guess=sizes)
         eq = yardstick.fixed_fleet_metrics(w, s, eq_sizes)
         line += (
-            f"   at disagg's attainment: {label(eq_sizes)} {eq['slo_attainment']:.2%}"
+            f"   at disagg's attainment: {yardstick._label(eq_sizes)} {eq['slo_attainment']:.2%}"
             f" {eq['gpu_hours']:.2f} GPU-h, ratio {gh / eq['gpu_hours']:.2f}"
         )
     return line + f"   ({time.perf_counter() - t0:.0f} s)"

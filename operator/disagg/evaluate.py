@@ -499,17 +499,21 @@ class _Prefix:
         return Demand(rate, pm, ps, max(1.0, om), os_, mf, max(1.0, items))
 
 
+def _ttft_counts(values: list[float]) -> np.ndarray:
+    """TTFTs counted per bucket of TTFT_BUCKETS (the last one: above the last finite bound)."""
+    return np.histogram(np.minimum(values, 1e9), bins=[0.0, *TTFT_BUCKETS[:-1], 1e10])[0]
+
+
 def ttft_histogram(values: list[float]) -> tuple[tuple[float, float], ...]:
     """Cumulative (upper bound, count) pairs of TTFTs over TTFT_BUCKETS, as an engine's histogram exports them."""
-    counts = np.histogram(np.minimum(values, 1e9), bins=[0.0, *TTFT_BUCKETS[:-1], 1e10])[0]
-    return tuple(zip(TTFT_BUCKETS, np.cumsum(counts).astype(float).tolist(), strict=True))
+    return tuple(zip(TTFT_BUCKETS, np.cumsum(_ttft_counts(values)).astype(float).tolist(), strict=True))
 
 
 def _hist_quantile(values: list[float], q: float) -> float | None:
     """Prometheus histogram_quantile over TTFT_BUCKETS (linear inside a bucket)."""
     if not values:
         return None
-    counts = np.histogram(np.minimum(values, 1e9), bins=[0.0, *TTFT_BUCKETS[:-1], 1e10])[0]
+    counts = _ttft_counts(values)
     cum = np.cumsum(counts)
     rank = q * cum[-1]
     k = int(np.searchsorted(cum, rank, side="left"))
