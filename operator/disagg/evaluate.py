@@ -295,10 +295,12 @@ _DERIVED = ("gpu_hours_vs_oracle", "gpu_hours_at", "gpu_hours_at_vs_oracle", "cu
 
 
 def reused_references(
-    doc: dict[str, Any], key: dict[str, Any], *, best_static: bool, curves: bool, oracle_policy: bool
+    doc: dict[str, Any], key: dict[str, Any], *, best_static: bool, oracle_policy: bool
 ) -> tuple[dict[str, Any], PolicyResult | None]:
     """The references of an earlier `evaluate` result `doc`, checked to be valid for `key`,
-    and with `oracle_policy` its oracle run as a policy (metrics and timeline).
+    and with `oracle_policy` its oracle run as a policy (metrics and timeline). An earlier
+    result without ``--curves`` still gives them; `evaluate` then searches only the
+    oracle's other curve points.
 
     Raises `ReferencesMismatch` naming what differs when they were computed for another
     load or other settings, or lack what this run reports."""
@@ -316,11 +318,6 @@ def reused_references(
     refs = copy.deepcopy(doc["references"])
     if "gpu_hours_at" not in refs.get("oracle", {}):
         raise ReferencesMismatch("the earlier result has no hindsight oracle to reuse")
-    if curves and not doc.get("settings", {}).get("curves"):
-        raise ReferencesMismatch(
-            "this run reads the oracle's GPU-hours for 95 % off its curve (--curves); "
-            "the earlier result ran without --curves"
-        )
     if best_static and "best_static" not in refs:
         raise ReferencesMismatch("the earlier result ran without the best fixed fleet (--no-best-static)")
     if not best_static:
@@ -1422,7 +1419,7 @@ def evaluate(
     res: dict[str, PolicyResult] = {}
     if references is not None:
         refs, earlier_oracle = reused_references(
-            references, key, best_static=best_static, curves=curves, oracle_policy="oracle" in names
+            references, key, best_static=best_static, oracle_policy="oracle" in names
         )
         if earlier_oracle is not None:
             res["oracle"] = earlier_oracle
@@ -1451,9 +1448,15 @@ def evaluate(
         found["fluid_bound"] = yardstick.fluid_bound(w, s)
     oracle_h = om["gpu_hours"]
     points: dict[str, list[dict[str, Any]]] = {}
+    earlier_curve = None
     if refs is not None:  # the oracle did not run: its point (and curve) are the earlier run's
         earlier_curve = references.get("policies", {}).get("oracle", {}).get("curve") if references else None
         points["oracle"] = earlier_curve if curves and earlier_curve else [_default_point("oracle", om, s)]
+        if curves and not earlier_curve:  # an earlier run without --curves: search the rest
+            others = [v for v in yardstick.KNOBS["oracle"][1] if v != points["oracle"][0]["value"]]
+            points["oracle"] = sorted(
+                points["oracle"] + yardstick.curve("oracle", w, s, others, progress), key=lambda x: x["value"]
+            )
     for p in run_names:
         knob, values = yardstick.KNOBS.get(p, (None, ()))
         default_point = _default_point(p, res[p].metrics, s)
@@ -1466,7 +1469,7 @@ def evaluate(
         p: {f"{a:g}": yardstick.gpu_hours_at(points[p], a) for a in yardstick.ATTAINMENT_TARGETS}
         for p in points
     }
-    if refs is not None and curves:  # the oracle's curve is the earlier run's
+    if refs is not None and curves and earlier_curve:  # the oracle's curve is the earlier run's
         at["oracle"] = refs["oracle"]["gpu_hours_at"]
     out = {}
     for p in names:

@@ -148,11 +148,32 @@ def test_references_missing_what_this_run_reports_are_refused(load: Workload, ea
     keyless = {k: v for k, v in earlier.items() if k != "reference_key"}
     with pytest.raises(ReferencesMismatch, match="no reference_key"):
         evaluate(load, ["static"], SMALL, references=keyless)
-    with pytest.raises(ReferencesMismatch, match="--curves"):
-        evaluate(load, ["static"], SMALL, references=earlier, curves=True)
     no_oracle = {**earlier, "policies": {k: v for k, v in earlier["policies"].items() if k != "oracle"}}
     with pytest.raises(ReferencesMismatch, match="did not list the oracle"):
         evaluate(load, ["static", "oracle"], SMALL, references=no_oracle)
+
+
+def test_curves_after_a_run_without_them_search_only_the_oracles_other_points(
+    load: Workload, earlier: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the earlier run searched the oracle at the target (0.99); --curves adds its 0.95 point,
+    # which only a search at 0.95 gives: the references and the 0.99 point are reused
+    assert not earlier["settings"]["curves"]
+    searched: list[float] = []
+    real = yardstick.hindsight_oracle
+
+    def counting(w: Workload, s: EvalSettings, **kw: Any) -> Any:
+        searched.append(s.target_attainment)
+        return real(w, s, **kw)
+
+    monkeypatch.setattr(yardstick, "hindsight_oracle", counting)
+    doc = evaluate(load, ["static"], SMALL, references=earlier, curves=True)
+    assert searched == [0.95]
+    assert doc["references"]["best_static"] == earlier["references"]["best_static"]
+    at = doc["references"]["oracle"]["gpu_hours_at"]
+    assert at["0.99"] == pytest.approx(earlier["references"]["oracle"]["gpu_hours"])
+    assert at["0.95"] is not None and at["0.95"] <= at["0.99"]
+    assert doc["policies"]["static"]["gpu_hours_at_vs_oracle"]["0.95"] is not None
 
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"

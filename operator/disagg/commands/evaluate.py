@@ -116,7 +116,8 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="reuse the hindsight oracle and best fixed fleet of an earlier --output json run of the "
         "same trace and settings (start-up and the policies' knobs may differ) instead of searching "
-        "them again; refused, naming the difference, otherwise",
+        "them again (with --curves after a run without them, only the oracle's other curve points are "
+        "searched); refused, naming the difference, otherwise",
     )
     f("--limit", type=int, help="read at most N trace rows")
     f(
