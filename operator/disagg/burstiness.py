@@ -14,7 +14,7 @@ equal sub-window (per scrape from Prometheus, or per bin from a window's request
 * `burst_headroom`: how far the planned-for rate (the trailing-window rate) rose
   within one start-up time, beyond counting noise, relative to the rate it rose
   from, at a quantile over the trailing horizon weighted by the requests each rise
-  brings. Capacity added when a burst is seen serves one start-up later, so the
+  brings; a fall within one start-up counts as the rise its burst made when it began. Capacity added when a burst is seen serves one start-up later, so the
   requests that arrive during a rise larger than the standing headroom are the ones
   that miss: covering the rises of the SLO's share of requests (the autoscaler
   passes ``slo.percentile``) keeps them within what the SLO allows to miss.
@@ -113,7 +113,10 @@ def burst_headroom(
     ``window_s``, m(t); the rise is ``max m(s) for s in (t, t + startup_s]`` minus
     m(t), less the counting noise of that difference (Poisson noise times
     ``dispersion``, the index of dispersion) at ``z`` standard deviations for the
-    largest of the start-up's rates (`_single_z`); relative to m(t).
+    largest of the start-up's rates (`_single_z`); relative to m(t). A fall, m(t) less
+    the least rate within the start-up, is read as the rise from that rate to m(t)
+    (relative to the low rate, weighted by m(t)): a burst's end tells its size as well
+    as its start, and its start may lie before the counts.
     The result is the ``quantile`` of those relative rises, each weighted by the
     rate it rises to (the requests it would leave unserved), between ``floor`` and
     ``cap``: with ``quantile`` the SLO's percentile, the rises larger than the
@@ -155,15 +158,28 @@ def burst_headroom(
     n = m.size - lead
     if n <= 0:
         return None
-    # the largest planned-for rate within one start-up after each point (sliding max)
-    ahead = np.lib.stride_tricks.sliding_window_view(m[1:], lead).max(axis=1)[:n]
+    # the largest and smallest planned-for rate within one start-up after each point
+    later = np.lib.stride_tricks.sliding_window_view(m[1:], lead)[:n]
     now = m[:n]
-    rise = ahead - now - _single_z(z, lead, k) * np.sqrt(dispersion * (ahead + now) / w)
-    ok = now > 0
-    if not ok.any():
+    zs = _single_z(z, lead, k)
+    # A rise: from `now` to the start-up's largest rate, relative to `now`, weighted by the
+    # rate it rises to. A fall: from `now` to the start-up's smallest rate, read as the rise
+    # the other way (from the low rate to `now`) that the same burst made when it began. A
+    # burst's end tells its size as well as its start, and the start may lie before the
+    # counts (the trace or the deployment began inside a burst).
+    ahead, low = later.max(axis=1), later.min(axis=1)
+    rise = ahead - now - zs * np.sqrt(dispersion * (ahead + now) / w)
+    # the least of a start-up's rates is biased low by that selection, so the fall's noise is
+    # that of the larger rate on both sides
+    fall = now - low - zs * np.sqrt(dispersion * 2.0 * now / w)
+    ok_rise, ok_fall = now > 0, low > 0
+    if not (ok_rise.any() or ok_fall.any()):
         return None
-    rel = np.maximum(rise[ok], 0.0) / now[ok]
-    return float(min(cap, max(floor, _weighted_quantile(rel, ahead[ok], quantile))))
+    rel = np.concatenate(
+        (np.maximum(rise[ok_rise], 0.0) / now[ok_rise], np.maximum(fall[ok_fall], 0.0) / low[ok_fall])
+    )
+    weights = np.concatenate((ahead[ok_rise], now[ok_fall]))
+    return float(min(cap, max(floor, _weighted_quantile(rel, weights, quantile))))
 
 
 def _single_z(z: float, lead: int, k: int) -> float:

@@ -194,6 +194,25 @@ def test_the_traffics_beginning_inside_the_horizon_is_not_a_burst() -> None:
     assert burst_headroom(np.concatenate([silence, off]), 15, **kw) == 2.0
 
 
+def test_a_burst_whose_start_the_counts_missed_is_told_by_its_end() -> None:
+    """The counts open inside a burst (a trace, or a deployment that came up under load):
+    its rise is never seen, but its fall within one start-up is the same burst's size, and
+    the next burst of that size arrives before anything else could teach it. Smooth traffic
+    and a slow decline keep ~0."""
+    kw = {"startup_s": 60.0, "window_s": 60.0, "quantile": 0.99, "z": noise_z(0.99)}
+    rng = np.random.default_rng(5)
+    # 10 req/s for 3 minutes from the first count, then 2 req/s for 7 minutes
+    opened_in_burst = arrival_counts(piecewise_poisson([(180.0, 10.0), (420.0, 2.0)], rng), 15, 0.0, 600.0)
+    assert burst_headroom(opened_in_burst, 15, **kw) == 2.0  # 4x the low rate, capped
+    # counted only from the low rate on, nothing has risen or fallen
+    assert burst_headroom(opened_in_burst[16:], 15, **kw) < 0.05
+    # a slow decline (8 -> 2 req/s over half an hour) falls within noise at every start-up
+    decline = piecewise_poisson([(60.0, 8 - 6 * i / 29) for i in range(30)], np.random.default_rng(6))
+    assert burst_headroom(counts(decline, 15), 15, **kw) < 0.1
+    smooth = arrival_counts(poisson(4, 3600.0, seed=8).arrival_s, 15, 0.0, 3600.0)
+    assert burst_headroom(smooth, 15, **kw) < 0.05
+
+
 def test_rare_bursts_are_covered_at_the_slo_share_of_requests() -> None:
     """One doubling of 3 minutes an hour: too rare for the 95th percentile of the hour's points,
     but the requests it brings are more than 1 % of the hour's: covered at the SLO's p99."""
