@@ -254,6 +254,9 @@ class Observation:
     # the window's TTFT histogram, cumulative (upper bound, count or rate) pairs ending at
     # +Inf, read with the sizes: any quantile of it, not only the SLO percentile's
     ttft_buckets: tuple[tuple[float, float], ...] | None = None
+    # the front (prefill) pool's queue waits over the window, cumulative like the TTFT buckets:
+    # whether the prefill queue is what makes the reachable requests miss
+    prefill_wait_buckets: tuple[tuple[float, float], ...] | None = None
 
 
 def gate_condition(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -775,6 +778,10 @@ def learnt_front_gain(
     fleet). Nothing is learnt from a window with fewer requests than one beyond the
     percentile (its quantile is its slowest request), nor under a target that grows with
     the prompt, whose percentile says little about which requests missed.
+    With the front pool's queue-time histogram too, a miss counts only when the queue waits
+    at that quantile are at least the miss (0 inside the first bucket): more prefill
+    workers cannot shorten anything else, and the gain would grow without end where the
+    reachable requests miss on the decode side.
     `spec.autoscaling.sizing.frontLoadGain` off: the gain stays 1.
     """
     gain, at, since = state.front_gain, state.front_gain_at, state.miss_since
@@ -818,6 +825,13 @@ def learnt_front_gain(
         return gain, now, None
     if not judged_reachable and unreachable_share(config, obs, models) > (1.0 - p) / 2.0:
         return gain, now, None
+    if judged_reachable and obs.prefill_wait_buckets:
+        # Prefill capacity shortens only the wait for a prefill worker. When the queue waits at
+        # the same quantile are less than the miss, the requests miss elsewhere (the first
+        # decode step, room on a decode worker); waits within the first bucket read as none.
+        wait = metrics.histogram_quantile_past_first(reachable * p, obs.prefill_wait_buckets)
+        if not wait >= ttft - target:  # NaN (unreadable buckets) counts as not shown
+            return gain, now, None
     if since is None:
         return gain, now, now
     if now - since >= config.window_s:

@@ -48,7 +48,7 @@ import copy
 import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from heapq import heappop, heappush
 from typing import Any
@@ -59,7 +59,7 @@ from pydantic import ValidationError
 from disagg import api, autoscaler, names
 from disagg.burstiness import arrival_counts
 from disagg.forecast import PREDICTORS
-from disagg.metrics import back_pool
+from disagg.metrics import QUEUE_TIME_BUCKETS, back_pool
 from disagg.model import StageModels
 from disagg.planner import SLO, Demand, PoolBounds, plan, split_threshold_tokens
 from disagg.sim.core import DONE, INF, REJECTED, Job
@@ -422,6 +422,7 @@ class Obs:
     arrival_counts: tuple[float, ...] | None = None  # per scrape-resolution sub-window, oldest first
     count_interval_s: float | None = None
     ttft_buckets: tuple[tuple[float, float], ...] | None = None  # the window's TTFTs, with the sizes
+    prefill_wait_buckets: tuple[tuple[float, float], ...] | None = None  # and its prefill queue waits
     # The back pool's running sequences now (num_requests_running), and its KV usage summed
     # over its workers (kv_cache_usage_perc) and running sequences, both averaged over the
     # metric window as the operator's avg_over_time queries read them; None where not read
@@ -503,7 +504,14 @@ def _ttft_counts(values: list[float]) -> np.ndarray:
 
 def ttft_histogram(values: list[float]) -> tuple[tuple[float, float], ...]:
     """Cumulative (upper bound, count) pairs of TTFTs over TTFT_BUCKETS, as an engine's histogram exports them."""
-    return tuple(zip(TTFT_BUCKETS, np.cumsum(_ttft_counts(values)).astype(float).tolist(), strict=True))
+    return cumulative_histogram(values, TTFT_BUCKETS[:-1])
+
+
+def cumulative_histogram(values: list[float], bounds: Sequence[float]) -> tuple[tuple[float, float], ...]:
+    """Cumulative (upper bound, count) pairs of `values` over finite `bounds` and +Inf, as an
+    engine exports a histogram."""
+    counts = np.histogram(np.minimum(values, 1e9), bins=[0.0, *bounds, 1e10])[0]
+    return tuple(zip((*bounds, INF), np.cumsum(counts).astype(float).tolist(), strict=True))
 
 
 def _hist_quantile(values: list[float], q: float) -> float | None:
@@ -711,6 +719,7 @@ def observation_from(o: Obs, startup_s: float, pools: tuple[str, ...] = POOLS) -
         arrival_counts=o.arrival_counts,
         count_interval_s=o.count_interval_s,
         ttft_buckets=o.ttft_buckets,
+        prefill_wait_buckets=o.prefill_wait_buckets,
     )
 
 
@@ -1185,7 +1194,7 @@ def run_policy(
         elif kind == "tick":
             # completions since the last tick, for the TTFT histogram
             while done_i < len(cl.r_done):
-                ttft_window.append((cl.r_done[done_i], cl.r_ttft[done_i]))
+                ttft_window.append((cl.r_done[done_i], cl.r_ttft[done_i], cl.r_pf_wait[done_i]))
                 done_i += 1
             ts = t - s.scrape_s  # one scrape interval late
             lo = ts - s.window_s
@@ -1195,7 +1204,8 @@ def run_policy(
             # (the load is taken to have been running before), not read as a ramp from zero
             covered = min(s.window_s, max(ts, s.scrape_s))
             media_fraction, items_per_request = pre.media(lo, ts)
-            ttfts = [x[1] for x in ttft_window if x[0] < ts]
+            seen = [x for x in ttft_window if x[0] < ts]
+            ttfts = [x[1] for x in seen]
             obs = Obs(
                 now=t,
                 rate=cnt / covered,
@@ -1223,8 +1233,13 @@ def run_policy(
                     sizes=sizes,
                     arrival_counts=counts,
                     count_interval_s=count_s,
-                    # the TTFT histogram the operator reads beside the token histograms
+                    # the TTFT and queue-time histograms the operator reads beside the token histograms
                     ttft_buckets=ttft_histogram(ttfts) if sizes is not None and ttfts else None,
+                    prefill_wait_buckets=(
+                        cumulative_histogram([x[2] for x in seen], QUEUE_TIME_BUCKETS)
+                        if sizes is not None and seen
+                        else None
+                    ),
                 )
             targets, _reason = pol.decide(obs)
             if pol.admits:

@@ -264,6 +264,7 @@ def observation(
         arrival_counts=sz.arrival_counts,
         count_interval_s=sz.count_interval_s if sz.arrival_counts else None,
         ttft_buckets=sz.ttft_buckets,
+        prefill_wait_buckets=sz.prefill_wait_buckets,
     )
 
 
@@ -276,6 +277,7 @@ class SizingReadings:
     count_interval_s: float | None = None
     problems: tuple[str, ...] = ()
     ttft_buckets: tuple[tuple[float, float], ...] | None = None  # cumulative (le, rate), with the sizes
+    prefill_wait_buckets: tuple[tuple[float, float], ...] | None = None  # likewise, the front pool's queue
 
 
 def sizing_query_list(spec: api.DisaggDeploymentSpec, namespace: str, name: str) -> list[metrics.Query]:
@@ -303,6 +305,7 @@ def sizing_query_list(spec: api.DisaggDeploymentSpec, namespace: str, name: str)
             "output_tokens_histogram",
             "output_tokens_sum_rate",
             "ttft_histogram",
+            "prefill_queue_histogram",
         }
     if sz.burstiness or sz.auto_headroom:
         keep.add("arrival_counts_horizon")
@@ -338,13 +341,20 @@ def sizing_readings(results: Mapping[str, Any], count_interval_s: float) -> Sizi
             )
         except metrics.MetricError as exc:
             problems.append(str(exc))
-    ttft_buckets = None
-    raw_ttft = ok("ttft_histogram")
-    if sizes is not None and raw_ttft is not None:  # read beside the sizes they are judged with
+
+    def beside_sizes(name: str) -> tuple[tuple[float, float], ...] | None:
+        """A histogram read beside the sizes it is judged with (none without them)."""
+        raw = ok(name)
+        if sizes is None or raw is None:
+            return None
         try:
-            ttft_buckets = tuple(metrics.parse_histogram(raw_ttft, "ttft_histogram"))
+            return tuple(metrics.parse_histogram(raw, name))
         except metrics.MetricError as exc:
             problems.append(str(exc))
+            return None
+
+    ttft_buckets = beside_sizes("ttft_histogram")
+    wait_buckets = beside_sizes("prefill_queue_histogram")
     counts = None
     raw = ok("arrival_counts_horizon")
     if raw is not None:
@@ -353,7 +363,12 @@ def sizing_readings(results: Mapping[str, Any], count_interval_s: float) -> Sizi
         except metrics.MetricError as exc:
             problems.append(str(exc))
     return SizingReadings(
-        sizes, counts, float(count_interval_s) if counts else None, tuple(problems), ttft_buckets
+        sizes,
+        counts,
+        float(count_interval_s) if counts else None,
+        tuple(problems),
+        ttft_buckets,
+        wait_buckets,
     )
 
 

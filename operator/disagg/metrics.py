@@ -43,6 +43,12 @@ class PendingWork:
         return f"sum by ({by}) ({expr})"
 
 
+# Upper bounds (seconds) of the queue-time histogram the emulated engines export and the
+# evaluation gives the decision for its windows (vLLM's own starts at 0.3 s, see
+# `histogram_quantile_past_first`).
+QUEUE_TIME_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
 @dataclass(frozen=True)
 class Preset:
     """Metric names of one engine."""
@@ -60,6 +66,7 @@ class Preset:
     kv_transfer: str | None  # histogram, seconds
     kv_usage: str | None  # gauge, fraction 0..1
     prefill_time: str | None = None  # histogram, seconds of prefill per request (for calibration)
+    queue_time: str | None = None  # histogram, seconds a request waited in the engine's queue
     # Encoder pool (multimodal E/P/D), counted on the encoder pods: series whose rate() is the
     # media requests they take and the media items (images, frames, clips) in them.
     media_requests: str | None = None
@@ -101,6 +108,7 @@ VLLM = Preset(
     kv_transfer="vllm:nixl_xfer_time_seconds",
     kv_usage="vllm:kv_cache_usage_perc",
     prefill_time="vllm:request_prefill_time_seconds",
+    queue_time="vllm:request_queue_time_seconds",
     # A vLLM encoder instance (disaggregated encoder, --ec-transfer-config) takes one request per
     # media request from the proxy, counted like any other by its prompt-tokens histogram; the
     # multimodal processor cache counts the items it looks up ("in terms of number of queried
@@ -122,6 +130,7 @@ SGLANG = Preset(
     prompt_tokens="sglang:prompt_tokens_histogram",
     output_tokens="sglang:generation_tokens_histogram",
     ttft="sglang:time_to_first_token_seconds",
+    queue_time="sglang:queue_time_seconds",
     itl="sglang:inter_token_latency_seconds",
     running="sglang:num_running_reqs",
     waiting="sglang:num_queue_reqs",
@@ -763,6 +772,9 @@ def sizing_queries(
       ``+Inf`` bucket's mean;
     * ``ttft_histogram`` (kind ``histogram``): the back pool's TTFT buckets over the window,
       so the front load gain can read any quantile of them (`autoscaler.learnt_front_gain`);
+    * ``prefill_queue_histogram`` (kind ``histogram``, engines that export a queue-time
+      histogram): the front pool's queue waits over the window, which tell the gain whether
+      the prefill queue is what misses;
     * ``arrival_counts`` (kind ``series``): arrivals per ``sub_window_s`` (a multiple
       of the scrape interval ``scrape_s``, at least two) over the window, each arrival
       counted once (`arrival_counts_promql`) -- the index of dispersion's input;
@@ -814,6 +826,16 @@ def sizing_queries(
             pool=back,
         ),
     ]
+    if p.queue_time:
+        q.append(
+            Query(
+                "prefill_queue_histogram",
+                f"sum by (le) (rate({p.queue_time}_bucket{{{fs}}}[{w}]))",
+                "histogram",
+                required=False,
+                pool=front,
+            )
+        )
     counts = arrival_counts_promql(f"{p.prompt_tokens}_count{{{fs}}}", "", int(sub_window_s), int(scrape_s))
     spans = [("arrival_counts", int(window_s))]
     if horizon_s:
@@ -944,6 +966,7 @@ _RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "output_tokens_histogram": ("buckets", ("output_bucket",)),
     "output_tokens_sum_rate": ("sum", ("output_sum",)),
     "ttft_histogram": ("buckets", ("ttft_bucket",)),
+    "prefill_queue_histogram": ("buckets", ("queue_bucket",)),
 }
 _BY_POD_RECIPES = {
     "running_by_pod": "running",
@@ -1002,6 +1025,7 @@ def _fleet_promql(p: Preset, role: str, ns: str, window_s: int, short_window_s: 
         "output_count": rate(f"{p.output_tokens}_count"),
         "output_bucket": buckets(p.output_tokens),
         "ttft_bucket": buckets(p.ttft),
+        "queue_bucket": buckets(p.queue_time) if p.queue_time else None,
         "itl_sum": rate(f"{p.itl}_sum"),
         "itl_count": rate(f"{p.itl}_count"),
         "media_requests": rate(p.media_requests),
@@ -1076,6 +1100,23 @@ def _fmt(v: float) -> str:
     return repr(v)
 
 
+def _cumulative(buckets: Sequence[tuple[float, float]]) -> tuple[list[float], list[float]] | None:
+    """Upper bounds and cumulative counts, series of one bound summed and counts made
+    non-decreasing (precision loss in rate()); None without a +Inf bucket or any count."""
+    merged: dict[float, float] = {}
+    for le, c in buckets:
+        merged[le] = merged.get(le, 0.0) + c
+    pts = sorted(merged.items())
+    if len(pts) < 2 or not math.isinf(pts[-1][0]):
+        return None
+    counts = [c for _, c in pts]
+    for i in range(1, len(counts)):
+        counts[i] = max(counts[i], counts[i - 1])
+    if counts[-1] == 0 or math.isnan(counts[-1]):
+        return None
+    return [le for le, _ in pts], counts
+
+
 def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float:
     """Prometheus' histogram_quantile over cumulative (upper bound, count) buckets."""
     if math.isnan(q):
@@ -1084,19 +1125,12 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> floa
         return -math.inf
     if q > 1:
         return math.inf
-    merged: dict[float, float] = {}
-    for le, c in buckets:
-        merged[le] = merged.get(le, 0.0) + c
-    pts = sorted(merged.items())
-    if len(pts) < 2 or not math.isinf(pts[-1][0]):
+    cum = _cumulative(buckets)
+    if cum is None:
         return math.nan
-    counts = [c for _, c in pts]
-    for i in range(1, len(counts)):  # counts must not decrease (precision loss in rate())
-        counts[i] = max(counts[i], counts[i - 1])
-    total = counts[-1]
-    if total == 0 or math.isnan(total):
-        return math.nan
-    rank = q * total
+    bounds, counts = cum
+    pts = list(zip(bounds, counts, strict=True))
+    rank = q * counts[-1]
     b = next(i for i, c in enumerate(counts) if c >= rank)
     if b == len(pts) - 1:
         return pts[-2][0]
@@ -1108,6 +1142,18 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> floa
         count -= counts[b - 1]
         rank -= counts[b - 1]
     return start + (end - start) * (rank / count)
+
+
+def histogram_quantile_past_first(q: float, buckets: Sequence[tuple[float, float]]) -> float:
+    """`histogram_quantile`, except that a quantile inside the first bucket reads 0, that
+    bucket's lower bound. The linear reading puts it anywhere between 0 and the first bound,
+    which says nothing about values smaller than that bound: vLLM's queue-time histogram
+    starts at 0.3 s, wider than many a TTFT miss, and waits of 0 read up to 0.3 s there."""
+    cum = _cumulative(buckets)
+    if cum is None or math.isnan(q) or not 0 <= q <= 1:
+        return histogram_quantile(q, buckets)
+    counts = cum[1]
+    return 0.0 if q * counts[-1] <= counts[0] else histogram_quantile(q, buckets)
 
 
 def _le(text: str) -> float:

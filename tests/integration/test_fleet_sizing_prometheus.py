@@ -52,6 +52,10 @@ def exposition(elapsed_s: float) -> str:
             ttft = "vllm:time_to_first_token_seconds"
             for le, c in (("0.3", n // 2), ("1", 3 * n // 4), ("+Inf", n)):
                 lines.append(f'{ttft}_bucket{{{labels},le="{le}"}} {c}')
+        else:  # the front pool's queue waits: three quarters within 0.3 s
+            queue = "vllm:request_queue_time_seconds"
+            for le, c in (("0.3", 3 * n // 4), ("+Inf", n)):
+                lines.append(f'{queue}_bucket{{{labels},le="{le}"}} {c}')
     return "\n".join(lines) + "\n"
 
 
@@ -100,6 +104,13 @@ def test_fleet_split_sizing_readings_equal_the_objects_own_in_real_prometheus(pr
         assert got.ttft_buckets is not None
         assert [le for le, _ in got.ttft_buckets] == [le for le, _ in want.ttft_buckets]
         assert [c for _, c in got.ttft_buckets] == pytest.approx([c for _, c in want.ttft_buckets], rel=1e-12)
+        assert want.prefill_wait_buckets is not None
+        assert [le for le, _ in want.prefill_wait_buckets] == [0.3, math.inf]
+        assert got.prefill_wait_buckets is not None
+        assert [le for le, _ in got.prefill_wait_buckets] == [0.3, math.inf]
+        assert [c for _, c in got.prefill_wait_buckets] == pytest.approx(
+            [c for _, c in want.prefill_wait_buckets], rel=1e-12
+        )
         assert got.arrival_counts == pytest.approx(want.arrival_counts, rel=1e-12)
         assert got.count_interval_s == want.count_interval_s
         # Asked for "a"'s pods only (the tick's due objects), Prometheus answers those alone, and

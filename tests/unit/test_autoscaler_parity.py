@@ -401,9 +401,19 @@ def test_the_evaluator_fills_sizes_and_counts_from_the_window(monkeypatch) -> No
     counts = [c for _, c in at.ttft_buckets]
     assert counts == sorted(counts) and counts[-1] > 0
     assert metrics.histogram_quantile(SETTINGS.slo.percentile, at.ttft_buckets) == pytest.approx(at.ttft_p)
+    # and the prefill queue waits of the same requests, over the emulator's queue-time buckets
+    assert at.prefill_wait_buckets is not None
+    assert [le for le, _ in at.prefill_wait_buckets] == [*metrics.QUEUE_TIME_BUCKETS, float("inf")]
+    assert at.prefill_wait_buckets[-1][1] == at.ttft_buckets[-1][1]
     seen.clear()
     evaluate.run_policy("disagg", w, replace(SETTINGS, interval_s=30.0, sizing=NO_SIZING))
-    assert all(o.sizes is None and o.arrival_counts is None and o.ttft_buckets is None for o in seen)
+    assert all(
+        o.sizes is None
+        and o.arrival_counts is None
+        and o.ttft_buckets is None
+        and o.prefill_wait_buckets is None
+        for o in seen
+    )
 
 
 def test_the_observed_kv_footprint_sizes_decode_on_both_paths() -> None:

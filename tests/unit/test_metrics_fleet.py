@@ -199,6 +199,10 @@ def test_the_sizing_inputs_are_fleet_series_split_like_the_objects_own():
     a_pre, a_dec, b_pre = pods("a", "prefill", 2), pods("a", "decode", 1), pods("b", "prefill", 1)
     values = {a_pre[0]: 1.0, a_pre[1]: 3.0, a_dec[0]: 5.0, b_pre[0]: 100.0}
     res = fleet(values)
+    # the queue-time histogram is read for the sizing inputs alone
+    res["fleet.queue_bucket"] = [
+        s for pod, v in values.items() for s in (sample(pod, v / 2, le="0.5"), sample(pod, v, le="+Inf"))
+    ]
     res["fleet.arrival_counts.3600.30.15"] = [
         counts(a_pre[0], {T - 60: 2.0, T - 30: 4.0, T: 1.0}),
         counts(a_pre[1], {T - 30: 6.0, T: 0.0}),  # started later: no point at T - 60
@@ -232,11 +236,16 @@ def test_the_sizing_inputs_are_fleet_series_split_like_the_objects_own():
             {"metric": {"le": "0.5"}, "value": [T, "2.5"]},
             {"metric": {"le": "+Inf"}, "value": [T, "5.0"]},
         ],
+        "prefill_queue_histogram": [
+            {"metric": {"le": "0.5"}, "value": [T, "2.0"]},
+            {"metric": {"le": "+Inf"}, "value": [T, "4.0"]},
+        ],
         "arrival_counts_horizon": [{"metric": {}, "values": [[T - 60, "2"], [T - 30, "10"], [T, "1"]]}],
     }
     assert loop.sizing_readings(got, 30.0) == loop.sizing_readings(own, 30.0)
     assert loop.sizing_readings(got, 30.0).arrival_counts == (2.0, 10.0, 1.0)
     assert loop.sizing_readings(got, 30.0).ttft_buckets == ((0.5, 2.5), (math.inf, 5.0))  # the decode pod's
+    assert loop.sizing_readings(got, 30.0).prefill_wait_buckets == ((0.5, 2.0), (math.inf, 4.0))  # prefill's
 
 
 def generated_pod(deployment: str, template_hash: str = "7d9f8c6b5", random: str = "x7k2q") -> str:

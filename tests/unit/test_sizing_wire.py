@@ -50,8 +50,14 @@ def test_queries_follow_the_switches() -> None:
         "output_tokens_histogram",
         "output_tokens_sum_rate",
         "ttft_histogram",
+        "prefill_queue_histogram",
         "arrival_counts_horizon",
     }
+    # the front pool's queue waits (whether the prefill queue is what misses)
+    assert qs["prefill_queue_histogram"].promql.startswith(
+        "sum by (le) (rate(vllm:request_queue_time_seconds_bucket{"
+    )
+    assert qs["prefill_queue_histogram"].pool == "prefill"
     # the back pool's TTFT buckets over the window, beside the token histograms
     assert qs["ttft_histogram"].promql.startswith(
         "sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{"

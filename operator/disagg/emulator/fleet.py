@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from heapq import heappop
 
+from disagg.metrics import QUEUE_TIME_BUCKETS
 from disagg.model import StageModels
 from disagg.sim.core import DONE, FAILED, INF, REJECTED, WAITING, Job, StageStats
 from disagg.sim.engine import Cluster, SimConfig
@@ -50,7 +51,6 @@ ITL_BUCKETS = (
 E2E_BUCKETS = (
     0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
 )  # fmt: skip
-QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 XFER_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 TOKEN_BUCKETS = tuple(16 * 2**k for k in range(14))  # 16 .. 131072
 ITEM_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 64)  # media items per request
@@ -112,8 +112,10 @@ class PodStats:
         self.ttft = Hist(TTFT_BUCKETS)
         self.itl = Hist(ITL_BUCKETS)
         self.e2e = Hist(E2E_BUCKETS)
-        self.queue = Hist(QUEUE_BUCKETS)
-        self.prefill_time = Hist(QUEUE_BUCKETS)  # prefill service time per request, on the pod that prefills
+        self.queue = Hist(QUEUE_TIME_BUCKETS)
+        self.prefill_time = Hist(
+            QUEUE_TIME_BUCKETS
+        )  # prefill service time per request, on the pod that prefills
         self.prompt_tokens = Hist(TOKEN_BUCKETS)
         self.gen_tokens = Hist(TOKEN_BUCKETS)
         self.xfer_time = Hist(XFER_BUCKETS)

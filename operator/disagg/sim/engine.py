@@ -207,6 +207,7 @@ class Cluster:
         self.r_itl_p99 = array("d")  # nearest-rank 99th percentile gap
         self.r_itl_max = array("d")  # largest gap
         self.r_done = array("d")
+        self.r_pf_wait = array("d")  # seconds the prefill waited in a worker's queue
         if config.placement == "colocated":
             n_pf, n_dec, n_col = 0, 0, config.colocated_workers()
         else:
@@ -665,6 +666,7 @@ class Cluster:
         self.r_itl_p99.append(p99)
         self.r_itl_max.append(mx)
         self.r_done.append(now)
+        self.r_pf_wait.append(job.pf_wait)
         if ttft <= self.ttft_target_s(job.prompt) and itl <= self.itl_s:
             self.good += 1
         self._out.append(job)

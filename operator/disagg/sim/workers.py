@@ -135,6 +135,8 @@ class FcfsWorker(Component):
         job, est = self.queue.popleft()
         self.load_s -= est
         self.stage.start(now, now - job.t_stage)
+        if self.role == PREFILL:
+            job.pf_wait = now - job.t_stage
         self.cur = job
         self.t_start = now
         svc, marks = self.host.prefill_plan(self, job)
@@ -684,6 +686,7 @@ class ServeWorker(Component):
             j = self.pq.popleft()
             self._kv_take(j)
             self.pf_stage.start(now, now - j.t_stage)
+            j.pf_wait = now - j.t_stage
             svc, marks = host.prefill_plan(self, j)
             self.pf_job = j
             self.pf_t0 = now
