@@ -770,7 +770,8 @@ def learnt_front_gain(
 
     Requests that miss on an idle system, or with less slack than one decode step
     (`unreachable_share`, u), miss whatever the pools: no capacity fixes them. With the
-    window's size distribution and TTFT histogram (`sizing.requestSizes`), the TTFT judged
+    window's size distribution and TTFT histogram (read whenever the gain is on; the plan
+    uses the sizes only with `sizing.requestSizes`), the TTFT judged
     is the histogram's quantile at (1 - u) x p: above the target exactly when more than
     1 - p of the reachable requests miss, since every unreachable one does. Without them
     only the SLO percentile's TTFT is known, and nothing is learnt while u is more than
@@ -778,8 +779,9 @@ def learnt_front_gain(
     fleet). Nothing is learnt from a window with fewer requests than one beyond the
     percentile (its quantile is its slowest request), nor under a target that grows with
     the prompt, whose percentile says little about which requests missed.
-    With the front pool's queue-time histogram too, a miss counts only when the queue waits
-    at that quantile are at least the miss (0 inside the first bucket): more prefill
+    With the front pool's queue-time histogram too, a miss counts only when as many requests
+    waited at least the miss for a prefill worker as the reachable ones beyond the judged
+    quantile (waits inside the first bucket read as none): more prefill
     workers cannot shorten anything else, and the gain would grow without end where the
     reachable requests miss on the decode side.
     `spec.autoscaling.sizing.frontLoadGain` off: the gain stays 1.
@@ -826,10 +828,12 @@ def learnt_front_gain(
     if not judged_reachable and unreachable_share(config, obs, models) > (1.0 - p) / 2.0:
         return gain, now, None
     if judged_reachable and obs.prefill_wait_buckets:
-        # Prefill capacity shortens only the wait for a prefill worker. When the queue waits at
-        # the same quantile are less than the miss, the requests miss elsewhere (the first
-        # decode step, room on a decode worker); waits within the first bucket read as none.
-        wait = metrics.histogram_quantile_past_first(reachable * p, obs.prefill_wait_buckets)
+        # Prefill capacity shortens only the wait for a prefill worker. The reachable requests
+        # beyond the judged quantile, a share reachable x (1 - p) of all, each miss by at least
+        # ttft - target; when fewer requests than that waited so long for a prefill worker
+        # (the waits' quantile at 1 - that share is shorter), the misses are elsewhere (the
+        # first decode step, room on a decode worker). Waits within the first bucket read as none.
+        wait = metrics.histogram_quantile_past_first(1.0 - reachable * (1.0 - p), obs.prefill_wait_buckets)
         if not wait >= ttft - target:  # NaN (unreadable buckets) counts as not shown
             return gain, now, None
     if since is None:

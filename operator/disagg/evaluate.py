@@ -739,9 +739,13 @@ class DisaggPolicy(Policy):
         self.last: autoscaler.Outcome | None = None
         sz = self.config.sizing
         self.sizing_interval_s = (
-            self.config.count_interval_s if sz.request_sizes or sz.burstiness or sz.auto_headroom else None
+            self.config.count_interval_s
+            if sz.request_sizes or sz.burstiness or sz.auto_headroom or sz.front_load_gain
+            else None
         )
-        self.sizing_sizes = sz.request_sizes
+        # as the operator reads them: the front load gain judges by the sizes and the TTFT and
+        # queue-time histograms also when the plan keeps the means
+        self.sizing_sizes = sz.request_sizes or sz.front_load_gain
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
         out = autoscaler.decide(

@@ -283,7 +283,7 @@ class SizingReadings:
 def sizing_query_list(spec: api.DisaggDeploymentSpec, namespace: str, name: str) -> list[metrics.Query]:
     """The queries the spec's `autoscaling.sizing` switches need (none when all are off)."""
     sz, a = spec.autoscaling.sizing, spec.autoscaling
-    if not (sz.request_sizes or sz.burstiness or sz.auto_headroom):
+    if not (sz.request_sizes or sz.burstiness or sz.auto_headroom or sz.front_load_gain):
         return []
     count_s = autoscaler.COUNT_SCRAPES * a.scrape_interval_seconds
     horizon = autoscaler.BURST_HORIZON_S if sz.auto_headroom else autoscaler.DISPERSION_SPAN_S
@@ -298,7 +298,7 @@ def sizing_query_list(spec: api.DisaggDeploymentSpec, namespace: str, name: str)
         scrape_s=a.scrape_interval_seconds,
     )
     keep = set()
-    if sz.request_sizes:
+    if sz.request_sizes or sz.front_load_gain:  # the gain judges its misses by them
         keep |= {
             "prompt_tokens_histogram",
             "prompt_tokens_sum_rate",

@@ -264,7 +264,7 @@ MISSES = [
     Row(4.0, {"prefill": 2, "decode": 2}, ttft=0.9),
 ]
 ALL_SIZING = {"requestSizes": True, "burstiness": True, "autoHeadroom": True}
-NO_SIZING = {"requestSizes": False, "burstiness": False, "autoHeadroom": False}
+NO_SIZING = {"requestSizes": False, "burstiness": False, "autoHeadroom": False, "frontLoadGain": False}
 
 CASES = {
     "load steps": (LOAD_STEPS, SETTINGS),
@@ -405,6 +405,14 @@ def test_the_evaluator_fills_sizes_and_counts_from_the_window(monkeypatch) -> No
     assert at.prefill_wait_buckets is not None
     assert [le for le, _ in at.prefill_wait_buckets] == [*metrics.QUEUE_TIME_BUCKETS, float("inf")]
     assert at.prefill_wait_buckets[-1][1] == at.ttft_buckets[-1][1]
+    seen.clear()
+    # the front load gain alone (the default): the same sizes and histograms, for it to judge by
+    evaluate.run_policy(
+        "disagg", w, replace(SETTINGS, interval_s=30.0, sizing={**NO_SIZING, "frontLoadGain": True})
+    )
+    gained = next(o for o in seen if o.now == 240.0)
+    assert gained.sizes == at.sizes and gained.ttft_buckets == at.ttft_buckets
+    assert gained.prefill_wait_buckets == at.prefill_wait_buckets
     seen.clear()
     evaluate.run_policy("disagg", w, replace(SETTINGS, interval_s=30.0, sizing=NO_SIZING))
     assert all(

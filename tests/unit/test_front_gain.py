@@ -219,31 +219,40 @@ def test_the_reachable_quantile_is_read_off_the_histogram_at_its_share() -> None
 
 
 def test_the_gain_answers_only_misses_the_prefill_queue_explains() -> None:
-    """The reachable quantile is late by 0.376 s (0.976 against 0.6). More prefill workers
-    shorten only the wait for one: the gain grows when the front pool's queue waits at the same
-    quantile are shown to be at least that long, and holds when they are not (the requests then
+    """The reachable quantile is late by 0.376 s (0.976 against 0.6), and the reachable requests
+    beyond it, 0.6 x 1 % of all, are later still. More prefill workers shorten only the wait for
+    one: the gain grows when at least that share of the requests waited 0.376 s or more for a
+    prefill worker (the waits' quantile at 1 - 0.006), and holds when not (the requests then
     miss on the decode side, and prefill capacity would be bought for nothing)."""
     late = obs(T0 + 60, ttft=5.0, sizes=MIXED, ttft_buckets=ttft_histogram(0.1))
     assert learn(late, state(miss_since=T0))[0] == FRONT_GAIN_STEP  # no queue histogram: as before
-    # half the prefill waits within 10 ms, half 0.5-1 s: at 0.594 of them, at least 0.5 s
+    # half the prefill waits within 10 ms, half 0.5-1 s: far more than 0.6 % waited 0.5 s
     queued = ((0.01, 500.0), (0.5, 500.0), (1.0, 1000.0), (math.inf, 1000.0))
     assert learn(replace(late, prefill_wait_buckets=queued), state(miss_since=T0))[0] == FRONT_GAIN_STEP
+    # 2 % of the prefill waits 0.5-1 s, the rest none (batches queueing behind each other, as
+    # on Mooncake conversation): few waits, but more than the misses beyond the quantile
+    batches = ((0.01, 980.0), (0.5, 980.0), (1.0, 1000.0), (math.inf, 1000.0))
+    assert learn(replace(late, prefill_wait_buckets=batches), state(miss_since=T0))[0] == FRONT_GAIN_STEP
     # every prefill wait within 10 ms: the misses are not the prefill queue's
+    # (nor with 0.5 % of them at 0.5-1 s: fewer than the misses beyond the quantile)
+    few = ((0.01, 995.0), (0.5, 995.0), (1.0, 1000.0), (math.inf, 1000.0))
+    assert learn(replace(late, prefill_wait_buckets=few), state(miss_since=T0)) == (1.0, T0 + 60, None)
     prompt = ((0.01, 1000.0), (0.5, 1000.0), (math.inf, 1000.0))
     assert learn(replace(late, prefill_wait_buckets=prompt), state(miss_since=T0)) == (1.0, T0 + 60, None)
 
 
 def test_a_wide_first_queue_bucket_shows_no_wait() -> None:
     """vLLM's queue-time histogram starts at 0.3 s. Waits that all fall in it read, linearly,
-    as 0.18 s at 0.594 of them: more than a miss of 0.1 s, though they may all be 0. The gate
-    reads the bucket's lower bound (0) and holds."""
+    as up to 0.3 s: more than a miss of 0.1 s, though they may all be 0. The gate reads them
+    as none and holds."""
     # reachable requests 60 %: 55 % within 0.3 s, 3 % 0.3-0.6 s, 2 % 0.6-0.75 s; the rest at 5 s
     slightly_late = ((0.3, 550.0), (0.6, 580.0), (0.75, 600.0), (5.0, 1000.0), (math.inf, 1000.0))
     o = obs(T0 + 60, ttft=5.0, sizes=MIXED, ttft_buckets=slightly_late)
     assert metrics.histogram_quantile(0.6 * 0.99, slightly_late) == pytest.approx(0.705)
     coarse = ((0.3, 1000.0), (0.5, 1000.0), (math.inf, 1000.0))
-    assert metrics.histogram_quantile(0.6 * 0.99, coarse) > 0.705 - 0.6  # the linear reading
-    assert metrics.histogram_quantile_past_first(0.6 * 0.99, coarse) == 0.0
+    rank = 1 - 0.6 * 0.01
+    assert metrics.histogram_quantile(rank, coarse) > 0.705 - 0.6  # the linear reading
+    assert metrics.histogram_quantile_past_first(rank, coarse) == 0.0
     assert learn(replace(o, prefill_wait_buckets=coarse), state(miss_since=T0))[0] == 1.0
     # the same misses with waits of 0.3-0.5 s are the queue's
     waited = ((0.3, 0.0), (0.5, 1000.0), (math.inf, 1000.0))

@@ -37,9 +37,14 @@ def _obs(**kw) -> autoscaler.Observation:
     return autoscaler.Observation(now=0.0, metrics_ok=True, pools={}, arrival_rps=1.0, **kw)
 
 
+NO_GAIN = {"frontLoadGain": False}
+
+
 def test_queries_follow_the_switches() -> None:
     off = evaluate.spec_for(
-        replace(SETTINGS, sizing={"requestSizes": False, "burstiness": False, "autoHeadroom": False})
+        replace(
+            SETTINGS, sizing={"requestSizes": False, "burstiness": False, "autoHeadroom": False, **NO_GAIN}
+        )
     )
     assert loop.sizing_query_list(off, "ns", "x") == []
     on = evaluate.spec_for(replace(SETTINGS, sizing=ALL))
@@ -67,7 +72,9 @@ def test_queries_follow_the_switches() -> None:
     )
     assert "ttft_histogram" in {q.name for q in loop.sizing_query_list(sizes_only, "ns", "x")}
     headroom_only = evaluate.spec_for(
-        replace(SETTINGS, sizing={"requestSizes": False, "burstiness": False, "autoHeadroom": True})
+        replace(
+            SETTINGS, sizing={"requestSizes": False, "burstiness": False, "autoHeadroom": True, **NO_GAIN}
+        )
     )
     assert "ttft_histogram" not in {q.name for q in loop.sizing_query_list(headroom_only, "ns", "x")}
     # counts per two scrapes (30 s) over the automatic headroom's hour
@@ -177,10 +184,27 @@ def test_spec_defaults_are_the_documented_ones() -> None:
     )
 
 
-def test_by_default_the_loop_reads_only_the_arrival_counts() -> None:
-    """Default: automatic headroom on (its counts are read), request sizes and burstiness off."""
+def test_by_default_the_loop_reads_the_counts_and_what_the_front_gain_judges_by() -> None:
+    """Default: automatic headroom on (its counts are read) and the front load gain on (the
+    token, TTFT and prefill queue-time histograms: which requests are in reach, and whether
+    the prefill queue is what makes them miss); request sizes and burstiness off, so the plan
+    keeps the means and Poisson arrivals."""
     spec = evaluate.spec_for(SETTINGS)
-    assert [q.name for q in loop.sizing_query_list(spec, "ns", "x")] == ["arrival_counts_horizon"]
+    assert sorted(q.name for q in loop.sizing_query_list(spec, "ns", "x")) == [
+        "arrival_counts_horizon",
+        "output_tokens_histogram",
+        "output_tokens_sum_rate",
+        "prefill_queue_histogram",
+        "prompt_tokens_histogram",
+        "prompt_tokens_sum_rate",
+        "ttft_histogram",
+    ]
+    sized = _obs(
+        prompt_tokens_mean=1000.0,
+        output_tokens_mean=100.0,
+        sizes=SizeDistribution.from_buckets(PROMPT, OUTPUT),
+    )
+    assert autoscaler.sizing_inputs(autoscaler.config_from_spec(spec), sized, 60.0).sizes is None
 
 
 def test_the_decision_record_shows_the_inputs_it_used() -> None:
