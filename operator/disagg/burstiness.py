@@ -14,7 +14,8 @@ equal sub-window (per scrape from Prometheus, or per bin from a window's request
 * `burst_headroom`: how far the planned-for rate (the trailing-window rate) rose
   within one start-up time, beyond counting noise, relative to the rate it rose
   from, at a quantile over the trailing horizon weighted by the requests each rise
-  brings; a fall within one start-up counts as the rise its burst made when it began. Capacity added when a burst is seen serves one start-up later, so the
+  brings; a fall within one start-up counts as the rise its burst made when it
+  began. Capacity added when a burst is seen serves one start-up later, so the
   requests that arrive during a rise larger than the standing headroom are the ones
   that miss: covering the rises of the SLO's share of requests (the autoscaler
   passes ``slo.percentile``) keeps them within what the SLO allows to miss.

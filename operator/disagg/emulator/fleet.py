@@ -113,9 +113,8 @@ class PodStats:
         self.itl = Hist(ITL_BUCKETS)
         self.e2e = Hist(E2E_BUCKETS)
         self.queue = Hist(QUEUE_TIME_BUCKETS)
-        self.prefill_time = Hist(
-            QUEUE_TIME_BUCKETS
-        )  # prefill service time per request, on the pod that prefills
+        # prefill service time per request, on the pod that prefills
+        self.prefill_time = Hist(QUEUE_TIME_BUCKETS)
         self.prompt_tokens = Hist(TOKEN_BUCKETS)
         self.gen_tokens = Hist(TOKEN_BUCKETS)
         self.xfer_time = Hist(XFER_BUCKETS)
