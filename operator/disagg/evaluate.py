@@ -59,7 +59,7 @@ from pydantic import ValidationError
 from disagg import api, autoscaler, names
 from disagg.burstiness import arrival_counts
 from disagg.forecast import PREDICTORS
-from disagg.metrics import QUEUE_TIME_BUCKETS, back_pool
+from disagg.metrics import QUEUE_TIME_BUCKETS, back_pool, histogram_quantile
 from disagg.model import StageModels
 from disagg.planner import SLO, Demand, PoolBounds, plan, split_threshold_tokens
 from disagg.sim.core import DONE, INF, REJECTED, Job
@@ -497,11 +497,6 @@ class _Prefix:
         return Demand(rate, pm, ps, max(1.0, om), os_, mf, max(1.0, items))
 
 
-def _ttft_counts(values: list[float]) -> np.ndarray:
-    """TTFTs counted per bucket of TTFT_BUCKETS (the last one: above the last finite bound)."""
-    return np.histogram(np.minimum(values, 1e9), bins=[0.0, *TTFT_BUCKETS[:-1], 1e10])[0]
-
-
 def ttft_histogram(values: list[float]) -> tuple[tuple[float, float], ...]:
     """Cumulative (upper bound, count) pairs of TTFTs over TTFT_BUCKETS, as an engine's histogram exports them."""
     return cumulative_histogram(values, TTFT_BUCKETS[:-1])
@@ -512,23 +507,6 @@ def cumulative_histogram(values: list[float], bounds: Sequence[float]) -> tuple[
     engine exports a histogram."""
     counts = np.histogram(np.minimum(values, 1e9), bins=[0.0, *bounds, 1e10])[0]
     return tuple(zip((*bounds, INF), np.cumsum(counts).astype(float).tolist(), strict=True))
-
-
-def _hist_quantile(values: list[float], q: float) -> float | None:
-    """Prometheus histogram_quantile over TTFT_BUCKETS (linear inside a bucket)."""
-    if not values:
-        return None
-    counts = _ttft_counts(values)
-    cum = np.cumsum(counts)
-    rank = q * cum[-1]
-    k = int(np.searchsorted(cum, rank, side="left"))
-    if k >= len(TTFT_BUCKETS) - 1:
-        return TTFT_BUCKETS[-2]
-    lo = 0.0 if k == 0 else TTFT_BUCKETS[k - 1]
-    hi = TTFT_BUCKETS[k]
-    below = 0 if k == 0 else cum[k - 1]
-    inb = counts[k]
-    return lo + (hi - lo) * ((rank - below) / inb if inb else 1.0)
 
 
 # --------------------------------------------------------------------------- policies
@@ -1209,7 +1187,8 @@ def run_policy(
             covered = min(s.window_s, max(ts, s.scrape_s))
             media_fraction, items_per_request = pre.media(lo, ts)
             seen = [x for x in ttft_window if x[0] < ts]
-            ttfts = [x[1] for x in seen]
+            # the engines' TTFT histogram over the window; its SLO percentile is what the loop reads
+            ttft_buckets = ttft_histogram([x[1] for x in seen]) if seen else None
             obs = Obs(
                 now=t,
                 rate=cnt / covered,
@@ -1222,7 +1201,7 @@ def run_policy(
                 ready={p: len(lp.serving(p)) for p in lp.pools},
                 requested=lp.requested(),
                 pending=dict(lp.waiting),
-                ttft_p=_hist_quantile(ttfts, s.slo.percentile),
+                ttft_p=histogram_quantile(s.slo.percentile, ttft_buckets) if ttft_buckets else None,
                 rate_short=pre.stats(ts - short_s, ts)[0] / min(short_s, max(ts, s.scrape_s)),
                 queued=next((q for tq, q in reversed(lp.queue_samples) if tq <= ts + 1e-9), 0),
                 media_fraction=media_fraction,
@@ -1238,7 +1217,7 @@ def run_policy(
                     arrival_counts=counts,
                     count_interval_s=count_s,
                     # the TTFT and queue-time histograms the operator reads beside the token histograms
-                    ttft_buckets=ttft_histogram(ttfts) if sizes is not None and ttfts else None,
+                    ttft_buckets=ttft_buckets if sizes is not None else None,
                     prefill_wait_buckets=(
                         cumulative_histogram([x[2] for x in seen], QUEUE_TIME_BUCKETS)
                         if sizes is not None and seen
