@@ -816,12 +816,19 @@ def learnt_front_gain(
         return gain, now, None
     pol = state.policy
     settle = startup_s + config.window_s
+    # With the front pool's queue-time histogram, a miss counts below only when the prefill
+    # queue's waits explain it: then only the front pools need to have been steady (a change of
+    # the decode pool does not lengthen those waits). Without it, any pool's change may.
+    queue_judged = judged_reachable and bool(obs.prefill_wait_buckets)
+    watched = [p for p in obs.pools if p in FRONT_POOLS] if queue_judged else []
+    watched = watched or list(obs.pools)
+    last_change = pol.changed_since(watched) if pol.changed_at else pol.last_action
     steady = (
-        all(not pv.leaving and pv.pending_pods == 0 for pv in obs.pools.values())
+        all(not obs.pools[p].leaving and obs.pools[p].pending_pods == 0 for p in watched)
         and pol.first_seen is not None
         and now - pol.first_seen >= settle
-        and (pol.last_action is None or now - pol.last_action >= settle)
-        and all(current.get(k, 0) >= n for k, n in planned.items())
+        and (last_change is None or now - last_change >= settle)
+        and all(current.get(k, 0) >= n for k, n in planned.items() if k in watched)
     )
     if not steady:
         return gain, now, None

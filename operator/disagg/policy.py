@@ -27,6 +27,7 @@ operator can persist it in the status subresource.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -157,6 +158,23 @@ class PolicyState:
     # hold capacity only while current, never through the stabilization window
     backlog_times: tuple[float, ...] = ()
     queue_sample: tuple[float, float] | None = None  # last (time, queued) seen by sizing_rate
+    changed_at: dict[str, float] = field(default_factory=dict)  # when each pool's target last changed
+
+    def changed_since(self, pools: Iterable[str]) -> float | None:
+        """When the policy last changed the target of any of `pools` (None: never on record)."""
+        return max((self.changed_at[p] for p in pools if p in self.changed_at), default=None)
+
+    def with_change(self, now: float, before: Mapping[str, int], after: Mapping[str, int]) -> PolicyState:
+        """This state after an action at `now` that set the targets `before` -> `after`.
+
+        A state from before per-pool times were kept gives every pool its last action's time
+        first: an earlier change is never forgotten.
+        """
+        seen = self.changed_at
+        if not seen and self.last_action is not None:
+            seen = {p: self.last_action for p in (*self.last_targets, *after)}
+        moved = {p: float(now) for p, n in after.items() if before.get(p) != n}
+        return replace(self, last_action=now, last_targets=dict(after), changed_at={**seen, **moved})
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -167,6 +185,8 @@ class PolicyState:
             "lastTargets": dict(self.last_targets),
             "backlogTimes": list(self.backlog_times),
             "queueSample": None if self.queue_sample is None else list(self.queue_sample),
+            # pairs, not a map: a merge patch of status replaces a list whole
+            "changedAt": [[p, t] for p, t in self.changed_at.items()],
         }
 
     @classmethod
@@ -191,6 +211,7 @@ class PolicyState:
                 last_targets={str(k): int(v) for k, v in (d.get("lastTargets") or {}).items()},
                 backlog_times=tuple(float(t) for t in d.get("backlogTimes") or ()),
                 queue_sample=None if qs is None else (float(qs[0]), float(qs[1])),
+                changed_at={str(p): float(t) for p, t in d.get("changedAt") or ()},
             )
         except (KeyError, TypeError, ValueError, AttributeError, IndexError):
             return cls()
@@ -504,7 +525,7 @@ def decide(
             notes.append(extra)
         changed = tg != cur
         if changed:
-            st = replace(st, last_action=now, last_targets=dict(tg))
+            st = st.with_change(now, cur, tg)
         return Decision(tg, reason, changed, st, notes, [tg] if changed else [])
 
     if config.paused:
@@ -621,5 +642,5 @@ def decide(
     if held_stab:
         notes.append(f"scale-down of {', '.join(held_stab)} held by the stabilization window")
     if changed:
-        st = replace(st, last_action=now, last_targets=dict(targets))
+        st = st.with_change(now, cur, targets)
     return Decision(targets, reason, changed, st, notes, steps)

@@ -257,3 +257,36 @@ def test_a_wide_first_queue_bucket_shows_no_wait() -> None:
     # the same misses with waits of 0.3-0.5 s are the queue's
     waited = ((0.3, 0.0), (0.5, 1000.0), (math.inf, 1000.0))
     assert learn(replace(o, prefill_wait_buckets=waited), state(miss_since=T0))[0] == FRONT_GAIN_STEP
+
+
+def test_with_the_queue_histogram_only_the_front_pools_need_to_be_steady() -> None:
+    """A miss the prefill queue's waits explain is not the decode pool's doing: a decode worker
+    added or leaving within the last start-up and window does not keep the gain from growing; a
+    prefill one does. Without the queue histogram any pool's change holds it, as before."""
+    late = obs(T0 + 60, ttft=5.0, sizes=MIXED, ttft_buckets=ttft_histogram(0.1))
+    queued = ((0.01, 500.0), (0.5, 500.0), (1.0, 1000.0), (math.inf, 1000.0))
+
+    def changed(pool: str) -> ScalerState:
+        pol = policy.PolicyState(
+            first_seen=0.0, last_action=T0, changed_at={"prefill": 0.0, "decode": 0.0, pool: T0}
+        )
+        return ScalerState(policy=pol, miss_since=T0)
+
+    assert learn(replace(late, prefill_wait_buckets=queued), changed("decode"))[0] == FRONT_GAIN_STEP
+    assert learn(replace(late, prefill_wait_buckets=queued), changed("prefill"))[0] == 1.0
+    assert learn(late, changed("decode"))[0] == 1.0  # no queue histogram: every pool must be steady
+    # a decode pod still starting does not hold it either; a prefill one does
+    starting = {"prefill": PoolObservation(1), "decode": PoolObservation(2, pending=1)}
+    waited = replace(late, prefill_wait_buckets=queued, pools=starting)
+    assert learn(waited, state(miss_since=T0))[0] == FRONT_GAIN_STEP
+    starting = {"prefill": PoolObservation(1, pending=1), "decode": PoolObservation(2)}
+    assert learn(replace(waited, pools=starting), state(miss_since=T0))[0] == 1.0
+    # nor a decode pool below its plan: the decode side is not what the gain sizes
+    assert (
+        learn(
+            replace(late, prefill_wait_buckets=queued),
+            state(miss_since=T0),
+            current={"prefill": 1, "decode": 1},
+        )[0]
+        == FRONT_GAIN_STEP
+    )

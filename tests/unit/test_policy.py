@@ -397,3 +397,20 @@ def test_trend_and_headroom_cover_one_rise_not_two():
     # on a flat trend the headroom applies to the observation, as before
     flat, _ = sizing_rate(PolicyState(), 0.0, cfg, rate, auto_headroom=0.6, **kw)
     assert flat == pytest.approx((rate + noise) * 1.6)
+
+
+def test_each_pools_last_change_is_on_record_and_survives_the_round_trip():
+    cfg = PolicyConfig(scale_down_stabilization_s=0)
+    d = decide(
+        100.0, {"prefill": 1, "decode": 2}, {"prefill": 1, "decode": 4}, PolicyState(), cfg, metrics_ok=True
+    )
+    assert d.targets == {"prefill": 1, "decode": 4}
+    assert d.state.changed_at == {"decode": 100.0} and d.state.last_action == 100.0
+    d = decide(200.0, d.targets, {"prefill": 3, "decode": 4}, d.state, cfg, metrics_ok=True)
+    assert d.state.changed_at == {"decode": 100.0, "prefill": 200.0}
+    assert d.state.changed_since(["decode"]) == 100.0 and d.state.changed_since(["encoder"]) is None
+    assert PolicyState.from_dict(json.loads(json.dumps(d.state.to_dict()))) == d.state
+    # a state recorded before per-pool times: every pool it targeted counts as changed at its last action
+    old = PolicyState(first_seen=0.0, last_action=50.0, last_targets={"prefill": 1, "decode": 2})
+    d = decide(300.0, {"prefill": 1, "decode": 2}, {"prefill": 1, "decode": 3}, old, cfg, metrics_ok=True)
+    assert d.state.changed_at == {"prefill": 50.0, "decode": 300.0}
