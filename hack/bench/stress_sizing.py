@@ -6,7 +6,7 @@ Usage: PYTHONPATH=operator python hack/bench/stress_sizing.py [--minutes 60] [--
 
 Replays synthetic workloads none of the constants were tuned on -- smooth Poisson (what
 each input costs), on/off bursts, heavy-tailed prompt lengths, a sudden shift from short
-to long prompts -- through
+to long prompts, arrivals in batches, spikes shorter than a start-up -- through
 `disagg evaluate`'s virtual-time harness with the `disagg` policy, and with the same
 policy fed, one at a time and together, by
 
@@ -41,7 +41,15 @@ import numpy as np
 
 from disagg import api
 from disagg import evaluate as ev
-from disagg.workload import Workload, burst, load_trace, piecewise_poisson, poisson, with_coarse_timestamps
+from disagg.workload import (
+    Workload,
+    burst,
+    load_trace,
+    piecewise_poisson,
+    poisson,
+    spikes,
+    with_coarse_timestamps,
+)
 
 COUNT_S = 15.0  # arrival counts per scrape
 DISPERSION_SPAN_S = 600.0
@@ -74,6 +82,9 @@ def workloads(minutes: float) -> dict[str, Workload]:
         ),
         "batched: Poisson 6 rps, arrivals floored to 3 s (coarse timestamps)": with_coarse_timestamps(
             batched, 3.0
+        ),
+        "spikes: 3 -> 12 rps for 30 s every 5 min (shorter than a start-up)": spikes(
+            3, 12, 300, 30, dur, prompt_tokens=(3, 4000), output_tokens=(20, 300), seed=3
         ),
     }
 

@@ -463,6 +463,7 @@ class DecisionRecord:
     admitted_fraction: float | None = None  # share of the load the plan serves (the rest is shed)
     arrival_dispersion: float | None = None  # measured index of dispersion used (None: Poisson)
     auto_headroom: float | None = None  # automatic headroom used (None: the spec's headroom only)
+    before_rise: float | None = None  # share of the rate a rise under way began from (None: unknown)
     front_gain: float | None = None  # learnt multiplier on the front pools' load (None: switched off)
     size_classes: int | None = None  # prompt size classes planned over (None: the mean request)
 
@@ -515,6 +516,7 @@ class DecisionRecord:
                 "plannedRps": _r(self.planned_rps),
                 "arrivalDispersion": _r(self.arrival_dispersion),
                 "autoHeadroom": _r(self.auto_headroom),
+                "beforeRise": _r(self.before_rise),
                 "frontLoadGain": _r(self.front_gain),
                 "sizeClasses": self.size_classes,
                 "custom": {k: _r(v) for k, v in self.custom.items()},
@@ -579,6 +581,9 @@ class SizingInputs:
     sizes: SizeDistribution | None = None
     dispersion: float | None = None  # index of dispersion of arrival counts
     auto_headroom: float | None = None  # fraction of demand, from the burst profile
+    before_rise: float | None = (
+        None  # rate a rise under way began from, share of now (burstiness.before_rise)
+    )
 
 
 def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInputs:
@@ -593,7 +598,7 @@ def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInpu
     step = obs.count_interval_s
     if not counts or step is None or not math.isclose(step, config.count_interval_s, rel_tol=1e-6):
         counts = None
-    disp = auto = None
+    disp = auto = base = None
     try:
         if counts is not None and sz.burstiness:
             span = max(1, round(DISPERSION_SPAN_S / step))
@@ -613,9 +618,11 @@ def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInpu
                 quantile=config.planning.slo.percentile,
                 z=burstiness.noise_z(config.planning.slo.percentile),
             )
+            if auto is not None:
+                base = burstiness.before_rise(counts, step, window_s=config.window_s)
     except ValueError:
-        disp = auto = None  # invalid counts: missing
-    return SizingInputs(sizes=sizes, dispersion=disp, auto_headroom=auto)
+        disp = auto = base = None  # invalid counts: missing
+    return SizingInputs(sizes=sizes, dispersion=disp, auto_headroom=auto, before_rise=base)
 
 
 def observed_kv_footprint(obs: Observation, kv_cache_tokens: float) -> float | None:
@@ -964,6 +971,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
             ttft_comfort=tn.ttft_comfort,
             dispersion=inputs.dispersion,
             auto_headroom=inputs.auto_headroom,
+            before_rise=inputs.before_rise,
         )
         plan_rate = rate
         try:
@@ -1085,6 +1093,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         admitted_fraction=admitted,
         arrival_dispersion=inputs.dispersion,
         auto_headroom=inputs.auto_headroom,
+        before_rise=inputs.before_rise,
         front_gain=gain if config.sizing.front_load_gain else None,
         size_classes=len(inputs.sizes.prompt_tokens) if inputs.sizes is not None else None,
     )

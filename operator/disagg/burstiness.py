@@ -1,6 +1,6 @@
 """Measured burstiness of the arrival process, and the standing headroom bursts call for.
 
-Pure (numpy and the standard library). Two numbers, both from arrival counts per
+Pure (numpy and the standard library). Three numbers, all from arrival counts per
 equal sub-window (per scrape from Prometheus, or per bin from a window's requests):
 
 * `index_of_dispersion`: variance over mean of the counts. A Poisson process has 1
@@ -20,6 +20,9 @@ equal sub-window (per scrape from Prometheus, or per bin from a window's request
   that miss: covering the rises of the SLO's share of requests (the autoscaler
   passes ``slo.percentile``) keeps them within what the SLO allows to miss.
   ``spec.autoscaling.headroom`` is a floor under it.
+* `before_rise`: the rate a rise now under way began from, as a share of the current
+  one (the least window mean over the last window): a burst still ramping into the
+  window's mean is using the headroom that stood for it, and only the rest stands over it.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-__all__ = ["arrival_counts", "burst_headroom", "index_of_dispersion", "noise_z"]
+__all__ = ["arrival_counts", "before_rise", "burst_headroom", "index_of_dispersion", "noise_z"]
 
 MIN_COUNTS = 4  # sub-windows needed before a dispersion means anything
 BURST_QUANTILE = 0.95  # default share of requests whose rises the standing headroom covers
@@ -181,6 +184,39 @@ def burst_headroom(
     )
     weights = np.concatenate((ahead[ok_rise], now[ok_fall]))
     return float(min(cap, max(floor, _weighted_quantile(rel, weights, quantile))))
+
+
+def before_rise(
+    counts: Sequence[float] | np.ndarray, sub_window_s: float, *, window_s: float
+) -> float | None:
+    """The rate a rise now under way began from, as a share of the current planned-for rate: the
+    least planned-for rate (the trailing window's mean) over the last window, over its latest
+    value, in [0, 1]; None before a whole window of counts.
+
+    A step in arrivals reaches the window's mean as a ramp lasting one window, and while it
+    ramps, the burst it brings is using the standing headroom that was there for it: with
+    the rate at 1 / s times the one at the ramp's foot, a headroom h leaves (1 + h) s - 1 over
+    the current rate (`disagg.policy.sizing_rate`, ``before_rise``), not a second headroom
+    over the burst. The means compared are those of the windows ending within the last one,
+    back to the window just before the current one. The counts are those `burst_headroom`
+    reads, oldest first, judged as it judges them: from the first whole sub-window with
+    traffic.
+    """
+    if not (sub_window_s > 0 and window_s > 0):
+        raise ValueError("sub_window_s and window_s must be > 0")
+    c = _counts(counts)
+    k = max(1, round(window_s / sub_window_s))  # sub-windows per planning window
+    arrived = np.flatnonzero(c > 0)
+    if arrived.size == 0:
+        return None
+    c = c[arrived[0] + 1 :]
+    if c.size < k:
+        return None
+    cs = np.concatenate(([0.0], np.cumsum(c[-2 * k :])))
+    m = cs[k:] - cs[:-k]  # arrivals in the k + 1 windows ending within the last window
+    if m[-1] <= 0:
+        return 1.0
+    return float(min(1.0, m.min() / m[-1]))
 
 
 def _single_z(z: float, lead: int, k: int) -> float:

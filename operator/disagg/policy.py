@@ -279,6 +279,7 @@ def sizing_rate(
     ttft_comfort: float = 0.5,
     dispersion: float | None = None,
     auto_headroom: float | None = None,
+    before_rise: float | None = None,
 ) -> tuple[float, PolicyState]:
     """The arrival rate to plan for, shared by the operator's loop and `disagg evaluate`.
 
@@ -304,7 +305,11 @@ def sizing_rate(
     profile and start-up (`disagg.burstiness.burst_headroom`); ``config.headroom``
     (``spec.autoscaling.headroom``) is then a floor under it. The headroom is kept
     even when the observed TTFT is comfortable: the bursts it covers come faster
-    than the comfort can be lost.
+    than the comfort can be lost. ``before_rise`` (`disagg.burstiness.before_rise`) is
+    the rate a rise now under way began from, as a share s of the current rate: the
+    rise has used its part of the automatic headroom h, which leaves (1 + h) s - 1
+    (one more whole headroom on top of a burst would size for two bursts stacked
+    within a window plus a start-up); never below the spec's headroom.
 
     A backlog term larger than the counting-noise term marks this recommendation
     as backlog-driven (``state.backlog_times``): `decide` then lets it hold
@@ -345,11 +350,14 @@ def sizing_rate(
     if backlog > noise:
         marks = (*marks, float(now))
     state = replace(state, queue_sample=(float(now), q), backlog_times=marks[-64:])
-    headroom = config.headroom
-    if auto_headroom is not None and math.isfinite(auto_headroom) and auto_headroom > headroom:
-        headroom = float(auto_headroom)
     # The trend and the headroom are two answers to one question, how far load may rise
     # before capacity asked for now serves: plan for the larger, not their product.
+    headroom = config.headroom
+    if auto_headroom is not None and math.isfinite(auto_headroom) and auto_headroom > headroom:
+        auto = float(auto_headroom)
+        if before_rise is not None and math.isfinite(before_rise) and 0.0 <= before_rise < 1.0:
+            auto = (1.0 + auto) * before_rise - 1.0  # a rise under way has used its share
+        headroom = max(headroom, auto)
     noise_now = z * math.sqrt(disp * max(r, 0.0) / window_s) if noise > 0 else 0.0
     spare = (r + noise_now) * (1.0 + headroom)
     return max(f + noise, spare) + backlog, state

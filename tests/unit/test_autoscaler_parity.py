@@ -211,11 +211,12 @@ BUDGET = [  # 6 GPUs: the load outgrows them, then its shape moves GPUs from dec
     Row(3.0, {"prefill": 3, "decode": 3}, short=2.0),
 ]
 
-# A wide prompt mix (most short, a tail of long ones) and on/off arrivals: 3 min at 2 rps,
-# 1 min at 10 rps, per 30 s sub-window, for 40 min.
+# A wide prompt mix (most short, a tail of long ones) and on/off arrivals: 1 min at 10 rps,
+# 3 min at 2 rps, per 30 s sub-window, for 40 min, ending at the low rate (the standing
+# headroom then stands whole); with one more count at 10 rps a burst is under way and uses it.
 WIDE_PROMPTS = [(500.0, 3.0), (2000.0, 4.0), (8000.0, 4.8), (float("inf"), 5.0)]
 OUTPUTS = [(100.0, 2.0), (400.0, 4.5), (float("inf"), 5.0)]
-ON_OFF = ([60.0] * 6 + [300.0] * 2) * 10
+ON_OFF = ([300.0] * 2 + [60.0] * 6) * 10
 SIZED = [
     Row(5.0, PD, prompt_buckets=WIDE_PROMPTS, output_buckets=OUTPUTS, counts=ON_OFF),
     Row(5.0, {"prefill": 2, "decode": 2}, prompt_buckets=WIDE_PROMPTS, output_buckets=OUTPUTS, counts=ON_OFF),

@@ -224,7 +224,10 @@ def test_the_decision_record_shows_the_inputs_it_used() -> None:
     )
     got = autoscaler.decide(cfg, obs, autoscaler.ScalerState()).record.to_status()["inputs"]
     assert got["arrivalDispersion"] > 10 and got["autoHeadroom"] > 0.5 and got["sizeClasses"] > 1
+    # the counts end in a rise from 10 to 90 per sub-window: the least window mean over the last
+    # window is 20 against 180 now (burstiness.before_rise)
+    assert got["beforeRise"] == pytest.approx(20.0 / 180.0, abs=1e-4)
     plain = autoscaler.decide(
         cfg, replace(obs, sizes=None, arrival_counts=None), autoscaler.ScalerState()
     ).record.to_status()["inputs"]
-    assert not {"arrivalDispersion", "autoHeadroom", "sizeClasses"} & set(plain)
+    assert not {"arrivalDispersion", "autoHeadroom", "beforeRise", "sizeClasses"} & set(plain)
