@@ -753,8 +753,8 @@ class Sizing(_Model):
     auto_headroom: bool = Field(
         SIZING_AUTO_HEADROOM_DEFAULT,
         description="Standing spare capacity derived from the observed burst profile (how far load rose "
-        "within one decision lead, start-up + interval + scrape, over the last hour); `headroom` is then a "
-        "floor under it.",
+        "within one decision lead, start-up + interval + scrape, over the last hour); a burst still ramping "
+        "into the metric window uses its share of it; `headroom` is then a floor under it.",
     )
     front_load_gain: bool = Field(
         SIZING_FRONT_LOAD_GAIN_DEFAULT,
