@@ -581,9 +581,7 @@ class SizingInputs:
     sizes: SizeDistribution | None = None
     dispersion: float | None = None  # index of dispersion of arrival counts
     auto_headroom: float | None = None  # fraction of demand, from the burst profile
-    before_rise: float | None = (
-        None  # rate a rise under way began from, share of now (burstiness.before_rise)
-    )
+    before_rise: float | None = None  # where a rise under way began, share of now
 
 
 def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInputs:
