@@ -617,7 +617,12 @@ def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInpu
                 z=burstiness.noise_z(config.planning.slo.percentile),
             )
             if auto is not None:
-                base = burstiness.before_rise(counts, step, window_s=config.window_s)
+                base = burstiness.before_rise(
+                    counts,
+                    step,
+                    window_s=config.window_s,
+                    z=burstiness.noise_z(config.planning.slo.percentile),
+                )
     except ValueError:
         disp = auto = base = None  # invalid counts: missing
     return SizingInputs(sizes=sizes, dispersion=disp, auto_headroom=auto, before_rise=base)

@@ -187,7 +187,7 @@ def burst_headroom(
 
 
 def before_rise(
-    counts: Sequence[float] | np.ndarray, sub_window_s: float, *, window_s: float
+    counts: Sequence[float] | np.ndarray, sub_window_s: float, *, window_s: float, z: float = NOISE_Z
 ) -> float | None:
     """The rate a rise now under way began from, as a share of the current planned-for rate: the
     least planned-for rate (the trailing window's mean) over the last window, over its latest
@@ -198,9 +198,9 @@ def before_rise(
     the rate at 1 / s times the one at the ramp's foot, a headroom h leaves (1 + h) s - 1 over
     the current rate (`disagg.policy.sizing_rate`, ``before_rise``), not a second headroom
     over the burst. The means compared are those of the windows ending within the last one,
-    back to the window just before the current one. The counts are those `burst_headroom`
-    reads, oldest first, judged as it judges them: from the first whole sub-window with
-    traffic.
+    back to the window just before the current one; a rise within ``z`` standard deviations of
+    Poisson counting noise is none (1). The counts are those `burst_headroom` reads, oldest
+    first, judged as it judges them: from the first whole sub-window with traffic.
     """
     if not (sub_window_s > 0 and window_s > 0):
         raise ValueError("sub_window_s and window_s must be > 0")
@@ -214,9 +214,14 @@ def before_rise(
         return None
     cs = np.concatenate(([0.0], np.cumsum(c[-2 * k :])))
     m = cs[k:] - cs[:-k]  # arrivals in the k + 1 windows ending within the last window
-    if m[-1] <= 0:
+    now, low = float(m[-1]), float(m.min())
+    # A rise within counting noise is none: read as one, a wiggle of a few per cent took that
+    # share off the headroom, and a real rise right after found a worker missing. The least of
+    # k + 1 counts is biased low, so the noise is the larger count's on both sides, as for a
+    # fall in `burst_headroom`.
+    if now <= 0 or now - low <= z * math.sqrt(2.0 * now):
         return 1.0
-    return float(min(1.0, m.min() / m[-1]))
+    return low / now
 
 
 def _single_z(z: float, lead: int, k: int) -> float:

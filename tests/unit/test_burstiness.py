@@ -259,6 +259,9 @@ def test_the_rate_before_a_rise_is_the_least_window_mean_over_the_last_window() 
     # step the burst is the level now
     assert before_rise(np.concatenate([step, np.full(4, 120.0)]), 15, **kw) == pytest.approx(300.0 / 480.0)
     assert before_rise(np.concatenate([step, np.full(6, 120.0)]), 15, **kw) == 1.0
+    # a rise within counting noise is none: 140 against 120 arrivals a window
+    assert before_rise(np.concatenate([flat, [40.0, 40.0]]), 15, **kw) == 1.0
+    assert before_rise(np.concatenate([flat, [40.0, 40.0]]), 15, window_s=60.0, z=0.5) < 1.0
     # falling is no rise; no traffic now says nothing
     assert before_rise(np.concatenate([flat, np.full(4, 5.0)]), 15, **kw) == 1.0
     assert before_rise(np.concatenate([flat, np.zeros(8)]), 15, **kw) == 1.0
