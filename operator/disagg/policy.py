@@ -308,8 +308,8 @@ def sizing_rate(
     than the comfort can be lost. ``before_rise`` (`disagg.burstiness.before_rise`) is
     the rate a rise now under way began from, as a share s of the current rate: the
     rise has used its part of the automatic headroom h, which leaves (1 + h) s - 1
-    (one more whole headroom on top of a burst would size for two bursts stacked
-    within a window plus a start-up); never below the spec's headroom.
+    (one more whole headroom on top of a burst still ramping into the window would
+    size for two bursts stacked within one window); never below the spec's headroom.
 
     A backlog term larger than the counting-noise term marks this recommendation
     as backlog-driven (``state.backlog_times``): `decide` then lets it hold
