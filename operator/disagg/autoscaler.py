@@ -832,7 +832,7 @@ def learnt_front_gain(
     queue_judged = judged_reachable and bool(obs.prefill_wait_buckets)
     watched = [p for p in obs.pools if p in FRONT_POOLS] if queue_judged else []
     watched = watched or list(obs.pools)
-    last_change = pol.changed_since(watched) if pol.changed_at else pol.last_action
+    last_change = pol.changed_since(watched)
     steady = (
         all(not obs.pools[p].leaving and obs.pools[p].pending_pods == 0 for p in watched)
         and pol.first_seen is not None

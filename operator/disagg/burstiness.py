@@ -149,16 +149,11 @@ def burst_headroom(
     c = _counts(counts)
     k = max(1, round(window_s / sub_window_s))  # sub-windows per planning window
     lead = max(1, math.ceil(startup_s / sub_window_s - 1e-9))  # sub-windows per start-up
-    arrived = np.flatnonzero(c > 0)
-    if arrived.size == 0:
-        return None
-    # from the first whole sub-window with traffic (the traffic began inside the one before)
-    c = c[arrived[0] + 1 :]
-    if c.size < k + lead:
+    c = _since_traffic(c)
+    if c is None or c.size < k + lead:
         return None
     w = k * sub_window_s
-    cs = np.concatenate(([0.0], np.cumsum(c)))
-    m = (cs[k:] - cs[:-k]) / w  # m[j]: rate over the window ending at sub-window k - 1 + j
+    m = _window_sums(c, k) / w  # m[j]: rate over the window ending at sub-window k - 1 + j
     n = m.size - lead
     if n <= 0:
         return None
@@ -206,14 +201,10 @@ def before_rise(
         raise ValueError("sub_window_s and window_s must be > 0")
     c = _counts(counts)
     k = max(1, round(window_s / sub_window_s))  # sub-windows per planning window
-    arrived = np.flatnonzero(c > 0)
-    if arrived.size == 0:
+    c = _since_traffic(c)
+    if c is None or c.size < k:
         return None
-    c = c[arrived[0] + 1 :]
-    if c.size < k:
-        return None
-    cs = np.concatenate(([0.0], np.cumsum(c[-2 * k :])))
-    m = cs[k:] - cs[:-k]  # arrivals in the k + 1 windows ending within the last window
+    m = _window_sums(c[-2 * k :], k)  # arrivals in the k + 1 windows ending within the last window
     now, low = float(m[-1]), float(m.min())
     # A rise within counting noise is none: read as one, a wiggle of a few per cent took that
     # share off the headroom, and a real rise right after found a worker missing. The least of
@@ -222,6 +213,19 @@ def before_rise(
     if now <= 0 or now - low <= z * math.sqrt(2.0 * now):
         return 1.0
     return low / now
+
+
+def _since_traffic(c: np.ndarray) -> np.ndarray | None:
+    """The counts from the first whole sub-window with traffic on (the traffic began inside the
+    one before); None without any arrival."""
+    arrived = np.flatnonzero(c > 0)
+    return None if arrived.size == 0 else c[arrived[0] + 1 :]
+
+
+def _window_sums(c: np.ndarray, k: int) -> np.ndarray:
+    """Arrivals in every window of `k` consecutive sub-windows, oldest first."""
+    cs = np.concatenate(([0.0], np.cumsum(c)))
+    return cs[k:] - cs[:-k]
 
 
 def _single_z(z: float, lead: int, k: int) -> float:

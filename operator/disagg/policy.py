@@ -161,7 +161,10 @@ class PolicyState:
     changed_at: dict[str, float] = field(default_factory=dict)  # when each pool's target last changed
 
     def changed_since(self, pools: Iterable[str]) -> float | None:
-        """When the policy last changed the target of any of `pools` (None: never on record)."""
+        """When the policy last changed the target of any of `pools` (None: never on record).
+        A state from before per-pool times were kept answers with its last action of any pool."""
+        if not self.changed_at:
+            return self.last_action
         return max((self.changed_at[p] for p in pools if p in self.changed_at), default=None)
 
     def with_change(self, now: float, before: Mapping[str, int], after: Mapping[str, int]) -> PolicyState:
