@@ -113,7 +113,8 @@ class LoadRun:
         return out
 
     def failures(self) -> list[dict]:
-        """The failed requests: the error's type and when the request started (wall-clock ns)."""
+        """The failed requests: the error's type and message, and when the request started
+        (wall-clock ns)."""
         out = []
         for line in (self.load.artifact_dir / loadgen.RECORDS_FILE).read_text().splitlines():
             record = json.loads(line) if line.strip() else {}
@@ -122,6 +123,7 @@ class LoadRun:
                 out.append(
                     {
                         "type": record["error"].get("type"),
+                        "message": record["error"].get("message"),
                         "start_ns": meta.get("request_start_ns") or meta.get("credit_issued_ns"),
                     }
                 )
