@@ -78,8 +78,9 @@ LEAD_MIN_S, LEAD_MAX_S = 5.0, 600.0
 MAX_STARTUP_SAMPLES = 50
 #: Calibration samples kept per stage.
 MAX_CALIBRATION_SAMPLES = 240
-#: The front load gain (`learnt_front_gain`): the factor one lasting unpredicted TTFT miss
-#: multiplies it by, its ceiling, and its half-life while the target is met.
+#: The front load gain (`learnt_front_gain`): the least factor one lasting unpredicted TTFT
+#: miss multiplies it by (more, up to its square, when the TTFT is more than that many times
+#: the target), its ceiling, and its half-life while the target is met.
 FRONT_GAIN_STEP = 2.0
 FRONT_GAIN_MAX = 8.0
 FRONT_GAIN_HALF_LIFE_S = 1800.0
@@ -772,8 +773,12 @@ def learnt_front_gain(
       enough, the window said not. A miss while the fleet was below plan or changing is
       the lag the forecast and the headroom answer;
     * it must last two windows that do not overlap, so that one slow window's quantile (a
-      few requests) does not count. Then the gain grows by `FRONT_GAIN_STEP`, up to
-      `FRONT_GAIN_MAX`;
+      few requests) does not count. Then the gain grows, up to `FRONT_GAIN_MAX`, by the
+      factor the judged TTFT stands above the target, at least `FRONT_GAIN_STEP` and at most
+      its square: a miss of three times the target is not answered a doubling at a time,
+      each waiting out a start-up and two windows while the requests queue; the bound keeps
+      one very slow window (near saturation a few workers more cut the wait many times)
+      from buying the front pools more than two steps at once;
     * a window comfortably within the target (at most `Tuning.ttft_comfort` of it) lowers
       it toward 1 (half-life `FRONT_GAIN_HALF_LIFE_S`): a gain no longer needed goes. One
       between comfort and the target holds it: lowering it there probes back into misses.
@@ -856,7 +861,8 @@ def learnt_front_gain(
     if since is None:
         return gain, now, now
     if now - since >= config.window_s:
-        return min(FRONT_GAIN_MAX, gain * FRONT_GAIN_STEP), now, None
+        step = min(FRONT_GAIN_STEP**2, max(FRONT_GAIN_STEP, ttft / target))
+        return min(FRONT_GAIN_MAX, gain * step), now, None
     return gain, now, since
 
 

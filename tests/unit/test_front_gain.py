@@ -56,6 +56,15 @@ def test_a_miss_must_last_two_windows_at_plan_before_the_gain_grows() -> None:
     assert gain == FRONT_GAIN_STEP and since is None  # a whole window later: it grows, the run restarts
 
 
+def test_the_gain_grows_by_how_far_the_miss_stands_above_the_target() -> None:
+    """At least one step, the TTFT's multiple of the target beyond it, at most two steps."""
+    assert learn(obs(T0 + 60, ttft=0.7), state(miss_since=T0))[0] == FRONT_GAIN_STEP
+    assert learn(obs(T0 + 60, ttft=1.8), state(miss_since=T0))[0] == pytest.approx(3.0)
+    assert learn(obs(T0 + 60, ttft=1.8), state(front_gain=2.0, miss_since=T0))[0] == pytest.approx(6.0)
+    assert learn(obs(T0 + 60, ttft=30.0), state(miss_since=T0))[0] == FRONT_GAIN_STEP**2
+    assert learn(obs(T0 + 60, ttft=30.0), state(front_gain=4.0, miss_since=T0))[0] == FRONT_GAIN_MAX
+
+
 def test_a_met_window_ends_the_run_of_misses() -> None:
     gain, _, since = learn(obs(T0 + 60, ttft=0.5), state(miss_since=T0))
     assert gain == 1.0 and since is None
