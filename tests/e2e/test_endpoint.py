@@ -57,14 +57,18 @@ ENGINES = ["vllm", "sglang"]
 #: server closes at that moment, as a router does with its idle connections when its shutdown
 #: begins: the request fails at once and never reaches an engine. The client sees the close
 #: itself (ServerDisconnectedError) or, when its request reached the socket after the server
-#: stopped reading, the reset the kernel answers unread data with (ClientOSError, ECONNRESET).
-#: Error type -> a text its message must contain.
-KEEPALIVE_RACE = {"ServerDisconnectedError": "", "ClientOSError": "Connection reset by peer"}
+#: stopped reading, the reset the kernel answers unread data with (ClientOSError: ECONNRESET
+#: on the read, EPIPE on a later write). Error type -> texts one of which its message holds.
+KEEPALIVE_RACE = {
+    "ServerDisconnectedError": ("",),
+    "ClientOSError": ("Connection reset by peer", "Broken pipe"),
+}
 
 
 def is_keepalive_race(error_type: str | None, message: str | None) -> bool:
     """Whether a failure aiperf recorded is the keep-alive race (KEEPALIVE_RACE)."""
-    return error_type in KEEPALIVE_RACE and KEEPALIVE_RACE[error_type] in (message or "")
+    texts = KEEPALIVE_RACE.get(error_type or "", ())
+    return any(t in (message or "") for t in texts)
 
 
 #: The openai SDK's retries for the request sent while the router restarts: back-off from 0.5 s
