@@ -49,7 +49,7 @@ MAX_KV_CACHE_TOKENS = 1_000_000_000  # per decode worker: far above any GPU memo
 MAX_GPU_BUDGET = MAX_REPLICAS * MAX_GPUS_PER_REPLICA
 #: Issue-14 sizing inputs on by default (docs/planner.md, "Request sizes, burstiness and automatic headroom").
 SIZING_REQUEST_SIZES_DEFAULT = False
-SIZING_BURSTINESS_DEFAULT = False
+SIZING_BURSTINESS_DEFAULT = True
 SIZING_AUTO_HEADROOM_DEFAULT = True
 SIZING_FRONT_LOAD_GAIN_DEFAULT = True
 

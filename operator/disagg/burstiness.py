@@ -3,14 +3,14 @@
 Pure (numpy and the standard library). Three numbers, all from arrival counts per
 equal sub-window (per scrape from Prometheus, or per bin from a window's requests):
 
-* `index_of_dispersion`: variance over mean of the counts. A Poisson process has 1
-  at every time scale; batches of B simultaneous requests have B; on/off traffic
-  more than 1 at the scale of its bursts. It is the arrival term of Allen-Cunneen
-  (``ca^2``, `disagg.planner.Demand.arrival_ca2`) and scales the variance of the
-  forecast's counting noise (`disagg.policy.sizing_rate`, ``dispersion``). By
-  default it is the Allan form, half the mean squared difference of consecutive
-  counts, which a slow trend (a diurnal ramp, which the forecast follows) does not
-  inflate.
+* `index_of_dispersion`: variance over mean of the counts within a level. A Poisson
+  process has 1 at every time scale; batches of B simultaneous requests have B;
+  on/off traffic faster than a sub-window more than 1. It is the arrival term of
+  Allen-Cunneen (``ca^2``, `disagg.planner.Demand.arrival_ca2`). It is read from
+  consecutive pairs of counts, so a slow trend (a diurnal ramp, which the forecast
+  follows) does not inflate it, and a level shift (a burst slower than a
+  sub-window starting or ending, which the forecast and the burst headroom answer)
+  is left out rather than read as variance of the whole span.
 * `burst_headroom`: how far the planned-for rate (the trailing-window rate) rose
   within one start-up time, beyond counting noise, relative to the rate it rose
   from, at a quantile over the trailing horizon weighted by the requests each rise
@@ -40,6 +40,12 @@ BURST_QUANTILE = 0.95  # default share of requests whose rises the standing head
 NOISE_Z = 1.645  # rises within this many standard deviations of counting noise are noise
 NOISE_SHARE = 0.5  # of the share of rises a quantile leaves uncovered, what noise may take
 MAX_AUTO_HEADROOM = 2.0  # the automatic headroom never asks for more than 3x the demand
+# A pair of counts whose z is this many times the dispersion is a level shift, not variance:
+# 4 standard deviations of Poisson's z (a chi-square of one degree), which pure noise passes
+# once in ~16,000 pairs (a week of 30 s counts at any rate gives about one).
+LEVEL_SHIFT_Z = 16.0
+_CHI2_1_MEDIAN = NormalDist().inv_cdf(0.75) ** 2  # median of a chi-square of one degree (Poisson's z)
+_CLIP_ROUNDS = 20  # the kept pairs settle in a few rounds; a bound, not a tuning
 
 
 def _counts(counts: Sequence[float] | np.ndarray, name: str = "counts") -> np.ndarray:
@@ -67,13 +73,23 @@ def arrival_counts(
 
 
 def index_of_dispersion(counts: Sequence[float] | np.ndarray, *, detrend: bool = True) -> float | None:
-    """Variance / mean of arrival counts per equal sub-window; None without enough data.
+    """Variance / mean of arrival counts per equal sub-window, within a level; None without enough data.
 
-    ``detrend`` (default): the Allan form ``mean((c[i+1] - c[i])^2) / (2 mean(c))``,
-    unbiased for any process with independent counts and insensitive to a linear
-    trend. Otherwise the plain sample variance (ddof 1) over the mean. None when
-    there are fewer than `MIN_COUNTS` sub-windows or no arrival at all: the caller
-    keeps its default (Poisson, 1), it never reads a missing value as smooth.
+    ``detrend`` (default): from consecutive pairs. Each pair with arrivals gives
+    ``z = (c[i+1] - c[i])^2 / (c[i+1] + c[i])``, whose mean is exactly 1 for Poisson
+    counts at any rate (given the pair's total, the split is binomial) and about B
+    for batches of B requests; a slow trend hardly moves it. A level shift between
+    two sub-windows (a burst that starts or ends, slower than a sub-window: the
+    forecast and the burst headroom answer those) makes that one pair's z far
+    above the rest, and read as variance it would size the queues of the whole
+    span for it. So pairs above `LEVEL_SHIFT_Z` times the estimate are left out,
+    starting from the median (a mean would be pulled up by the very shifts to leave
+    out) and repeating with the mean of the pairs kept until they no longer change
+    (with a median of 0, most pairs equal, the plain mean). Pairs without arrivals
+    say nothing and are skipped. Otherwise the plain sample variance (ddof 1) over
+    the mean. None when there are fewer than `MIN_COUNTS` sub-windows or no arrival
+    at all: the caller keeps its default (Poisson, 1), it never reads a missing value
+    as smooth.
     """
     c = _counts(counts)
     if c.size < MIN_COUNTS:
@@ -81,10 +97,24 @@ def index_of_dispersion(counts: Sequence[float] | np.ndarray, *, detrend: bool =
     mean = float(c.mean())
     if mean <= 0:
         return None
-    if detrend:
-        d = np.diff(c)
-        return float(d @ d) / (2.0 * d.size) / mean
-    return float(c.var(ddof=1)) / mean
+    if not detrend:
+        return float(c.var(ddof=1)) / mean
+    total = c[1:] + c[:-1]
+    seen = total > 0
+    if int(seen.sum()) < MIN_COUNTS - 1:
+        return None
+    z = np.diff(c)[seen] ** 2 / total[seen]
+    est = float(np.median(z)) / _CHI2_1_MEDIAN
+    if est <= 0.0:  # most pairs equal (a few arrivals a sub-window): no scale to tell shifts by
+        return float(z.mean())
+    kept: np.ndarray | None = None
+    for _ in range(_CLIP_ROUNDS):
+        keep = z <= LEVEL_SHIFT_Z * est  # never empty: the smallest pair always stays
+        if kept is not None and np.array_equal(keep, kept):
+            break
+        kept = keep
+        est = float(z[keep].mean())
+    return est
 
 
 def noise_z(quantile: float) -> float:

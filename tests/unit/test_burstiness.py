@@ -55,6 +55,23 @@ def test_on_off_is_overdispersed_and_a_trend_is_not_burstiness() -> None:
     assert index_of_dispersion(c) == pytest.approx(1.0, abs=0.2)
 
 
+def test_a_burst_slower_than_a_sub_window_is_a_level_not_dispersion() -> None:
+    """Level shifts between sub-windows (the forecast's and the headroom's business) are left
+    out; variability within each level, batches included, is still measured."""
+    slow = counts(on_off(10, 2, 180, 420), 30)  # 3 min at 10 rps every 10 min, 30 s counts
+    # every span of 20 counts holds one or two shifts of ~240 against a noise of ~17
+    assert index_of_dispersion(slow, detrend=False) > 10
+    for start in range(0, slow.size - 20, 7):
+        assert index_of_dispersion(slow[start : start + 20]) < 2.0
+    # the same shifts with batches of 4 within each level: the batches are what is measured
+    rng = np.random.default_rng(6)
+    levels = on_off(10 / 4, 2 / 4, 180, 420)
+    batches = np.sort(np.repeat(levels, 4) + rng.uniform(0, 0.2, levels.size * 4))
+    assert index_of_dispersion(counts(batches[batches < DURATION], 30)) == pytest.approx(4.0, rel=0.25)
+    # mostly equal pairs (a few arrivals each): no scale to tell a shift by, the plain mean
+    assert index_of_dispersion([1, 1, 1, 1, 1, 3, 1]) == pytest.approx((4 / 4 + 4 / 4) / 6)
+
+
 def test_missing_or_empty_counts_give_none_and_bad_counts_raise() -> None:
     assert index_of_dispersion([3, 4, 5]) is None  # too few sub-windows
     assert index_of_dispersion([0, 0, 0, 0, 0]) is None  # no arrival: nothing measured

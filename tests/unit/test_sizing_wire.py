@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from disagg import api, autoscaler, evaluate, loop
@@ -187,8 +188,8 @@ def test_spec_defaults_are_the_documented_ones() -> None:
 def test_by_default_the_loop_reads_the_counts_and_what_the_front_gain_judges_by() -> None:
     """Default: automatic headroom on (its counts are read) and the front load gain on (the
     token, TTFT and prefill queue-time histograms: which requests are in reach, and whether
-    the prefill queue is what makes them miss); request sizes and burstiness off, so the plan
-    keeps the means and Poisson arrivals."""
+    the prefill queue is what makes them miss), and burstiness on (the same counts' index of
+    dispersion in Allen-Cunneen); request sizes off, so the plan keeps the means."""
     spec = evaluate.spec_for(SETTINGS)
     assert sorted(q.name for q in loop.sizing_query_list(spec, "ns", "x")) == [
         "arrival_counts_horizon",
@@ -205,6 +206,12 @@ def test_by_default_the_loop_reads_the_counts_and_what_the_front_gain_judges_by(
         sizes=SizeDistribution.from_buckets(PROMPT, OUTPUT),
     )
     assert autoscaler.sizing_inputs(autoscaler.config_from_spec(spec), sized, 60.0).sizes is None
+    # batches of about 8 in every 30 s count: the default plans with their dispersion
+    batched = tuple(8.0 * np.random.default_rng(3).poisson(5.0, 40))
+    inputs = autoscaler.sizing_inputs(
+        autoscaler.config_from_spec(spec), _obs(arrival_counts=batched, count_interval_s=30.0), 60.0
+    )
+    assert inputs.dispersion == pytest.approx(8.0, rel=0.4)
 
 
 def test_the_decision_record_shows_the_inputs_it_used() -> None:
