@@ -59,7 +59,7 @@ def test_a_burst_slower_than_a_sub_window_is_a_level_not_dispersion() -> None:
     """Level shifts between sub-windows (the forecast's and the headroom's business) are left
     out; variability within each level, batches included, is still measured."""
     slow = counts(on_off(10, 2, 180, 420), 30)  # 3 min at 10 rps every 10 min, 30 s counts
-    # every span of 20 counts holds one or two shifts of ~240 against a noise of ~17
+    # every span of 20 counts holds one or two shifts of ~240 against a pair's noise of ~19
     assert index_of_dispersion(slow, detrend=False) > 10
     for start in range(0, slow.size - 20, 7):
         assert index_of_dispersion(slow[start : start + 20]) < 2.0
