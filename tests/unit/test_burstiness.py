@@ -48,7 +48,7 @@ def test_poisson_is_one_and_batches_are_their_size() -> None:
 
 def test_on_off_is_overdispersed_and_a_trend_is_not_burstiness() -> None:
     assert index_of_dispersion(counts(on_off(20, 4, 2, 2))) > 1.5
-    # Poisson whose rate ramps from 2 to 40 rps: the plain variance sees the ramp, the Allan form does not
+    # Poisson whose rate ramps from 2 to 40 rps: the plain variance sees the ramp, consecutive pairs do not
     ramp = piecewise_poisson([(60.0, 2 + 38 * i / 29) for i in range(30)], np.random.default_rng(5))
     c = counts(ramp)
     assert index_of_dispersion(c, detrend=False) > 10
