@@ -4,8 +4,9 @@ A `Workload` is a column store (numpy arrays) of requests sorted by arrival time
 ``arrival_s``, ``prompt_tokens``, ``output_tokens``, ``media_items`` and optional
 ``hash_ids`` (prefix-block hashes, 512 tokens per block, as in the Mooncake traces).
 Iterating it yields `Request` records. Generators are seedable and vectorised with
-numpy; trace readers parse the Azure LLM inference CSV and the Mooncake JSONL
-format, report malformed lines with their line number and detect the format.
+numpy; trace readers parse the Azure LLM inference CSV (2023 and 2024), the BurstGPT
+CSV and the Mooncake JSONL format, detect the format from the first line, report
+malformed lines with their line number, count failed requests and read a time window.
 
 Token-count arguments (``prompt_tokens``/``output_tokens``) accept a `TokenSpec`:
 an int (constant), a ``(lo, hi)`` tuple (uniform integers, inclusive), or a callable
@@ -16,6 +17,7 @@ Pure module: numpy and the standard library only.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -25,7 +27,7 @@ from datetime import date
 
 import numpy as np
 
-TRACE_FORMATS = ("azure", "mooncake")
+TRACE_FORMATS = ("azure", "burstgpt", "mooncake")
 BLOCK_TOKENS = 512  # tokens per prefix hash block (Mooncake convention)
 # Most requests one workload may hold: a million simulate in ~30 s and take ~100 MB with their
 # per-request records, so this is minutes and a few GB; a rate typed 1000x too high fails fast.
@@ -57,7 +59,16 @@ class Request:
 class Workload:
     """Requests as numpy columns, sorted by arrival time (seconds from the start)."""
 
-    __slots__ = ("arrival_s", "hash_ids", "media_items", "name", "output_tokens", "prompt_tokens", "skipped")
+    __slots__ = (
+        "arrival_s",
+        "failed",
+        "hash_ids",
+        "media_items",
+        "name",
+        "output_tokens",
+        "prompt_tokens",
+        "skipped",
+    )
 
     def __init__(
         self,
@@ -68,6 +79,7 @@ class Workload:
         hash_ids: list[tuple[int, ...] | None] | None = None,
         name: str = "",
         skipped: int = 0,
+        failed: int = 0,
     ) -> None:
         arrival = np.asarray(arrival_s, dtype=np.float64)
         prompt = np.asarray(prompt_tokens, dtype=np.int64)
@@ -98,7 +110,8 @@ class Workload:
         self.media_items = media
         self.hash_ids = hash_ids
         self.name = name
-        self.skipped = skipped
+        self.skipped = skipped  # malformed trace lines left out (on_error='skip')
+        self.failed = failed  # trace rows of failed requests (no output tokens), left out
 
     @classmethod
     def from_requests(cls, requests: Sequence[Request], name: str = "") -> Workload:
@@ -154,6 +167,7 @@ class Workload:
             None if self.hash_ids is None else self.hash_ids[:n],
             name=self.name,
             skipped=self.skipped,
+            failed=self.failed,
         )
 
     def summary(self) -> dict:
@@ -165,6 +179,7 @@ class Workload:
             "mean_prompt_tokens": float(self.prompt_tokens.mean()) if len(self) else 0.0,
             "mean_output_tokens": float(self.output_tokens.mean()) if len(self) else 0.0,
             "skipped_lines": self.skipped,
+            "failed_requests": self.failed,
         }
 
 
@@ -386,111 +401,198 @@ def mix(
 
 
 class _Rows:
-    """Accumulates parsed rows; applies the on_error policy to bad lines."""
+    """Accumulates parsed rows: the on_error policy for bad lines, failed requests, the time window.
 
-    __slots__ = ("arrival", "hashes", "on_error", "output", "path", "prompt", "skipped")
+    ``start_s``/``end_s`` bound the rows kept by their time after the file's first row
+    (trace seconds, before any time scaling); ``limit`` counts kept rows only.
+    """
 
-    def __init__(self, path: str, on_error: str) -> None:
+    __slots__ = (
+        "arrival",
+        "end_s",
+        "failed",
+        "first",
+        "hashes",
+        "limit",
+        "on_error",
+        "output",
+        "path",
+        "prompt",
+        "skipped",
+        "start_s",
+    )
+
+    def __init__(self, path: str, on_error: str, limit: int | None, start_s: float, end_s: float) -> None:
         if on_error not in ("skip", "stop"):
             raise ValueError(f"on_error must be 'skip' or 'stop', got {on_error!r}")
         self.path = path
         self.on_error = on_error
+        self.limit = limit
+        self.start_s = start_s
+        self.end_s = end_s
+        self.first: float | None = None
         self.arrival: list[float] = []
         self.prompt: list[int] = []
         self.output: list[int] = []
         self.hashes: list[tuple[int, ...] | None] = []
         self.skipped = 0
+        self.failed = 0
+
+    @property
+    def full(self) -> bool:
+        return self.limit is not None and len(self.arrival) >= self.limit
 
     def bad(self, lineno: int, why: str) -> None:
         if self.on_error == "stop":
             raise ValueError(f"{self.path}:{lineno}: {why}")
         self.skipped += 1
 
-
-def _check_tokens(prompt: int, output: int) -> str | None:
-    if prompt < 1:
-        return f"prompt tokens must be >= 1, got {prompt}"
-    if output < 1:
-        return f"output tokens must be >= 1, got {output}"
-    return None
+    def add(
+        self, lineno: int, t: float, prompt: int, output: int, hashes: tuple[int, ...] | None = None
+    ) -> None:
+        """One parsed row: kept, counted as a failed request, left out by the window, or bad."""
+        if not math.isfinite(t):
+            self.bad(lineno, "timestamp is not finite")
+            return
+        if prompt < 1:
+            self.bad(lineno, f"prompt tokens must be >= 1, got {prompt}")
+            return
+        if output < 0:
+            self.bad(lineno, f"output tokens must be >= 0, got {output}")
+            return
+        if self.first is None:
+            self.first = t
+        if not self.start_s <= t - self.first < self.end_s:
+            return
+        if output == 0:
+            # a request that produced nothing: the trace's sources mark failed requests so
+            # (BurstGPT documents it); there is no decode to replay, so it is left out and counted
+            self.failed += 1
+            return
+        self.arrival.append(t)
+        self.prompt.append(prompt)
+        self.output.append(output)
+        self.hashes.append(hashes)
 
 
 _DAY_CACHE: dict[str, float] = {}
 _EPOCH_ORDINAL = date(2000, 1, 1).toordinal()
 
 
-def _azure_seconds(ts: str) -> tuple[float, float]:
-    """(day offset s since 2000-01-01, seconds in the day) of 'YYYY-MM-DD HH:MM:SS[.fffffff]'.
+def _utc_offset_s(zone: str) -> int:
+    """Seconds east of UTC of an ISO 8601 zone designator: 'Z', '+HH:MM', '-HHMM' or '+HH'."""
+    if zone == "Z":
+        return 0
+    sign = {"+": 1, "-": -1}.get(zone[:1])
+    digits = zone[1:].replace(":", "", 1) if len(zone) == 6 and zone[3] == ":" else zone[1:]
+    if sign is None or len(digits) not in (2, 4) or not digits.isdigit():
+        raise ValueError("bad time zone")
+    hours, minutes = int(digits[:2]), int(digits[2:] or 0)
+    if hours > 23 or minutes > 59:
+        raise ValueError("bad time zone")
+    return sign * (hours * 3600 + minutes * 60)
 
-    Parsed by hand (fast). The two parts stay separate so that, once the first
-    row's day is subtracted, float64 keeps the 7-digit fraction exactly.
+
+def _azure_seconds(ts: str) -> tuple[float, float]:
+    """(day offset s since 2000-01-01, seconds in the day, UTC) of 'YYYY-MM-DD HH:MM:SS[.f...][zone]'.
+
+    The fraction may have any number of digits (the 2023 traces have 7, the 2024
+    traces 6); a zone ('+00:00' in the 2024 traces, 'Z', '-0500') is subtracted, so
+    rows in different zones keep their true order. Parsed by hand (fast). The two parts
+    stay separate so that, once the first row's day is subtracted, float64 keeps the
+    7-digit fraction exactly.
     """
     day = _DAY_CACHE.get(ts[:10])
     if day is None:
         y, m, d = ts[:10].split("-")
         day = float((date(int(y), int(m), int(d)).toordinal() - _EPOCH_ORDINAL) * 86400)
         _DAY_CACHE[ts[:10]] = day
-    if ts[10] not in " T" or ts[13] != ":" or ts[16] != ":":
+    if len(ts) < 19 or ts[10] not in " T" or ts[13] != ":" or ts[16] != ":":
         raise ValueError("bad time")
     secs = int(ts[11:13]) * 3600 + int(ts[14:16]) * 60 + int(ts[17:19])
-    if len(ts) > 19:
-        if ts[19] != ".":
+    rest = ts[19:]
+    if not rest:
+        return day, float(secs)
+    frac = ""
+    if rest[0] == ".":
+        end = 1
+        while end < len(rest) and rest[end].isdigit():
+            end += 1
+        frac, rest = rest[1:end], rest[end:]
+        if not frac:
             raise ValueError("bad fraction")
-        frac = ts[20:]
-        if not frac.isdigit():
-            raise ValueError("bad fraction")
-        return day, secs + int(frac) / 10 ** len(frac)
-    if len(ts) != 19:
-        raise ValueError("bad time")
-    return day, float(secs)
+    if rest:
+        secs -= _utc_offset_s(rest)
+    return day, (secs + int(frac) / 10 ** len(frac)) if frac else float(secs)
 
 
-def _read_azure(path: str, rows: _Rows, limit: int | None) -> None:
+# CSV traces by their header: the columns of arrival time, prompt tokens and output tokens.
+# Azure's TIMESTAMP is a date and time; BurstGPT's Timestamp is seconds from its start.
+CSV_COLUMNS = {
+    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    "burstgpt": ("Timestamp", "Request tokens", "Response tokens"),
+}
+
+
+def _csv_format(header: str) -> str | None:
+    cols = {c.strip() for c in header.strip().split(",")}
+    for fmt, wanted in CSV_COLUMNS.items():
+        if cols.issuperset(wanted):
+            return fmt
+    return None
+
+
+def _split_csv(line: str) -> list[str]:
+    if '"' in line:  # a quoted field (a comma inside it): the csv module's reading
+        return next(csv.reader([line]))
+    return line.split(",")
+
+
+def _read_csv(path: str, rows: _Rows, fmt: str) -> None:
     with open(path, encoding="utf-8") as fh:
         header = fh.readline()
-        cols = [c.strip() for c in header.strip().split(",")]
+        cols = [c.strip() for c in _split_csv(header.strip())]
         try:
-            it, ic, ig = cols.index("TIMESTAMP"), cols.index("ContextTokens"), cols.index("GeneratedTokens")
+            it, ip, io = (cols.index(c) for c in CSV_COLUMNS[fmt])
         except ValueError:
             raise ValueError(
-                f"{path}:1: expected header TIMESTAMP,ContextTokens,GeneratedTokens, got {header.strip()!r}"
+                f"{path}:1: a {fmt} trace needs the columns {', '.join(CSV_COLUMNS[fmt])}; "
+                f"got {header.strip()!r}"
             ) from None
         width = len(cols)
-        arrival, prompt, output = rows.arrival, rows.prompt, rows.output
+        dated = fmt == "azure"
         day0 = None
         for lineno, line in enumerate(fh, start=2):
-            if limit is not None and len(arrival) >= limit:
+            if rows.full:
                 break
             line = line.strip()
             if not line:
                 continue
-            parts = line.split(",")
+            parts = _split_csv(line)
             if len(parts) != width:
                 rows.bad(lineno, f"expected {width} fields, got {len(parts)}")
                 continue
             try:
-                day, t = _azure_seconds(parts[it].strip())
-                p = int(parts[ic])
-                o = int(parts[ig])
+                if dated:
+                    day, t = _azure_seconds(parts[it].strip())
+                    if day0 is None:
+                        day0 = day
+                    t += day - day0
+                else:
+                    t = float(parts[it])
+                p = int(parts[ip])
+                o = int(parts[io])
             except (ValueError, IndexError):
                 rows.bad(lineno, f"cannot parse {line!r}")
                 continue
-            why = _check_tokens(p, o)
-            if why:
-                rows.bad(lineno, why)
-                continue
-            if day0 is None:
-                day0 = day
-            arrival.append((day - day0) + t)
-            prompt.append(p)
-            output.append(o)
+            rows.add(lineno, t, p, o)
 
 
-def _read_mooncake(path: str, rows: _Rows, limit: int | None) -> None:
+def _read_mooncake(path: str, rows: _Rows) -> None:
     loads = json.loads
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
-            if limit is not None and len(rows.arrival) >= limit:
+            if rows.full:
                 break
             if not line.strip():
                 continue
@@ -504,30 +606,34 @@ def _read_mooncake(path: str, rows: _Rows, limit: int | None) -> None:
             except (ValueError, KeyError, TypeError) as exc:
                 rows.bad(lineno, f"cannot parse record ({type(exc).__name__}: {exc})")
                 continue
-            why = _check_tokens(p, o)
-            if why or not np.isfinite(t):
-                rows.bad(lineno, why or "timestamp is not finite")
-                continue
-            rows.arrival.append(t)
-            rows.prompt.append(p)
-            rows.output.append(o)
-            rows.hashes.append(hashes)
+            rows.add(lineno, t, p, o, hashes)
+
+
+def _known_formats() -> str:
+    return (
+        "known formats: azure (Azure LLM inference CSV: TIMESTAMP,ContextTokens,GeneratedTokens), "
+        "burstgpt (BurstGPT CSV: Timestamp,...,Request tokens,Response tokens,...), "
+        "mooncake (JSON Lines: timestamp in ms, input_length, output_length)"
+    )
 
 
 def detect_format(path: str) -> str:
-    """'azure' or 'mooncake', from the extension or the first line; ValueError otherwise."""
-    ext = os.path.splitext(path)[1].lower()
-    if ext == ".csv":
-        return "azure"
-    if ext in (".jsonl", ".json", ".ndjson"):
-        return "mooncake"
+    """'azure', 'burstgpt' or 'mooncake', from the first line (a CSV header or a JSON record).
+
+    ValueError, naming the formats and their columns, otherwise.
+    """
     with open(path, encoding="utf-8", errors="replace") as fh:
         first = fh.readline().strip()
-    if first.startswith("{") and "input_length" in first:
+    if first.startswith("{"):
         return "mooncake"
-    if "TIMESTAMP" in first and "ContextTokens" in first:
-        return "azure"
-    raise ValueError(f"{path}: cannot detect the trace format; known formats: {', '.join(TRACE_FORMATS)}")
+    fmt = _csv_format(first)
+    if fmt is not None:
+        return fmt
+    if os.path.splitext(path)[1].lower() in (".jsonl", ".json", ".ndjson") and not first:
+        return "mooncake"  # an empty JSON Lines file: read as one (no requests)
+    raise ValueError(
+        f"{path}: cannot detect the trace format from its first line {first[:80]!r}; {_known_formats()}"
+    )
 
 
 def load_trace(
@@ -537,27 +643,39 @@ def load_trace(
     time_scale: float = 1.0,
     on_error: str = "stop",
     limit: int | None = None,
+    start_s: float = 0.0,
+    duration_s: float | None = None,
 ) -> Workload:
-    """Read a trace; arrivals are seconds from the first request, multiplied by `time_scale`.
+    """Read a trace; arrivals are seconds from the first request kept, multiplied by `time_scale`.
 
     ``time_scale=0.5`` replays twice as fast (double the rate), ``2`` half as fast.
     ``on_error='stop'`` raises ``ValueError("file:line: ...")`` on the first malformed
-    line; ``'skip'`` drops such lines and counts them in ``Workload.skipped``.
+    line; ``'skip'`` drops such lines and counts them in ``Workload.skipped``. Rows with
+    no output tokens (failed requests: BurstGPT keeps them with ``Response tokens`` 0)
+    are left out and counted in ``Workload.failed``. ``start_s`` and ``duration_s``
+    keep only the rows from ``start_s`` to ``start_s + duration_s`` seconds after the
+    file's first row (trace time, before `time_scale`): an hour of a week-long trace is
+    read without holding the week. ``limit`` keeps at most that many rows (of the window).
     """
     if not time_scale > 0:
         raise ValueError(f"time_scale must be > 0, got {time_scale}")
+    if not (math.isfinite(start_s) and start_s >= 0):
+        raise ValueError(f"start_s must be >= 0, got {start_s!r}")
+    if duration_s is not None and not (duration_s > 0):
+        raise ValueError(f"duration_s must be > 0, got {duration_s!r}")
     fmt = detect_format(path) if format == "auto" else format
     if fmt not in TRACE_FORMATS:
-        raise ValueError(f"unknown trace format {format!r}; known formats: auto, {', '.join(TRACE_FORMATS)}")
-    rows = _Rows(path, on_error)
-    if fmt == "azure":
-        _read_azure(path, rows, limit)
+        raise ValueError(f"unknown trace format {format!r}; {_known_formats()}")
+    end_s = math.inf if duration_s is None else start_s + duration_s
+    rows = _Rows(path, on_error, limit, start_s, end_s)
+    if fmt == "mooncake":
+        _read_mooncake(path, rows)
     else:
-        _read_mooncake(path, rows, limit)
+        _read_csv(path, rows, fmt)
     arrival = np.asarray(rows.arrival, dtype=np.float64)
     if arrival.size:
         arrival = (arrival - arrival.min()) * time_scale
-    hashes = rows.hashes if fmt == "mooncake" and any(h is not None for h in rows.hashes) else None
+    hashes = rows.hashes if any(h is not None for h in rows.hashes) else None
     return Workload(
         arrival,
         rows.prompt,
@@ -566,4 +684,5 @@ def load_trace(
         hashes,
         name=f"{fmt}:{os.path.basename(path)}",
         skipped=rows.skipped,
+        failed=rows.failed,
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -48,7 +50,7 @@ def test_format_detection(tmp_path):
     assert detect_format(str(f)) == "mooncake"
     g = tmp_path / "mystery.dat"
     g.write_text("a b c\n")
-    with pytest.raises(ValueError, match="known formats: azure, mooncake"):
+    with pytest.raises(ValueError, match=r"known formats: azure .*burstgpt .*mooncake"):
         load_trace(str(g))
     with pytest.raises(ValueError, match="unknown trace format 'parquet'"):
         load_trace(str(f), format="parquet")
@@ -67,7 +69,8 @@ def test_malformed_lines_report_line_numbers(tmp_path):
     with pytest.raises(ValueError, match=r"t\.csv:3: "):
         load_trace(str(f))
     w = load_trace(str(f), on_error="skip")
-    assert len(w) == 2 and w.skipped == 3
+    # the row with 0 output tokens is a failed request, not a malformed line: counted apart
+    assert len(w) == 2 and w.skipped == 2 and w.failed == 1
     assert w.arrival_s[1] == pytest.approx(50.25 - 46.68059)
     j = tmp_path / "t.jsonl"
     j.write_text('{"timestamp": 0, "input_length": 5, "output_length": 2}\n{"timestamp": 1000}\n')
@@ -116,3 +119,74 @@ def test_with_media_gives_a_seeded_share_of_requests_media_items():
     assert with_media(w, 0.0, 3).media_items.max() == 0
     with pytest.raises(ValueError, match="media_items"):
         with_media(w, 0.5, 0)
+
+
+def test_azure_2024_timestamps_with_six_digit_fractions_and_a_zone(tmp_path):
+    """The 2024 traces write '2024-05-10 00:00:00.009930+00:00' (and no fraction on whole seconds)."""
+    f = tmp_path / "AzureLLMInferenceTrace_code_1week.csv"
+    f.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2024-05-10 00:00:00.009930+00:00,2162,5\n"
+        "2024-05-10 00:00:01+00:00,2399,6\n"
+        "2024-05-10 00:00:02.5Z,76,15\n"
+        # one hour east of UTC: 01:00:03.25 there is 00:00:03.25 UTC
+        "2024-05-10 01:00:03.25+01:00,2376,1\n"
+        "2024-05-10T00:00:04.000001-0000,7670,8\n"
+    )
+    w = load_trace(str(f))
+    assert w.name == "azure:AzureLLMInferenceTrace_code_1week.csv" and w.skipped == 0
+    assert w.arrival_s.tolist() == pytest.approx([0.0, 0.99007, 2.49007, 3.24007, 3.990071], abs=1e-9)
+    assert w.prompt_tokens.tolist() == [2162, 2399, 76, 2376, 7670]
+    for bad in ("2024-05-10 00:00:00.+00:00", "2024-05-10 00:00:00+25:00", "2024-05-10 00:00:00 UTC"):
+        g = tmp_path / "bad.csv"
+        g.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n{bad},5,5\n")
+        with pytest.raises(ValueError, match=r"bad\.csv:2: cannot parse"):
+            load_trace(str(g))
+
+
+def test_burstgpt_csv_reads_seconds_and_counts_failed_requests(tmp_path):
+    f = tmp_path / "BurstGPT_1.csv"
+    f.write_text(
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "5,ChatGPT,472,18,490,Conversation log\n"
+        "45,ChatGPT,1087,0,1087,Conversation log\n"  # failed: no response
+        "46.5,GPT-4,417,276,693,API log\n"
+        '47,"GPT-4, 0613",30,7,37,API log\n'
+    )
+    assert detect_format(str(f)) == "burstgpt"
+    w = load_trace(str(f))
+    assert w.name == "burstgpt:BurstGPT_1.csv"
+    assert w.arrival_s.tolist() == [0.0, 41.5, 42.0]
+    assert w.prompt_tokens.tolist() == [472, 417, 30] and w.output_tokens.tolist() == [18, 276, 7]
+    assert w.failed == 1 and w.skipped == 0
+    assert w.summary()["failed_requests"] == 1
+    g = tmp_path / "renamed.txt"  # detected by its header, whatever the file is called
+    g.write_text(f.read_text())
+    assert len(load_trace(str(g))) == 3
+    h = tmp_path / "other.csv"
+    h.write_text("time,prompt,output\n1,2,3\n")
+    with pytest.raises(ValueError, match=r"cannot detect the trace format .*Request tokens"):
+        load_trace(str(h))
+    with pytest.raises(ValueError, match="a burstgpt trace needs the columns Timestamp, Request tokens"):
+        load_trace(str(h), format="burstgpt")
+
+
+def test_a_time_window_of_a_long_trace():
+    full = load_trace(AZURE)
+    at = full.arrival_s
+    w = load_trace(AZURE, start_s=600.0, duration_s=300.0)
+    inside = (at >= 600.0) & (at < 900.0)
+    assert len(w) == int(inside.sum()) > 1000
+    assert w.arrival_s[0] == 0.0
+    assert w.arrival_s == pytest.approx(at[inside] - at[inside][0], abs=1e-9)
+    assert w.prompt_tokens.tolist() == full.prompt_tokens[inside].tolist()
+    # the limit counts rows of the window; the time scale applies after the window
+    assert len(load_trace(AZURE, start_s=600.0, duration_s=300.0, limit=10)) == 10
+    fast = load_trace(AZURE, start_s=600.0, duration_s=300.0, time_scale=0.5)
+    assert fast.arrival_s[-1] == pytest.approx(w.arrival_s[-1] * 0.5)
+    mooncake = load_trace(MOONCAKE, start_s=2100.0)
+    assert mooncake.duration_s <= 300.0 and len(mooncake) > 500
+    assert len(load_trace(AZURE, start_s=4000.0)) == 0
+    for bad in ({"start_s": -1.0}, {"duration_s": 0.0}, {"start_s": math.nan}):
+        with pytest.raises(ValueError, match=r"start_s|duration_s"):
+            load_trace(AZURE, **bad)

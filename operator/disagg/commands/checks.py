@@ -41,6 +41,8 @@ SIMULATE_WORKLOAD_FLAGS: dict[str, tuple[str, ...]] = {
     "time_scale": ("trace",),
     "limit": ("trace",),
     "skip_bad_lines": ("trace",),
+    "trace_start": ("trace",),
+    "trace_duration": ("trace",),
 }
 # `disagg emulate`: flags of one mode only.
 EMULATE_STANDALONE_ONLY = (POOL_PREFILL, POOL_DECODE, POOL_ENCODER, POOL_COLOCATED, "spec")
@@ -226,7 +228,7 @@ def check_emulate(args: argparse.Namespace, given: set[str]) -> None:
     if args.trace:
         _not_for(EMULATE_GENERATED_LOAD, given, "with --trace (the trace gives arrivals and token counts)")
     else:
-        _not_for(("time_scale",), given, "without --trace")
+        _not_for(("time_scale", "trace_start", "trace_duration"), given, "without --trace")
         require(not ("rate" in given and "schedule" in given), "give --rate or --schedule, not both")
     if not args.standalone:
         _not_for(EMULATE_STANDALONE_ONLY, given, "without --standalone (pods come from the cluster)")

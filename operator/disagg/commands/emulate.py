@@ -21,6 +21,7 @@ import math
 import sys
 from typing import Any
 
+from disagg.commands import traceflags
 from disagg.names import POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 
 
@@ -85,7 +86,8 @@ def register(subparsers: Any) -> None:
         default="poisson",
         help="Poisson or evenly spaced arrivals",
     )
-    w.add_argument("--trace", metavar="FILE", help="replay a trace (Azure CSV or Mooncake JSONL)")
+    w.add_argument("--trace", metavar="FILE", help="replay a trace (Azure or BurstGPT CSV, Mooncake JSONL)")
+    traceflags.add_window_flags(w)
     w.add_argument("--time-scale", type=float, default=1.0, help="trace: multiply arrival times (default 1)")
     w.add_argument("--input-tokens", type=int, default=1000, help="prompt tokens (default 1000)")
     w.add_argument("--input-tokens-std", type=float, default=0.0, help="prompt tokens std (default 0: fixed)")
@@ -172,12 +174,7 @@ def build_load(args: argparse.Namespace):
     if args.trace and per_deployment:
         raise UsageError("--rate-per deployment needs --rate or --schedule: a trace is one stream")
     if args.trace:
-        from disagg import workload as wl
-
-        try:
-            trace = wl.load_trace(args.trace, time_scale=args.time_scale)
-        except OSError as exc:
-            raise UsageError(f"cannot read trace: {exc}") from None
+        trace = traceflags.read_trace(args, time_scale=args.time_scale)
         return TraceLoad(trace, duration)
     if args.schedule:
         schedule = parse_schedule(args.schedule)

@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Any
 
-from disagg.commands import modelflags
+from disagg.commands import modelflags, traceflags
 from disagg.names import EVAL_POLICY_HELP, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 
 # The model flags evaluate takes. Attainment is scored over every request and the goal
@@ -57,8 +57,9 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     f = p.add_argument
-    f("--trace", required=True, metavar="FILE", help="request trace (Azure LLM CSV or Mooncake JSONL)")
-    f("--format", default="auto", help="trace format: azure, mooncake or auto (default auto)")
+    f("--trace", required=True, metavar="FILE", help="request trace (Azure or BurstGPT CSV, Mooncake JSONL)")
+    f("--format", default="auto", help=traceflags.FORMAT_HELP)
+    traceflags.add_window_flags(p)
     f(
         "--policy",
         action="append",
@@ -454,12 +455,9 @@ def run(args: argparse.Namespace) -> int:
     settings = checked_settings(args)
 
     from disagg.evaluate import ReferencesMismatch, diurnal, evaluate, rate_scaled
-    from disagg.workload import load_trace, with_coarse_timestamps, with_media
+    from disagg.workload import with_coarse_timestamps, with_media
 
-    try:
-        w = load_trace(args.trace, args.format, limit=args.limit)
-    except OSError as exc:
-        raise UsageError(f"cannot read {args.trace}: {exc.strerror or exc}") from None
+    w = traceflags.read_trace(args, fmt=args.format, limit=args.limit)
     if len(w) < 2:
         raise UsageError(f"{args.trace}: needs at least two requests")
     try:  # both refuse, before drawing anything, a workload too large for one run

@@ -14,6 +14,8 @@ import argparse
 import json
 from typing import Any
 
+from disagg.commands import traceflags
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -23,7 +25,11 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--endpoint", required=True, help="base URL ending in /v1, e.g. http://127.0.0.1:8090/v1")
-    p.add_argument("--trace", required=True, metavar="FILE", help="Azure CSV or Mooncake JSONL trace")
+    p.add_argument(
+        "--trace", required=True, metavar="FILE", help="Azure or BurstGPT CSV, or Mooncake JSONL trace"
+    )
+    p.add_argument("--format", choices=traceflags.FORMAT_CHOICES, default="auto", help=traceflags.FORMAT_HELP)
+    traceflags.add_window_flags(p)
     p.add_argument(
         "--time-scale", type=float, default=1.0, help="multiply arrival times (0.5: twice as fast)"
     )
@@ -38,7 +44,6 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from disagg import workload
     from disagg.cli import UsageError
     from disagg.replay import Replay, format_summary, summarize
 
@@ -46,10 +51,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--endpoint must be an http(s) URL, got {args.endpoint!r}")
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be >= 1")
-    try:
-        w = workload.load_trace(args.trace, time_scale=args.time_scale, limit=args.limit)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read trace: {exc}") from None
+    w = traceflags.read_trace(args, fmt=args.format, time_scale=args.time_scale, limit=args.limit)
     rp = Replay(
         args.endpoint.rstrip("/"),
         model=args.model,

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from disagg import names
-from disagg.commands import checks, modelflags
+from disagg.commands import checks, modelflags, traceflags
 
 WORKLOADS = ("poisson", "burst", "mix", "trace")
 PLACEMENT_CHOICES = (*names.PLACEMENTS, "all")
@@ -53,12 +53,8 @@ def register(subparsers: Any) -> None:
     )
     w.add_argument("--media-items", type=int, default=1, help="media items per media request (default 1)")
     w.add_argument("--trace", metavar="FILE", help="trace file to replay (--workload trace)")
-    w.add_argument(
-        "--format",
-        choices=("auto", "azure", "mooncake"),
-        default="auto",
-        help="trace format (default auto: from the file)",
-    )
+    w.add_argument("--format", choices=traceflags.FORMAT_CHOICES, default="auto", help=traceflags.FORMAT_HELP)
+    traceflags.add_window_flags(w)
     w.add_argument(
         "--time-scale", type=float, default=1.0, help="multiply trace arrival times (0.5 = twice as fast)"
     )
@@ -146,18 +142,14 @@ def build_workload(args: argparse.Namespace):
     if args.workload == "trace":
         if not args.trace:
             raise UsageError("--workload trace needs --trace FILE")
-        try:
-            return wl.load_trace(
-                args.trace,
-                args.format,
-                time_scale=args.time_scale,
-                on_error="skip" if args.skip_bad_lines else "stop",
-                limit=args.limit,
-            )
-        except FileNotFoundError:
-            raise UsageError(f"trace file not found: {args.trace}") from None
-        except OSError as exc:
-            raise UsageError(f"cannot read {args.trace}: {exc.strerror or exc}") from None
+        return traceflags.read_trace(
+            args,
+            fmt=args.format,
+            quiet=getattr(args, "quiet", False),
+            time_scale=args.time_scale,
+            on_error="skip" if args.skip_bad_lines else "stop",
+            limit=args.limit,
+        )
     if args.trace:
         raise UsageError("--trace needs --workload trace")
     duration = None if args.requests else args.duration
@@ -282,8 +274,6 @@ def run(args: argparse.Namespace) -> int:
         if not quiet:
             print(msg, file=sys.stderr, flush=True)
 
-    if workload.skipped:
-        say(f"skipped {workload.skipped} malformed trace lines")
     base = SimConfig(
         prefill=args.prefill,
         decode=args.decode,
