@@ -849,21 +849,58 @@ def learnt_front_gain(
         return gain, now, None
     if not judged_reachable and unreachable_share(config, obs, models) > (1.0 - p) / 2.0:
         return gain, now, None
-    if judged_reachable and obs.prefill_wait_buckets:
-        # Prefill capacity shortens only the wait for a prefill worker. The reachable requests
-        # beyond the judged quantile, a share reachable x (1 - p) of all, each miss by at least
-        # ttft - target; when fewer requests than that waited so long for a prefill worker
-        # (the waits' quantile at 1 - that share is shorter), the misses are elsewhere (the
-        # first decode step, room on a decode worker). Waits within the first bucket read as none.
-        wait = metrics.histogram_quantile_past_first(1.0 - reachable * (1.0 - p), obs.prefill_wait_buckets)
-        if not wait >= ttft - target:  # NaN (unreadable buckets) counts as not shown
-            return gain, now, None
+    if queue_judged and not _prefill_waits_explain(obs, reachable, p, ttft - target):
+        return gain, now, None
     if since is None:
         return gain, now, now
     if now - since >= config.window_s:
         step = min(FRONT_GAIN_STEP**2, max(FRONT_GAIN_STEP, ttft / target))
         return min(FRONT_GAIN_MAX, gain * step), now, None
     return gain, now, since
+
+
+def _prefill_waits_explain(obs: Observation, reachable: float, p: float, miss_s: float) -> bool:
+    """Whether the prefill queue's waits explain a miss of `miss_s` at the reachable requests' quantile.
+
+    Prefill capacity shortens only the wait for a prefill worker. The reachable requests
+    beyond the judged quantile, a share reachable x (1 - p) of all, each miss by at least
+    `miss_s`; when fewer requests than that waited so long for a prefill worker (the waits'
+    quantile at 1 - that share is shorter), the misses are elsewhere (the first decode step,
+    room on a decode worker). Waits within the first bucket read as none.
+    """
+    wait = metrics.histogram_quantile_past_first(1.0 - reachable * (1.0 - p), obs.prefill_wait_buckets or ())
+    return bool(wait >= miss_s)  # NaN (unreadable buckets) counts as not shown
+
+
+def prefill_queue_miss(config: Config, obs: Observation, models: StageModels) -> float | None:
+    """The TTFT judged at the reachable requests' quantile when it misses the target and the
+    prefill queue's waits explain the miss (`learnt_front_gain`'s test, without its wait for a
+    steady fleet); None otherwise, or when the window cannot tell.
+
+    Needs what that test reads (fresh metrics, the size distribution, the TTFT and queue-time
+    histograms, enough requests beyond the percentile, a flat target) and the gain switched on
+    (`spec.autoscaling.sizing.frontLoadGain`).
+    """
+    if not (
+        config.sizing.front_load_gain
+        and obs.metrics_ok
+        and isinstance(obs.sizes, SizeDistribution)
+        and obs.ttft_buckets
+        and obs.prefill_wait_buckets
+        and not config.planning.slo.ttft_s_per_1k_tokens
+    ):
+        return None
+    rate, p = obs.arrival_rps, config.planning.slo.percentile
+    reachable = 1.0 - unreachable_share(config, obs, models)
+    if reachable <= 0.0 or rate is None or not math.isfinite(rate):
+        return None
+    if rate * config.window_s * reachable * (1.0 - p) < 1.0:
+        return None
+    ttft = metrics.histogram_quantile(reachable * p, obs.ttft_buckets)
+    target = config.ttft_target_s
+    if ttft is None or not math.isfinite(ttft) or ttft <= target:
+        return None
+    return ttft if _prefill_waits_explain(obs, reachable, p, ttft - target) else None
 
 
 def unreachable_share(config: Config, obs: Observation, models: StageModels) -> float:
@@ -1002,6 +1039,17 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
                 notes.append(
                     f"front load gain {gain:.2f}: {_format_pools(planned, FRONT_POOLS)} sized for "
                     f"{gain:.2f}x the planned rate (the plan's figures are for {_format_pools(base, FRONT_POOLS)})"
+                )
+            # Fewer front workers only lengthen the prefill queue: while its waits explain a
+            # miss, the front pools are not planned below what they hold.
+            shrinking = {p: current[p] for p in FRONT_POOLS if p in planned and planned[p] < current[p]}
+            missed = prefill_queue_miss(config, obs, models) if shrinking else None
+            if missed is not None:
+                planned = {**planned, **shrinking}
+                notes.append(
+                    f"{_format_pools(shrinking, FRONT_POOLS)} held: TTFT {missed:.3g}s at the reachable "
+                    f"requests' quantile is above the target {config.ttft_target_s:.3g}s and the "
+                    "prefill queue's waits explain it"
                 )
             # What the current load needs: a budget rebalance never shrinks a donor below it.
             # The share of the load to admit is that plan's too: under a short budget the front

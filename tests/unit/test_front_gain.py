@@ -299,3 +299,31 @@ def test_with_the_queue_histogram_only_the_front_pools_need_to_be_steady() -> No
         )[0]
         == FRONT_GAIN_STEP
     )
+
+
+def test_front_pools_are_not_planned_below_what_they_hold_while_the_prefill_queue_misses() -> None:
+    """Fewer prefill workers only lengthen the prefill queue. While the reachable requests miss
+    and the prefill waits explain it, the decision plans the front pools no lower than they are
+    (and says so); misses the queue does not explain, or a met target, let them shrink."""
+    pools = {"prefill": PoolObservation(5), "decode": PoolObservation(2)}
+    late = obs(T0, ttft=5.0, sizes=MIXED, ttft_buckets=ttft_histogram(0.1), pools=pools)
+    queued = ((0.01, 500.0), (0.5, 500.0), (1.0, 1000.0), (math.inf, 1000.0))
+    few = ((0.01, 995.0), (0.5, 995.0), (1.0, 1000.0), (math.inf, 1000.0))
+    held = autoscaler.decide(CONFIG, replace(late, prefill_wait_buckets=queued), state())
+    assert held.record.planned["prefill"] == 5
+    assert any(n.startswith("prefill 5 held: TTFT 0.976s") for n in held.record.notes), held.record.notes
+    elsewhere = autoscaler.decide(CONFIG, replace(late, prefill_wait_buckets=few), state())
+    assert elsewhere.record.planned["prefill"] < 5
+    assert not any("held: TTFT" in n for n in elsewhere.record.notes)
+    on_time = obs(T0, ttft=0.3, sizes=MIXED, ttft_buckets=ttft_histogram(0.0), pools=pools)
+    assert (
+        autoscaler.decide(CONFIG, replace(on_time, prefill_wait_buckets=queued), state()).record.planned[
+            "prefill"
+        ]
+        == elsewhere.record.planned["prefill"]
+    )
+    off = replace(CONFIG, sizing=CONFIG.sizing.model_copy(update={"front_load_gain": False}))
+    assert (
+        autoscaler.decide(off, replace(late, prefill_wait_buckets=queued), state()).record.planned["prefill"]
+        == elsewhere.record.planned["prefill"]
+    )
