@@ -69,3 +69,15 @@ def test_evaluate_refuses_a_malformed_trace_with_its_line(capsys, tmp_path):
     assert main(["evaluate", "--trace", str(trace)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "t.csv:3: cannot parse" in err[0], err
+
+
+def test_evaluate_runs_on_a_window_and_records_it(capsys, tmp_path):
+    trace = tmp_path / "BurstGPT_1.csv"
+    trace.write_text(BURSTGPT)
+    argv = ["evaluate", "--trace", str(trace), "--trace-start", "2m", "--trace-duration", "3m"]
+    assert main([*argv, "--policy", "static", "--no-best-static", "--output", "json"]) == 0
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert doc["workload"]["requests"] == 177
+    assert (doc["settings"]["trace_start_s"], doc["settings"]["trace_duration_s"]) == (120.0, 180.0)
+    assert "left out 3 failed requests" in out.err

@@ -503,6 +503,8 @@ def run(args: argparse.Namespace) -> int:
     doc["settings"]["seed"] = args.seed
     doc["settings"]["media_fraction"] = args.media_fraction
     doc["settings"]["media_items"] = args.media_items
+    doc["settings"]["trace_start_s"] = args.trace_start
+    doc["settings"]["trace_duration_s"] = args.trace_duration
     doc["trace"] = args.trace
     if args.output == "json":
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
