@@ -1,6 +1,6 @@
 """Replay a trace through an OpenAI-compatible endpoint: each request at its own timestamp.
 
-Reads a shared trace (Azure CSV or Mooncake JSONL, `disagg.workload.load_trace`) and
+Reads a trace (Azure or BurstGPT CSV, Mooncake JSONL: `disagg.workload.load_trace`) and
 sends each request as a streaming chat completion at ``t0 + arrival_s`` (open loop:
 a slow endpoint does not slow the arrivals). A prompt of N tokens is N words, the
 emulated engines' counting rule (docs/emulator.md); against a real engine the prompt
