@@ -33,7 +33,7 @@ import datetime as dt
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from disagg import api, burstiness, drain, metrics, names, planner, policy, status
 from disagg.calibration import Calibrator
@@ -804,25 +804,12 @@ def learnt_front_gain(
     gain, at, since = state.front_gain, state.front_gain_at, state.miss_since
     if not config.sizing.front_load_gain:
         return 1.0, None, None
-    now = obs.now
-    ttft, rate = obs.ttft_observed_s, obs.arrival_rps
-    p = config.planning.slo.percentile
-    reachable = 1.0  # share of the requests capacity can bring within the target, when known
-    judged_reachable = isinstance(obs.sizes, SizeDistribution) and bool(obs.ttft_buckets) and obs.metrics_ok
-    if judged_reachable:
-        reachable = 1.0 - unreachable_share(config, obs, models)
-        if reachable > 0.0:
-            ttft = metrics.histogram_quantile(reachable * p, obs.ttft_buckets or ())
-    if (
-        not obs.metrics_ok
-        or config.planning.slo.ttft_s_per_1k_tokens
-        or ttft is None
-        or not math.isfinite(ttft)
-        or rate is None
-        or not math.isfinite(rate)
-        or rate * config.window_s * reachable * (1.0 - p) < 1.0
-    ):
+    judged = judged_ttft(config, obs, models)
+    if judged is None:
         return gain, at, since
+    ttft, reachable, judged_reachable = judged
+    now = obs.now
+    p = config.planning.slo.percentile
     target = config.ttft_target_s
     if ttft <= target:
         if ttft <= config.tuning.ttft_comfort * target and gain > 1.0 and at is not None and now > at:
@@ -859,6 +846,43 @@ def learnt_front_gain(
     return gain, now, since
 
 
+class JudgedTtft(NamedTuple):
+    """The window's TTFT as the front load gain judges it (`judged_ttft`)."""
+
+    ttft_s: float  # against the target
+    reachable: float  # share of the requests capacity can bring within the target (1: not known)
+    at_reachable_quantile: bool  # read off the TTFT histogram at the reachable requests' quantile
+
+
+def judged_ttft(config: Config, obs: Observation, models: StageModels) -> JudgedTtft | None:
+    """The TTFT to judge the fleet by, or None when the window cannot tell.
+
+    With the window's size distribution and TTFT histogram, the histogram's quantile at
+    (1 - u) x p, u the share out of reach (`unreachable_share`); else the SLO percentile's
+    TTFT. None with stale metrics, a target that grows with the prompt, no TTFT or rate, or
+    fewer requests in the window than one beyond the percentile (of the reachable ones).
+    """
+    ttft, rate = obs.ttft_observed_s, obs.arrival_rps
+    p = config.planning.slo.percentile
+    reachable = 1.0
+    at_reachable = isinstance(obs.sizes, SizeDistribution) and bool(obs.ttft_buckets) and obs.metrics_ok
+    if at_reachable:
+        reachable = 1.0 - unreachable_share(config, obs, models)
+        if reachable > 0.0:
+            ttft = metrics.histogram_quantile(reachable * p, obs.ttft_buckets or ())
+    if (
+        not obs.metrics_ok
+        or config.planning.slo.ttft_s_per_1k_tokens
+        or ttft is None
+        or not math.isfinite(ttft)
+        or rate is None
+        or not math.isfinite(rate)
+        or rate * config.window_s * reachable * (1.0 - p) < 1.0
+    ):
+        return None
+    return JudgedTtft(ttft, reachable, at_reachable)
+
+
 def _prefill_waits_explain(obs: Observation, reachable: float, p: float, miss_s: float) -> bool:
     """Whether the prefill queue's waits explain a miss of `miss_s` at the reachable requests' quantile.
 
@@ -881,26 +905,14 @@ def prefill_queue_miss(config: Config, obs: Observation, models: StageModels) ->
     histograms, enough requests beyond the percentile, a flat target) and the gain switched on
     (`spec.autoscaling.sizing.frontLoadGain`).
     """
-    if not (
-        config.sizing.front_load_gain
-        and obs.metrics_ok
-        and isinstance(obs.sizes, SizeDistribution)
-        and obs.ttft_buckets
-        and obs.prefill_wait_buckets
-        and not config.planning.slo.ttft_s_per_1k_tokens
-    ):
+    if not (config.sizing.front_load_gain and obs.prefill_wait_buckets):
         return None
-    rate, p = obs.arrival_rps, config.planning.slo.percentile
-    reachable = 1.0 - unreachable_share(config, obs, models)
-    if reachable <= 0.0 or rate is None or not math.isfinite(rate):
-        return None
-    if rate * config.window_s * reachable * (1.0 - p) < 1.0:
-        return None
-    ttft = metrics.histogram_quantile(reachable * p, obs.ttft_buckets)
+    judged = judged_ttft(config, obs, models)
     target = config.ttft_target_s
-    if ttft is None or not math.isfinite(ttft) or ttft <= target:
+    if judged is None or not judged.at_reachable_quantile or judged.ttft_s <= target:
         return None
-    return ttft if _prefill_waits_explain(obs, reachable, p, ttft - target) else None
+    p = config.planning.slo.percentile
+    return judged.ttft_s if _prefill_waits_explain(obs, judged.reachable, p, judged.ttft_s - target) else None
 
 
 def unreachable_share(config: Config, obs: Observation, models: StageModels) -> float:

@@ -535,7 +535,7 @@ CSV_COLUMNS = {
 
 
 def _csv_format(header: str) -> str | None:
-    cols = {c.strip() for c in header.strip().split(",")}
+    cols = {c.strip() for c in _split_csv(header.strip())}
     for fmt, wanted in CSV_COLUMNS.items():
         if cols.issuperset(wanted):
             return fmt

@@ -145,7 +145,7 @@ def build_workload(args: argparse.Namespace):
         return traceflags.read_trace(
             args,
             fmt=args.format,
-            quiet=getattr(args, "quiet", False),
+            quiet=args.quiet,
             time_scale=args.time_scale,
             on_error="skip" if args.skip_bad_lines else "stop",
             limit=args.limit,

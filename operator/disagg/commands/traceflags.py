@@ -59,8 +59,7 @@ def read_trace(args: argparse.Namespace, *, fmt: str = "auto", quiet: bool = Fal
     """`disagg.workload.load_trace` of ``args.trace`` in the window of ``args``; UsageError on bad input."""
     from disagg.workload import load_trace
 
-    start = getattr(args, "trace_start", 0.0) or 0.0
-    duration = getattr(args, "trace_duration", None)
+    start, duration = args.trace_start, args.trace_duration
     if duration is not None and duration <= 0:
         raise UsageError(f"--trace-duration must be > 0, got {duration:g}")
     try:
