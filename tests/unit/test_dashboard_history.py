@@ -25,6 +25,7 @@ SNAP_KEYS = {
     "ready",
     "ratio",
     "arrival_rps",
+    "planned_rps",
     "stages",
     "predicted",
     "observed",
@@ -113,6 +114,7 @@ def test_bad_values_never_raise() -> None:
     )
     assert snap["replicas"] == {"encoder": 3}
     assert snap["arrival_rps"] is None
+    assert snap["planned_rps"] is None  # absent: unknown, not 0
     assert snap["t"] == 5
 
 
@@ -168,7 +170,12 @@ def dd_body() -> dict:
             "lastDecision": {
                 "time": "2025-06-01T10:00:00Z",
                 "reason": "ScaleDown",
-                "inputs": {"arrivalRps": 7.0, "observed": {"ttft_s": 0.3}},
+                "inputs": {
+                    "arrivalRps": 7.0,
+                    "plannedRps": 9.5,
+                    "stages": {"prefill": {"lambda": 9.5, "W": 0.2, "utilization": 0.4}},
+                    "observed": {"ttft_s": 0.3},
+                },
                 "outputs": {
                     "targets": {"prefill": 1, "decode": 2},
                     "nextStep": {"prefill": 1, "decode": 3},
@@ -198,6 +205,11 @@ def test_record_object() -> None:
     assert dec["next_step"] == {"prefill": 1, "decode": 3}
     assert dec["message"] == "scale-down of decode held by the stabilization window"
     assert dep["history"][-1]["arrival_rps"] == 7.0
+    # the stages are the plan's: at the rate it was sized for, which the snapshot carries beside
+    # the observed one (the dashboard names both)
+    assert dep["history"][-1]["planned_rps"] == 9.5
+    assert dep["history"][-1]["stages"]["prefill"]["lambda"] == 9.5
+    assert dep["history"][-1]["stages"]["prefill"]["L"] == pytest.approx(1.9)
     assert dep["history"][-1]["observed"]["ttft_s"] == 0.3
     assert dep["conditions"][0]["reason"] == "PoolsNotReady"
 

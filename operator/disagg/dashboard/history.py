@@ -18,8 +18,10 @@ Pure: no Kopf, Kubernetes client or HTTP imports. Three producers feed a
      "source": str, "time_axis": "unix" | "relative", "generated_at": unix s,
      "error": str | None}
 
-A snapshot is {t, replicas, desired, ready, ratio, arrival_rps, stages,
-predicted, observed, slo, draining, gpus, gpu_budget}; see `normalize_snapshot`.
+A snapshot is {t, replicas, desired, ready, ratio, arrival_rps, planned_rps, stages,
+predicted, observed, slo, draining, gpus, gpu_budget}; see `normalize_snapshot`. The
+stages are the last plan's (at `planned_rps`, the rate it was sized for, and its replicas),
+not the pools as they run.
 A decision is {time, reason, targets, next_step, planned, message}, pool maps as
 {pool: replicas}; see `normalize_decision`.
 """
@@ -142,7 +144,7 @@ def normalize_snapshot(snapshot: Mapping[str, Any], t: float | None = None) -> d
 
     Accepted input keys (first match wins): t|time|time_s|t_s; replicas|pools|actual;
     desired|desired_replicas|target; ready|ready_replicas; ratio; arrival_rps|arrival_rate|rps|lambda;
-    stages; predicted; observed; slo; draining|drains; gpus; gpu_budget|gpuBudget.
+    planned_rps|plannedRps; stages; predicted; observed; slo; draining|drains; gpus; gpu_budget|gpuBudget.
     """
     s = snapshot
     ts = _num(_first(s, "t", "time", "time_s", "t_s"))
@@ -161,6 +163,7 @@ def normalize_snapshot(snapshot: Mapping[str, Any], t: float | None = None) -> d
         "ready": ready,
         "ratio": ratio,
         "arrival_rps": _num(_first(s, "arrival_rps", "arrival_rate", "rps", "lambda")),
+        "planned_rps": _num(_first(s, "planned_rps", "plannedRps")),
         "stages": _stages(s.get("stages")),
         "predicted": _latency(s.get("predicted")),
         "observed": _latency(s.get("observed")),
@@ -387,8 +390,8 @@ def snapshot_from_object(
     Reads spec.pools.<pool>.{replicas, minReplicas, gpusPerReplica}, spec.slo.{ttftSeconds, itlSeconds},
     spec.autoscaling.gpuBudget, status.pools.<pool>.{replicas, readyReplicas, desiredReplicas,
     drainingPods}, status.ratio, status.conditions and status.lastDecision.{time, reason, inputs,
-    outputs, message}. From lastDecision.inputs, when present: arrivalRps|arrival_rps, stages,
-    predicted, observed. `children` ({pool: Deployment dict}) fills pools missing from status.
+    outputs, message}. From lastDecision.inputs, when present: arrivalRps|arrival_rps, plannedRps,
+    stages, predicted, observed. `children` ({pool: Deployment dict}) fills pools missing from status.
     """
     spec = body.get("spec") or {}
     st = body.get("status") or {}
@@ -428,6 +431,7 @@ def snapshot_from_object(
         "ready": ready,
         "ratio": st.get("ratio") if isinstance(st.get("ratio"), str) else format_ratio(desired),
         "arrival_rps": _first(inputs, "arrivalRps", "arrival_rps", "arrivalRate"),
+        "planned_rps": _first(inputs, "plannedRps", "planned_rps"),
         "stages": inputs.get("stages"),
         "predicted": inputs.get("predicted"),
         "observed": inputs.get("observed"),

@@ -296,16 +296,28 @@
     );
   }
 
+  // The last plan's stages: sized for the planned rate (the observed one, forecast one lead time
+  // ahead, plus counting noise, backlog and headroom) at the planned replicas, not the pools as
+  // they run: lambda here is above the arrival rate panel's whenever the plan keeps spare capacity.
   function stagesPanel(dep) {
     const snap = last(dep);
     const stages = (snap && snap.stages) || {};
     const names = Object.keys(stages);
-    if (!names.length) return panel("Stages: L = λ × W", "stages-panel", h("div", { class: "nodata" }, "no per-stage metrics yet"));
+    const title = "Stages as planned: L = λ × W";
+    if (!names.length) return panel(title, "stages-panel", h("div", { class: "nodata" }, "no per-stage metrics yet"));
+    const planned = snap && isNum(snap.planned_rps) ? snap.planned_rps : null;
+    const observed = snap && isNum(snap.arrival_rps) ? snap.arrival_rps : null;
+    const basis = planned === null
+      ? "the last plan, at its replicas"
+      : `planned for ${fmtNum(planned)} req/s` +
+        (observed === null ? "" : ` (observed ${fmtNum(observed)}; forecast, noise, backlog and headroom)`) +
+        ", at the planned replicas";
     return panel(
-      "Stages: L = λ × W",
+      title,
       "stages-panel",
+      h("div", { class: "sub", "data-planned-rps": planned === null ? "" : planned }, basis),
       h("table", {},
-        h("thead", {}, h("tr", {}, h("th", {}, "stage"), h("th", {}, "λ (req/s)"), h("th", {}, "W"), h("th", {}, "L"), h("th", {}, "util"))),
+        h("thead", {}, h("tr", {}, h("th", {}, "stage"), h("th", {}, "λ planned (req/s)"), h("th", {}, "W"), h("th", {}, "L"), h("th", {}, "util"))),
         h("tbody", {}, names.map((n) => {
           const st = stages[n] || {};
           return h("tr", { "data-stage": n },
