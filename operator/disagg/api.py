@@ -47,6 +47,8 @@ MAX_REPLICAS = 10_000
 MAX_GPUS_PER_REPLICA = 64
 MAX_KV_CACHE_TOKENS = 1_000_000_000  # per decode worker: far above any GPU memory today
 MAX_GPU_BUDGET = MAX_REPLICAS * MAX_GPUS_PER_REPLICA
+#: spec.autoscaling.metricWindowSeconds: the window rates and quantiles are read over.
+METRIC_WINDOW_SECONDS_DEFAULT = 60
 #: Issue-14 sizing inputs on by default (docs/planner.md, "Request sizes, burstiness and automatic headroom").
 SIZING_REQUEST_SIZES_DEFAULT = False
 SIZING_BURSTINESS_DEFAULT = True
@@ -783,7 +785,10 @@ class Autoscaling(_Model):
         description="Prometheus' scrape interval for the engine pods: a sample older than two of them is stale.",
     )
     metric_window_seconds: int = Field(
-        60, ge=10, le=3600, description="Rate/quantile window of the queries, in seconds."
+        METRIC_WINDOW_SECONDS_DEFAULT,
+        ge=10,
+        le=3600,
+        description="Rate/quantile window of the queries, in seconds.",
     )
     scale_down_stabilization_seconds: int = Field(
         300,

@@ -105,7 +105,7 @@ class EvalSettings:
     slo: SLO = field(default_factory=lambda: SLO(percentile=EVAL_PERCENTILE))
     interval_s: float = 30.0
     startup_s: float = 60.0
-    window_s: float = 60.0
+    window_s: float = float(api.METRIC_WINDOW_SECONDS_DEFAULT)  # the operator's default
     scrape_s: float = 15.0
     drain_poll_s: float = 5.0
     stabilization_s: float = 300.0
@@ -740,12 +740,9 @@ class StaticPolicy(Policy):
     name = "static"
 
     def initial(self) -> dict[str, int]:
-        t = self.w.arrival_s
-        if len(t) == 0:
+        if len(self.w) == 0:
             return dict.fromkeys(self.pools, self.s.min_replicas)
-        win = self.s.window_s
-        j = np.searchsorted(t, t + win, side="left")
-        peak = float((j - np.arange(len(t))).max()) / win * self.s.capacity_scale
+        peak = self.w.busiest_rate(self.s.window_s) * self.s.capacity_scale
         d = self.pre.demand(-math.inf, math.inf, peak)  # the whole trace's shape and media mix
         return self._plan(d, self.s.gpu_budget)
 

@@ -128,6 +128,17 @@ class Workload:
     def __len__(self) -> int:
         return int(self.arrival_s.shape[0])
 
+    def busiest_rate(self, window_s: float) -> float:
+        """The highest arrival rate over any `window_s` seconds (requests per second): the most
+        requests in a window starting at one of them, over `window_s`; 0 without requests."""
+        if not (math.isfinite(window_s) and window_s > 0):
+            raise ValueError(f"window_s must be > 0, got {window_s!r}")
+        t = self.arrival_s
+        if t.size == 0:
+            return 0.0
+        ends = np.searchsorted(t, t + window_s, side="left")
+        return float((ends - np.arange(t.size)).max()) / window_s
+
     def __getitem__(self, i: int) -> Request:
         return Request(
             float(self.arrival_s[i]),

@@ -180,3 +180,93 @@ def test_a_colocated_plan_made_large_by_prefill_stalls_says_so_and_offers_the_di
     assert f"Disaggregated pools need {disaggregated} GPUs (--placement disaggregated)" in text
     assert main(["plan", "--arrival-rate", "8", "--placement", "colocated", "--itl-statistic", "mean"]) == 0
     assert "note:" not in capsys.readouterr().out  # the mean gap absorbs the stall: no note
+
+
+# --------------------------------------------------------------------------- --trace
+
+# 72 requests of 400 prompt tokens and 8 of 30,000, whose own prefill (20 + 0.035 x 30,000 ms)
+# is longer than the 0.6 s TTFT target: they miss even on an idle system. One request a second
+# for a minute, then 20 in ten seconds two minutes in: the busiest 60 s hold 60 requests, the
+# trace's mean rate is 80 / 129.5 s.
+LONG_PROMPT = 30_000
+
+
+def write_trace(tmp_path) -> str:
+    times = [float(i) for i in range(60)] + [120.0 + 0.5 * i for i in range(20)]
+    prompts = [LONG_PROMPT if i % 10 == 9 else 400 for i in range(80)]
+    rows = "".join(
+        f"2023-11-16 18:{int(t // 60):02d}:{t % 60:09.6f},{p},{50 + i % 7}\n"
+        for i, (t, p) in enumerate(zip(times, prompts, strict=True))
+    )
+    path = tmp_path / "trace.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    return str(path)
+
+
+def test_trace_plans_over_the_requests_sizes_at_the_busiest_minute(capsys, tmp_path):
+    trace = write_trace(tmp_path)
+    d = run_json(capsys, "--trace", trace)
+    tr = d["trace"]
+    assert tr["requests"] == 80
+    assert tr["busiest_rps"] == pytest.approx(1.0)  # 60 requests in the busiest 60 s
+    assert tr["mean_rps"] == pytest.approx(80 / 129.5)
+    assert tr["rate_from"] == "busiest window"
+    assert d["demand"]["arrival_rps"] == pytest.approx(1.0)
+    assert d["demand"]["prompt_tokens_mean"] == pytest.approx((72 * 400 + 8 * LONG_PROMPT) / 80)
+    # the long prompts are a size class of their own: a tenth of the requests, out of reach
+    assert d["stages"]["sizes"]["idle_miss_fraction"] == pytest.approx(0.1)
+    # the same mean and spread as flags describe one request shape: no class is out of reach
+    mean_only = run_json(
+        capsys,
+        "--arrival-rate",
+        "1",
+        "--input-tokens",
+        str(d["demand"]["prompt_tokens_mean"]),
+        "--input-tokens-std",
+        str(d["demand"]["prompt_tokens_std"]),
+    )
+    assert "sizes" not in mean_only["stages"]
+
+
+def test_trace_rate_flag_sweep_and_table(capsys, tmp_path):
+    trace = write_trace(tmp_path)
+    d = run_json(capsys, "--trace", trace, "--arrival-rate", "3")
+    assert d["demand"]["arrival_rps"] == 3.0
+    assert d["trace"]["rate_from"] == "arrival-rate"
+    assert main(["plan", "--trace", trace, "--output", "json", "--sweep", "1:3:1"]) in (0, 1)
+    doc = json.loads(capsys.readouterr().out)
+    assert [p["demand"]["arrival_rps"] for p in doc["points"]] == [1.0, 2.0, 3.0]
+    assert all(p["stages"]["sizes"]["idle_miss_fraction"] == pytest.approx(0.1) for p in doc["points"])
+    assert doc["trace"]["requests"] == 80
+    main(["plan", "--trace", trace])
+    out = capsys.readouterr().out
+    assert "80 requests over 130 s" in out and "busiest 60 s 1 rps" in out
+    assert "planned over the requests' sizes at 1 rps, the busiest 60 s" in out
+    assert "10.00 % miss even on an idle system" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--input-tokens", "500"], "--input-tokens does not apply with --trace"),
+        (["--output-tokens-std", "5"], "--output-tokens-std does not apply with --trace"),
+    ],
+)
+def test_trace_refuses_the_shape_flags_it_replaces(capsys, tmp_path, extra, fragment):
+    assert main(["plan", "--trace", write_trace(tmp_path), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0]
+
+
+def test_trace_flags_without_a_trace_and_too_short_a_trace(capsys, tmp_path):
+    assert main(["plan", "--trace-start", "1h"]) == 2
+    assert "--trace-start does not apply without --trace" in capsys.readouterr().err
+    short = tmp_path / "short.csv"
+    short.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        + "".join(f"2023-11-16 18:15:{10 + i:02d}.0,300,20\n" for i in range(5))
+    )
+    assert main(["plan", "--trace", str(short)]) == 2
+    err = capsys.readouterr().err
+    assert "5 requests; a size distribution needs at least 20" in err
+    assert len(err.strip().splitlines()) == 1

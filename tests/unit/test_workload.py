@@ -190,3 +190,14 @@ def test_a_time_window_of_a_long_trace():
     for bad in ({"start_s": -1.0}, {"duration_s": 0.0}, {"start_s": math.nan}):
         with pytest.raises(ValueError, match=r"start_s|duration_s"):
             load_trace(AZURE, **bad)
+
+
+def test_busiest_rate_is_the_most_requests_in_any_window() -> None:
+    # 3 requests in the first second, then one every 10 s: the busiest 2 s hold the first three
+    w = Workload([0.0, 0.4, 0.9, 10.0, 20.0, 30.0], [5] * 6, [5] * 6)
+    assert w.busiest_rate(2.0) == pytest.approx(1.5)
+    assert w.busiest_rate(0.5) == pytest.approx(2 / 0.5)  # 0.0 and 0.4 (a window [t, t + 0.5) leaves 0.9 out)
+    assert w.busiest_rate(100.0) == pytest.approx(6 / 100.0)
+    assert Workload([], [], []).busiest_rate(60.0) == 0.0
+    with pytest.raises(ValueError, match="window_s"):
+        w.busiest_rate(0.0)

@@ -44,6 +44,8 @@ SIMULATE_WORKLOAD_FLAGS: dict[str, tuple[str, ...]] = {
     "trace_start": ("trace",),
     "trace_duration": ("trace",),
 }
+# `disagg plan`: the request shape's flags, which --trace's requests replace.
+PLAN_SHAPE_FLAGS = ("input_tokens", "input_tokens_std", "output_tokens", "output_tokens_std")
 # `disagg emulate`: flags of one mode only.
 EMULATE_STANDALONE_ONLY = (POOL_PREFILL, POOL_DECODE, POOL_ENCODER, POOL_COLOCATED, "spec")
 EMULATE_CLUSTER_ONLY = ("kubeconfig", "poll_interval")
@@ -247,6 +249,13 @@ def check_emulate(args: argparse.Namespace, given: set[str]) -> None:
     )
 
 
+def check_plan(args: argparse.Namespace, given: set[str]) -> None:
+    if args.trace:
+        _not_for(PLAN_SHAPE_FLAGS, given, "with --trace (the trace's requests give the sizes)")
+    else:
+        _not_for(("format", "trace_start", "trace_duration"), given, "without --trace")
+
+
 def check_dashboard(args: argparse.Namespace, given: set[str]) -> None:
     if not args.from_file:
         return
@@ -290,6 +299,7 @@ def check_run(args: argparse.Namespace, given: set[str]) -> None:
 
 
 CHECKS: dict[str, Callable[[argparse.Namespace, set[str]], None]] = {
+    "plan": check_plan,
     "simulate": check_simulate,
     "evaluate": check_evaluate,
     "emulate": check_emulate,

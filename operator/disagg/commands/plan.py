@@ -4,7 +4,10 @@ Every model flag defaults to the worked example (prefill 20 + 0.035 ms/token,
 320 KiB/token KV over 12 ms + 22 GiB/s, 45 ms decode steps with 32 slots,
 TTFT 0.6 s / ITL 0.15 s at p90). `--from FILE` reads a DisaggDeployment YAML
 (pools, kvTransfer, slo, autoscaling.gpuBudget, placement); explicit flags
-override it. `--output json` prints the stable schema of docs/planner.md.
+override it. `--trace FILE` plans for a trace's requests: their prompt and output
+lengths as a size distribution (each size class with its own slack), at the
+trace's busiest minute unless --arrival-rate says otherwise. `--output json`
+prints the stable schema of docs/planner.md.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ import argparse
 import json
 import math
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 from disagg import names
 from disagg import worked_example as we
-from disagg.commands import modelflags
+from disagg.commands import modelflags, traceflags
 
 POOL_NAMES = names.POOL_NAMES
 
@@ -62,6 +65,14 @@ def register(subparsers: Any) -> None:
     g.add_argument("--media-fraction", type=float, help="fraction of requests with media (default 0)")
     g.add_argument("--items-per-request", type=float, help="media items per media request (default 1)")
     g.add_argument("--prefix-hit-rate", type=float, help="fraction of prompt tokens cached (default 0)")
+    g.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="plan for this trace's requests (Azure or BurstGPT CSV, Mooncake JSONL): their prompt and "
+        "output lengths as a size distribution, at the trace's busiest minute unless --arrival-rate is given",
+    )
+    g.add_argument("--format", default="auto", choices=traceflags.FORMAT_CHOICES, help=traceflags.FORMAT_HELP)
+    traceflags.add_window_flags(g)
     slo_flags = p.add_argument_group("SLO")
     modelflags.add_flags(slo_flags, tuple(modelflags.SLO_FLAGS))
     modelflags.add_itl_statistic_flag(slo_flags, unset=True)
@@ -180,9 +191,12 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
     return vals
 
 
-def _build(vals: dict[str, Any], arrival: float | None = None) -> tuple[Any, ...]:
+def _build(vals: dict[str, Any], arrival: float | None = None, sizes: Any = None) -> tuple[Any, ...]:
+    """(demand, models, slo, bounds, budget) from the resolved flag values; with `sizes` (a
+    `SizeDistribution`) the demand's request shape is that distribution's."""
     from disagg.model import DecodeModel, EncoderModel, PrefillModel, StageModels, TransferModel
     from disagg.planner import SLO, Demand, PoolBounds
+    from disagg.sizes import demand_with_sizes
 
     def num(name: str, flag: str, *, positive: bool = False) -> float:
         v = vals[name]
@@ -243,19 +257,28 @@ def _build(vals: dict[str, Any], arrival: float | None = None) -> tuple[Any, ...
             ),
         ),
     )
-    demand = wrap(
-        "demand",
-        lambda: Demand(
-            arrival_rps=num("arrival_rate", "arrival-rate") if arrival is None else arrival,
-            prompt_tokens_mean=num("input_tokens", "input-tokens"),
-            prompt_tokens_std=num("input_tokens_std", "input-tokens-std"),
-            output_tokens_mean=num("output_tokens", "output-tokens"),
-            output_tokens_std=num("output_tokens_std", "output-tokens-std"),
-            media_fraction=num("media_fraction", "media-fraction"),
-            items_per_request=num("items_per_request", "items-per-request"),
-            prefix_hit_rate=num("prefix_hit_rate", "prefix-hit-rate"),
-        ),
-    )
+    shared = {  # the demand fields the trace does not give
+        "media_fraction": lambda: num("media_fraction", "media-fraction"),
+        "items_per_request": lambda: num("items_per_request", "items-per-request"),
+        "prefix_hit_rate": lambda: num("prefix_hit_rate", "prefix-hit-rate"),
+    }
+    rate = (lambda: num("arrival_rate", "arrival-rate")) if arrival is None else (lambda: arrival)
+    if sizes is not None:
+        demand = wrap(
+            "demand", lambda: demand_with_sizes(rate(), sizes, **{k: f() for k, f in shared.items()})
+        )
+    else:
+        demand = wrap(
+            "demand",
+            lambda: Demand(
+                arrival_rps=rate(),
+                prompt_tokens_mean=num("input_tokens", "input-tokens"),
+                prompt_tokens_std=num("input_tokens_std", "input-tokens-std"),
+                output_tokens_mean=num("output_tokens", "output-tokens"),
+                output_tokens_std=num("output_tokens_std", "output-tokens-std"),
+                **{k: f() for k, f in shared.items()},
+            ),
+        )
     slo = wrap(
         "ttft/--ttft-per-1k/--itl/--percentile/--itl-statistic",
         lambda: SLO(
@@ -283,6 +306,78 @@ def _build(vals: dict[str, Any], arrival: float | None = None) -> tuple[Any, ...
         if budget <= 0:
             raise ValueError(f"--gpu-budget must be > 0, got {vals['gpu_budget']!r}")
     return demand, models, slo, bounds, budget
+
+
+class _TraceDemand(NamedTuple):
+    """What `--trace` gives the plan."""
+
+    sizes: Any  # the requests' prompt and output lengths (`disagg.sizes.SizeDistribution`)
+    rate: float  # the arrival rate to plan at: --arrival-rate, else the busiest window's
+    summary: dict[str, Any]  # what the trace holds (the output's "trace" section)
+
+
+def _quantiles(xs: Any) -> dict[str, float]:
+    import numpy as np
+
+    return {
+        "mean": float(np.mean(xs)),
+        "p50": float(np.percentile(xs, 50)),
+        "p99": float(np.percentile(xs, 99)),
+    }
+
+
+def _trace_demand(args: argparse.Namespace) -> _TraceDemand:
+    """The trace's requests as a size distribution, and the rate to plan them at."""
+    from disagg import api
+    from disagg.cli import UsageError
+    from disagg.evaluate import MIN_SIZE_SAMPLES
+    from disagg.sizes import SizeDistribution
+
+    w = traceflags.read_trace(args, fmt=args.format)
+    n = len(w)
+    if n < MIN_SIZE_SAMPLES:
+        raise UsageError(
+            f"{args.trace}: {n} request{'' if n == 1 else 's'}; a size distribution needs at least "
+            f"{MIN_SIZE_SAMPLES} (give the shape with --input-tokens/--output-tokens instead)"
+        )
+    window = float(api.METRIC_WINDOW_SECONDS_DEFAULT)
+    span = float(w.arrival_s[-1] - w.arrival_s[0])
+    busiest = w.busiest_rate(window)
+    given = args.arrival_rate is not None
+    summary = {
+        "file": args.trace,
+        "requests": n,
+        "duration_s": span,
+        "mean_rps": n / span if span > 0 else None,
+        "busiest_rps": busiest,
+        "window_s": window,
+        "prompt_tokens": _quantiles(w.prompt_tokens),
+        "output_tokens": _quantiles(w.output_tokens),
+        "rate_from": "arrival-rate" if given else "busiest window",
+    }
+    sizes = SizeDistribution.from_samples(w.prompt_tokens, w.output_tokens)
+    return _TraceDemand(sizes, float(args.arrival_rate) if given else busiest, summary)
+
+
+def _print_trace(t: _TraceDemand, sweep: bool) -> None:
+    sm = t.summary
+    mean = "" if sm["mean_rps"] is None else f", mean {sm['mean_rps']:.3g} rps"
+    pt, ot = sm["prompt_tokens"], sm["output_tokens"]
+    sys.stdout.write(
+        f"trace {sm['file']}: {sm['requests']} requests over {sm['duration_s']:.0f} s{mean}, "
+        f"busiest {sm['window_s']:g} s {sm['busiest_rps']:.3g} rps\n"
+        f"prompt tokens mean {pt['mean']:.0f} (p50 {pt['p50']:.0f}, p99 {pt['p99']:.0f}), "
+        f"output tokens mean {ot['mean']:.0f} (p50 {ot['p50']:.0f}, p99 {ot['p99']:.0f})\n"
+    )
+    if sweep:
+        sys.stdout.write("planned over the requests' sizes at each rate of the sweep\n\n")
+    elif sm["rate_from"] == "arrival-rate":
+        sys.stdout.write(f"planned over the requests' sizes at {t.rate:g} rps (--arrival-rate)\n\n")
+    else:
+        sys.stdout.write(
+            f"planned over the requests' sizes at {t.rate:.4g} rps, the busiest {sm['window_s']:g} s "
+            "(--arrival-rate to choose another)\n\n"
+        )
 
 
 def _parse_sweep(text: str) -> list[float]:
@@ -366,6 +461,13 @@ def _print_table(pl: Any, disaggregated: Any = None) -> None:
             f"decode sized by {_BOUND_TEXT.get(d['decode_bound'], d['decode_bound'])}   KV cache "
             f"{int(dec['kv_cache_tokens']):,} tokens / {_fmt(dec['kv_footprint_tokens'], 0)} per sequence "
             f"-> {int(dec['kv_slots'])} sequence{'' if int(dec['kv_slots']) == 1 else 's'} (up to the slots)\n"
+        )
+    sz = st.get("sizes")
+    if sz:
+        out(
+            f"request sizes: sized for {_fmt(100 * sz['covered_fraction'], 1)} % of the requests that can meet "
+            f"TTFT, their waits at p{_fmt(100 * sz['wait_percentile'], 2)}; "
+            f"{_fmt(100 * sz['idle_miss_fraction'], 2)} % miss even on an idle system\n"
         )
     pr = d["predicted"]
     out(
@@ -471,14 +573,20 @@ def run(args: argparse.Namespace) -> int:
     if placement not in ("disaggregated", "colocated", "conditional"):
         raise UsageError(f"placement must be disaggregated, colocated or conditional, got {placement!r}")
     chunked = bool(vals["chunked"])
+    trace = _trace_demand(args) if args.trace else None
+    sizes = trace.sizes if trace is not None else None
+    if trace is not None and args.output != "json":
+        _print_trace(trace, bool(args.sweep))
     if args.sweep:
         rates = _parse_sweep(args.sweep)
         plans = []
         for rate in rates:
-            demand, models, slo, bounds, budget = _build(vals, arrival=rate)
+            demand, models, slo, bounds, budget = _build(vals, arrival=rate, sizes=sizes)
             plans.append(plan(demand, models, slo, bounds, budget, placement, chunked))
         if args.output == "json":
             doc = {"schema": "disagg.plan.sweep/v1", "points": [pl.to_dict() for pl in plans]}
+            if trace is not None:
+                doc["trace"] = trace.summary
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         else:
             pools = [n for n in POOL_NAMES if n in plans[0].pools]
@@ -499,10 +607,15 @@ def run(args: argparse.Namespace) -> int:
             if args.output != "json":
                 sys.stdout.write(f"wrote {args.plot}\n")
         return 0
-    demand, models, slo, bounds, budget = _build(vals)
+    demand, models, slo, bounds, budget = _build(
+        vals, arrival=trace.rate if trace is not None else None, sizes=sizes
+    )
     pl = plan(demand, models, slo, bounds, budget, placement, chunked)
     if args.output == "json":
-        sys.stdout.write(json.dumps(pl.to_dict(), indent=2) + "\n")
+        doc = pl.to_dict()
+        if trace is not None:
+            doc["trace"] = trace.summary
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         stalled = (
             placement == names.PLACEMENT_COLOCATED
