@@ -28,7 +28,7 @@ from endpoint_stack import (
     retrying_openai_request,
 )
 
-from disagg import api, loop, metrics, promclient, routerclient
+from disagg import api, loop, metrics, names, promclient, routerclient, status
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -278,8 +278,20 @@ def test_operator_killed_mid_drain_through_the_endpoint_loses_no_response(endpoi
         run.check()
         return [p for p in stack.pods() if "disagg.dev/drain" in (p["metadata"].get("annotations") or {})]
 
+    def out_of_routing():
+        # Killed between writing the drain record and taking the pod out of routing, the operator
+        # leaves the pod routable until its restart (tests/unit/test_drain_resume_routing.py): the
+        # requests of that outage are not the restart's doing. Killed once the gate is False (the
+        # router call follows within milliseconds), the restart must finish the drain without
+        # bringing the pod back to the routers.
+        pods = draining()
+        return pods and all(status.pod_condition(p, names.READINESS_GATE) == "False" for p in pods)
+
     stack.cluster.wait_for(
-        draining, timeout=LOADGEN_START_S + load_s, interval=0.5, what=f"a drain to start\n{stack.debug()}"
+        out_of_routing,
+        timeout=LOADGEN_START_S + load_s,
+        interval=0.5,
+        what=f"a drain to start and take its pod out of routing\n{stack.debug()}",
     )
     assert stack.operator is not None
     stack.operator.kill()
