@@ -56,6 +56,8 @@ from disagg.sizes import SizeDistribution, demand_with_sizes
 TARGET_MS = 50.0
 SIZES_TARGET_MS = 100.0  # with request-size distributions (issue 14)
 N = 1000
+# token histogram bucket bounds, 1-2-5 as vLLM exports them
+BUCKET_EDGES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000]
 
 
 def repeated_points(n: int = N) -> list[Demand]:
@@ -95,12 +97,12 @@ def _histogram(rng: random.Random, edges: list[float], scale: float) -> list[tup
 
 def size_points(n: int = N) -> list[Demand]:
     rng = random.Random(13)
-    edges = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000]
     return [
         demand_with_sizes(
             rng.uniform(0, 60),
             SizeDistribution.from_buckets(
-                _histogram(rng, edges, rng.uniform(300, 6000)), _histogram(rng, edges, rng.uniform(50, 800))
+                _histogram(rng, BUCKET_EDGES, rng.uniform(300, 6000)),
+                _histogram(rng, BUCKET_EDGES, rng.uniform(50, 800)),
             ),
             arrival_ca2=rng.uniform(0.8, 4.0),
         )
@@ -110,8 +112,9 @@ def size_points(n: int = N) -> list[Demand]:
 
 def sweep_points(n: int = N) -> list[Demand]:
     rng = random.Random(17)
-    edges = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000]
-    sizes = SizeDistribution.from_buckets(_histogram(rng, edges, 2000.0), _histogram(rng, edges, 300.0))
+    sizes = SizeDistribution.from_buckets(
+        _histogram(rng, BUCKET_EDGES, 2000.0), _histogram(rng, BUCKET_EDGES, 300.0)
+    )
     return [demand_with_sizes(60.0 * i / n, sizes) for i in range(n)]
 
 

@@ -64,7 +64,7 @@ from disagg.model import StageModels
 from disagg.planner import SLO, Demand, PoolBounds, plan, split_threshold_tokens
 from disagg.sim.core import DONE, INF, REJECTED, Job
 from disagg.sim.engine import Cluster, SimConfig
-from disagg.sizes import SizeDistribution
+from disagg.sizes import MIN_SIZE_SAMPLES, SizeDistribution
 from disagg.workload import Workload, check_request_count, piecewise_poisson
 
 __all__ = [
@@ -644,10 +644,6 @@ def tuning_for(s: EvalSettings) -> autoscaler.Tuning:
     )
 
 
-#: A window with fewer requests than this gives no size distribution (the mean/std shape is used).
-MIN_SIZE_SAMPLES = 20
-
-
 def sizing_observation(
     w: Workload, lo: float, hi: float, count_interval_s: float, sizes: bool = True
 ) -> tuple[SizeDistribution | None, tuple[float, ...] | None]:
@@ -658,7 +654,7 @@ def sizing_observation(
     t = w.arrival_s
     i, j = np.searchsorted(t, [lo, hi])
     dist = None
-    if sizes and j - i >= MIN_SIZE_SAMPLES:
+    if sizes and j - i >= MIN_SIZE_SAMPLES:  # fewer: no size distribution, the mean/std shape
         dist = SizeDistribution.from_samples(w.prompt_tokens[i:j], w.output_tokens[i:j])
     start = max(0.0, hi - autoscaler.BURST_HORIZON_S)
     a, b = np.searchsorted(t, [start, hi])

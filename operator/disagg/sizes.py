@@ -53,6 +53,7 @@ import numpy as np
 from disagg.model import GIB, StageModels
 
 __all__ = [
+    "MIN_SIZE_SAMPLES",
     "Covers",
     "SizeDistribution",
     "demand_with_sizes",
@@ -76,6 +77,9 @@ RELAXED_SHARES: tuple[float, ...] = ()
 # Covers that would need the waits below this far into their tail are not tried: they
 # only win when nearly every request is covered anyway, and their tables are long.
 MAX_WAIT_PERCENTILE = 0.999
+#: Requests a size distribution is built from at the least (`disagg evaluate`'s windows, `disagg
+#: plan --trace`): with fewer, the tail classes hold a request or two each.
+MIN_SIZE_SAMPLES = 20
 _LOGNORMAL_POINTS = 2000  # quantile points that discretise a log-normal
 # position of each slice's upper edge in its class: j / n for j = 1..n (the last exactly 1)
 _SLICE_FRACTIONS = np.arange(1, SUBCLASSES_PER_BUCKET + 1) / SUBCLASSES_PER_BUCKET

@@ -330,8 +330,7 @@ def _trace_demand(args: argparse.Namespace) -> _TraceDemand:
     """The trace's requests as a size distribution, and the rate to plan them at."""
     from disagg import api
     from disagg.cli import UsageError
-    from disagg.evaluate import MIN_SIZE_SAMPLES
-    from disagg.sizes import SizeDistribution
+    from disagg.sizes import MIN_SIZE_SAMPLES, SizeDistribution
 
     w = traceflags.read_trace(args, fmt=args.format)
     n = len(w)
