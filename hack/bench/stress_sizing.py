@@ -6,7 +6,9 @@ Usage: PYTHONPATH=operator python hack/bench/stress_sizing.py [--minutes 60] [--
 
 Replays synthetic workloads none of the constants were tuned on -- smooth Poisson (what
 each input costs), on/off bursts, heavy-tailed prompt lengths, a sudden shift from short
-to long prompts, arrivals in batches, spikes shorter than a start-up -- through
+to long prompts, arrivals in batches, spikes shorter than a start-up; and, added after
+the decision's constants were set: the shift back to short prompts, a shift to long
+outputs, a steady ramp, and traffic that stops and comes back -- through
 `disagg evaluate`'s virtual-time harness with the `disagg` policy, and with the same
 policy fed, one at a time and together, by
 
@@ -85,6 +87,43 @@ def workloads(minutes: float) -> dict[str, Workload]:
         ),
         "spikes: 3 -> 12 rps for 30 s every 5 min (shorter than a start-up)": spikes(
             3, 12, 300, 30, dur, prompt_tokens=(3, 4000), output_tokens=(20, 300), seed=3
+        ),
+        **later_workloads(dur),
+    }
+
+
+def later_workloads(dur: float) -> dict[str, Workload]:
+    """Four workloads added after every constant of the decision was set, and measured once
+    (docs/evaluation.md, "Four more adversarial workloads"): a shift the other way, a shift
+    of the decode work, a steady ramp, and traffic that stops and comes back."""
+    rng = np.random.default_rng(31)
+
+    def halves(first: tuple[int, int], second: tuple[int, int], at: np.ndarray) -> np.ndarray:
+        return np.where(at < dur / 2, rng.integers(*first, at.size), rng.integers(*second, at.size))
+
+    long_short = piecewise_poisson([(dur, 4.0)], rng)
+    outputs = piecewise_poisson([(dur, 4.0)], rng)
+    steps = int(dur // 10.0)  # the ramp's rate changes every 10 s
+    ramp = piecewise_poisson([(10.0, 1.0 + 11.0 * (i + 0.5) / steps) for i in range(steps)], rng)
+    gap = piecewise_poisson([(dur / 3, 6.0), (dur / 3, 0.0), (dur / 3, 6.0)], rng)
+    return {
+        "long -> short prompts at half time (4 rps)": Workload(
+            long_short,
+            halves((6000, 12000), (200, 800), long_short),
+            rng.integers(50, 300, long_short.size),
+            name="long-short",
+        ),
+        "short -> long outputs at half time (4 rps)": Workload(
+            outputs,
+            rng.integers(200, 3000, outputs.size),
+            halves((20, 200), (800, 2500), outputs),
+            name="output-shift",
+        ),
+        "ramp 1 -> 12 rps over the hour": Workload(
+            ramp, rng.integers(3, 4000, ramp.size), rng.integers(20, 300, ramp.size), name="ramp"
+        ),
+        "silence: 6 rps, nothing for a third of the time, then 6 rps again": Workload(
+            gap, rng.integers(3, 4000, gap.size), rng.integers(20, 300, gap.size), name="silence"
         ),
     }
 
