@@ -465,6 +465,9 @@ class DecisionRecord:
     arrival_dispersion: float | None = None  # measured index of dispersion used (None: Poisson)
     auto_headroom: float | None = None  # automatic headroom used (None: the spec's headroom only)
     before_rise: float | None = None  # share of the rate a rise under way began from (None: unknown)
+    silence_rps: float | None = (
+        None  # rate stood ready for while traffic that stopped may return (None: none)
+    )
     front_gain: float | None = None  # learnt multiplier on the front pools' load (None: switched off)
     size_classes: int | None = None  # prompt size classes planned over (None: the mean request)
 
@@ -518,6 +521,7 @@ class DecisionRecord:
                 "arrivalDispersion": _r(self.arrival_dispersion),
                 "autoHeadroom": _r(self.auto_headroom),
                 "beforeRise": _r(self.before_rise),
+                "silenceRps": _r(self.silence_rps),
                 "frontLoadGain": _r(self.front_gain),
                 "sizeClasses": self.size_classes,
                 "custom": {k: _r(v) for k, v in self.custom.items()},
@@ -583,6 +587,7 @@ class SizingInputs:
     dispersion: float | None = None  # index of dispersion of arrival counts
     auto_headroom: float | None = None  # fraction of demand, from the burst profile
     before_rise: float | None = None  # where a rise under way began, share of now
+    silence_rps: float | None = None  # rate to stand ready for while traffic that stopped may return
 
 
 def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInputs:
@@ -597,7 +602,7 @@ def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInpu
     step = obs.count_interval_s
     if not counts or step is None or not math.isclose(step, config.count_interval_s, rel_tol=1e-6):
         counts = None
-    disp = auto = base = None
+    disp = auto = base = silent = None
     try:
         if counts is not None and sz.burstiness:
             span = max(1, round(DISPERSION_SPAN_S / step))
@@ -624,9 +629,19 @@ def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInpu
                     window_s=config.window_s,
                     z=burstiness.noise_z(config.planning.slo.percentile),
                 )
+                silent = burstiness.silence_rate(
+                    counts,
+                    step,
+                    startup_s=lead_s,
+                    window_s=config.window_s,
+                    quantile=config.planning.slo.percentile,
+                    z=burstiness.noise_z(config.planning.slo.percentile),
+                )
     except ValueError:
-        disp = auto = base = None  # invalid counts: missing
-    return SizingInputs(sizes=sizes, dispersion=disp, auto_headroom=auto, before_rise=base)
+        disp = auto = base = silent = None  # invalid counts: missing
+    return SizingInputs(
+        sizes=sizes, dispersion=disp, auto_headroom=auto, before_rise=base, silence_rps=silent
+    )
 
 
 def observed_kv_footprint(obs: Observation, kv_cache_tokens: float) -> float | None:
@@ -1030,6 +1045,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
             dispersion=inputs.dispersion,
             auto_headroom=inputs.auto_headroom,
             before_rise=inputs.before_rise,
+            silence_rps=inputs.silence_rps,
         )
         plan_rate = rate
         try:
@@ -1163,6 +1179,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         arrival_dispersion=inputs.dispersion,
         auto_headroom=inputs.auto_headroom,
         before_rise=inputs.before_rise,
+        silence_rps=inputs.silence_rps,
         front_gain=gain if config.sizing.front_load_gain else None,
         size_classes=len(inputs.sizes.prompt_tokens) if inputs.sizes is not None else None,
     )

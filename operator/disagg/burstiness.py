@@ -1,6 +1,6 @@
 """Measured burstiness of the arrival process, and the standing headroom bursts call for.
 
-Pure (numpy and the standard library). Three numbers, all from arrival counts per
+Pure (numpy and the standard library). Four numbers, all from arrival counts per
 equal sub-window (per scrape from Prometheus, or per bin from a window's requests):
 
 * `index_of_dispersion`: variance over mean of the counts within a level. A Poisson
@@ -23,6 +23,9 @@ equal sub-window (per scrape from Prometheus, or per bin from a window's request
 * `before_rise`: the rate a rise now under way began from, as a share of the current
   one (the least window mean over the last window): a burst still ramping into the
   window's mean is using the headroom that stood for it, and only the rest stands over it.
+* `silence_rate`: the rises `burst_headroom` cannot size, from a silent window (or falls
+  into one), as the rates they reach: over a silence a share of the current rate stands
+  ready for nothing, and this is the rate to stand ready for instead.
 """
 
 from __future__ import annotations
@@ -30,10 +33,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from statistics import NormalDist
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["arrival_counts", "before_rise", "burst_headroom", "index_of_dispersion", "noise_z"]
+__all__ = [
+    "arrival_counts",
+    "before_rise",
+    "burst_headroom",
+    "index_of_dispersion",
+    "noise_z",
+    "silence_rate",
+]
 
 MIN_COUNTS = 4  # sub-windows needed before a dispersion means anything
 BURST_QUANTILE = 0.95  # default share of requests whose rises the standing headroom covers
@@ -168,14 +179,85 @@ def burst_headroom(
     On smooth traffic the rises stay within counting noise and this is ~0 (see
     docs/planner.md for what it costs where they do not).
     """
+    _check_profile_args(sub_window_s, window_s, startup_s, quantile, dispersion)
+    if floor < 0 or cap < floor:
+        raise ValueError(f"need 0 <= floor <= cap, got floor={floor!r}, cap={cap!r}")
+    pts = _judged(counts, sub_window_s, startup_s=startup_s, window_s=window_s, z=z, dispersion=dispersion)
+    if pts is None or pts.rel.size == 0:
+        return None
+    rel, weights = pts.rel, pts.weight
+    return float(min(cap, max(floor, _weighted_quantile(rel, weights, quantile))))
+
+
+def silence_rate(
+    counts: Sequence[float] | np.ndarray,
+    sub_window_s: float,
+    *,
+    startup_s: float,
+    window_s: float,
+    quantile: float = BURST_QUANTILE,
+    z: float = NOISE_Z,
+    dispersion: float = 1.0,
+) -> float | None:
+    """The rate (req/s) to stand ready for while traffic that stopped may come back.
+
+    `burst_headroom` is a share of the current rate, so over a silent window it keeps
+    nothing, and a rise from silence (or a fall into it, read as the rise its traffic
+    made when it began) has no size relative to its foot: `burst_headroom` leaves those
+    out. This judges them as the rates they reach, beyond the same counting noise, each
+    weighted by that rate: the requests it would bring before capacity asked for then
+    serves. None when they bring at most ``1 - quantile`` of the requests of every rise in
+    the horizon (the SLO lets them miss); otherwise the least rate that leaves no more
+    than that share of them uncovered. The traffic's first arrival in the counts is
+    never such a rise (`burst_headroom`'s docstring), so a new deployment stands ready
+    for nothing.
+    """
+    _check_profile_args(sub_window_s, window_s, startup_s, quantile, dispersion)
+    pts = _judged(counts, sub_window_s, startup_s=startup_s, window_s=window_s, z=z, dispersion=dispersion)
+    if pts is None or pts.from_silence.size == 0:
+        return None
+    allowed = (1.0 - quantile) * (float(pts.weight.sum()) + float(pts.silence_weight.sum()))
+    order = np.argsort(-pts.from_silence, kind="stable")  # the largest first
+    uncovered = np.cumsum(pts.silence_weight[order])
+    if uncovered[-1] <= allowed:
+        return None
+    # largest first, the first rate at which the uncovered weight passes the allowed share:
+    # standing ready for it covers it and every smaller one, and leaves only those above it
+    i = int(np.searchsorted(uncovered, allowed, side="right"))
+    return float(pts.from_silence[order[i]])
+
+
+def _check_profile_args(
+    sub_window_s: float, window_s: float, startup_s: float, quantile: float, dispersion: float
+) -> None:
     if not (sub_window_s > 0 and window_s > 0 and startup_s >= 0):
         raise ValueError("sub_window_s and window_s must be > 0, startup_s >= 0")
     if not 0 < quantile < 1:
         raise ValueError(f"quantile must be in (0, 1), got {quantile!r}")
     if not (dispersion > 0 and math.isfinite(dispersion)):
         raise ValueError(f"dispersion must be > 0, got {dispersion!r}")
-    if floor < 0 or cap < floor:
-        raise ValueError(f"need 0 <= floor <= cap, got floor={floor!r}, cap={cap!r}")
+
+
+class _Judged(NamedTuple):
+    """The horizon's rises, as `burst_headroom` and `silence_rate` judge them."""
+
+    rel: np.ndarray  # rises from a rate above zero, relative to it (beyond noise, >= 0)
+    weight: np.ndarray  # the rate each rises to (the requests it would leave unserved)
+    from_silence: np.ndarray  # rises from a silent window (or falls into one): the rate, beyond noise
+    silence_weight: np.ndarray  # the rate each rises to (or falls from)
+
+
+def _judged(
+    counts: Sequence[float] | np.ndarray,
+    sub_window_s: float,
+    *,
+    startup_s: float,
+    window_s: float,
+    z: float,
+    dispersion: float,
+) -> _Judged | None:
+    """Every rise within one start-up over the horizon (`burst_headroom`'s docstring); None
+    when the counts from the first arrival on are shorter than one window plus one start-up."""
     c = _counts(counts)
     k = max(1, round(window_s / sub_window_s))  # sub-windows per planning window
     lead = max(1, math.ceil(startup_s / sub_window_s - 1e-9))  # sub-windows per start-up
@@ -202,13 +284,17 @@ def burst_headroom(
     # that of the larger rate on both sides
     fall = now - low - zs * np.sqrt(dispersion * 2.0 * now / w)
     ok_rise, ok_fall = now > 0, low > 0
-    if not (ok_rise.any() or ok_fall.any()):
-        return None
-    rel = np.concatenate(
-        (np.maximum(rise[ok_rise], 0.0) / now[ok_rise], np.maximum(fall[ok_fall], 0.0) / low[ok_fall])
+    # From (or into) a silent window the rise has no size relative to its foot: it is kept
+    # apart, as the rate it reaches
+    up, down = ~ok_rise & (rise > 0), ok_rise & ~ok_fall & (fall > 0)
+    return _Judged(
+        np.concatenate(
+            (np.maximum(rise[ok_rise], 0.0) / now[ok_rise], np.maximum(fall[ok_fall], 0.0) / low[ok_fall])
+        ),
+        np.concatenate((ahead[ok_rise], now[ok_fall])),
+        np.concatenate((rise[up], fall[down])),
+        np.concatenate((ahead[up], now[down])),
     )
-    weights = np.concatenate((ahead[ok_rise], now[ok_fall]))
-    return float(min(cap, max(floor, _weighted_quantile(rel, weights, quantile))))
 
 
 def before_rise(

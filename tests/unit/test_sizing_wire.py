@@ -237,4 +237,13 @@ def test_the_decision_record_shows_the_inputs_it_used() -> None:
     plain = autoscaler.decide(
         cfg, replace(obs, sizes=None, arrival_counts=None), autoscaler.ScalerState()
     ).record.to_status()["inputs"]
-    assert not {"arrivalDispersion", "autoHeadroom", "beforeRise", "sizeClasses"} & set(plain)
+    assert not {"arrivalDispersion", "autoHeadroom", "beforeRise", "sizeClasses", "silenceRps"} & set(plain)
+    # on/off that never falls silent stands ready for no returning rate; traffic that stopped
+    # does (4 req/s from 120 counts of 30 s, then 10 minutes of nothing), and the plan is for it
+    assert "silenceRps" not in got
+    stopped = tuple([120.0] * 100 + [0.0] * 20)
+    quiet = autoscaler.decide(
+        cfg, replace(obs, arrival_rps=0.0, arrival_counts=stopped), autoscaler.ScalerState()
+    ).record.to_status()["inputs"]
+    assert 2.5 < quiet["silenceRps"] <= 4.0  # less its counting noise
+    assert quiet["plannedRps"] >= quiet["silenceRps"]
