@@ -465,9 +465,7 @@ class DecisionRecord:
     arrival_dispersion: float | None = None  # measured index of dispersion used (None: Poisson)
     auto_headroom: float | None = None  # automatic headroom used (None: the spec's headroom only)
     before_rise: float | None = None  # share of the rate a rise under way began from (None: unknown)
-    silence_rps: float | None = (
-        None  # rate stood ready for while traffic that stopped may return (None: none)
-    )
+    silence_rps: float | None = None  # rate stood ready for over a silence (None: none needed)
     front_gain: float | None = None  # learnt multiplier on the front pools' load (None: switched off)
     size_classes: int | None = None  # prompt size classes planned over (None: the mean request)
 
