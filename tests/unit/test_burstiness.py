@@ -354,7 +354,7 @@ def test_traffic_that_stopped_is_stood_ready_for_at_the_rate_it_stopped_from() -
     smooth = arrival_counts(poisson(6, 3600.0, seed=8).arrival_s, 15, 0.0, 3600.0)
     assert silence_rate(smooth, 15, **kw) is None
     assert silence_rate(counts(on_off(10, 2, 150, 150), 15), 15, **kw) is None
-    # a return from silence (its foot unseen: the counts open in the silence after traffic)
+    # traffic that stopped and came back: the fall and the return both stand in the horizon
     back = arrival_counts(piecewise_poisson([(600.0, 6.0), (600.0, 0.0), (600.0, 6.0)], rng), 15, 0.0, 1800.0)
     assert 4.0 < silence_rate(back, 15, **kw) <= 6.0
     with pytest.raises(ValueError):
