@@ -614,14 +614,11 @@ def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInpu
             # the same counts includes the bursts themselves and would explain them away.
             pct = config.planning.slo.percentile
             z = burstiness.noise_z(pct)
-            auto = burstiness.burst_headroom(
+            auto, silent = burstiness.burst_profile(
                 counts, step, startup_s=lead_s, window_s=config.window_s, quantile=pct, z=z
             )
             if auto is not None:
                 base = burstiness.before_rise(counts, step, window_s=config.window_s, z=z)
-                silent = burstiness.silence_rate(
-                    counts, step, startup_s=lead_s, window_s=config.window_s, quantile=pct, z=z
-                )
     except ValueError:
         disp = auto = base = silent = None  # invalid counts: missing
     return SizingInputs(

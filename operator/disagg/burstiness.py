@@ -26,6 +26,8 @@ equal sub-window (per scrape from Prometheus, or per bin from a window's request
 * `silence_rate`: the rises `burst_headroom` cannot size, from a silent window (or falls
   into one), as the rates they reach: over a silence a share of the current rate stands
   ready for nothing, and this is the rate to stand ready for instead.
+* `burst_profile`: both of the last two from one judging of the counts, as the decision
+  reads them each interval.
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = [
+    "BurstProfile",
     "arrival_counts",
     "before_rise",
     "burst_headroom",
+    "burst_profile",
     "index_of_dispersion",
     "noise_z",
     "silence_rate",
@@ -179,14 +183,17 @@ def burst_headroom(
     On smooth traffic the rises stay within counting noise and this is ~0 (see
     docs/planner.md for what it costs where they do not).
     """
-    _check_profile_args(sub_window_s, window_s, startup_s, quantile, dispersion)
-    if floor < 0 or cap < floor:
-        raise ValueError(f"need 0 <= floor <= cap, got floor={floor!r}, cap={cap!r}")
-    pts = _judged(counts, sub_window_s, startup_s=startup_s, window_s=window_s, z=z, dispersion=dispersion)
-    if pts is None or pts.rel.size == 0:
-        return None
-    rel, weights = pts.rel, pts.weight
-    return float(min(cap, max(floor, _weighted_quantile(rel, weights, quantile))))
+    return burst_profile(
+        counts,
+        sub_window_s,
+        startup_s=startup_s,
+        window_s=window_s,
+        quantile=quantile,
+        z=z,
+        dispersion=dispersion,
+        floor=floor,
+        cap=cap,
+    ).headroom
 
 
 def silence_rate(
@@ -212,9 +219,52 @@ def silence_rate(
     never such a rise (`burst_headroom`'s docstring), so a new deployment stands ready
     for nothing.
     """
+    return burst_profile(
+        counts,
+        sub_window_s,
+        startup_s=startup_s,
+        window_s=window_s,
+        quantile=quantile,
+        z=z,
+        dispersion=dispersion,
+    ).silence_rps
+
+
+class BurstProfile(NamedTuple):
+    """What one reading of the horizon's rises gives the decision."""
+
+    headroom: float | None  # `burst_headroom`
+    silence_rps: float | None  # `silence_rate`; None whenever `headroom` is None
+
+
+def burst_profile(
+    counts: Sequence[float] | np.ndarray,
+    sub_window_s: float,
+    *,
+    startup_s: float,
+    window_s: float,
+    quantile: float = BURST_QUANTILE,
+    z: float = NOISE_Z,
+    dispersion: float = 1.0,
+    floor: float = 0.0,
+    cap: float = MAX_AUTO_HEADROOM,
+) -> BurstProfile:
+    """`burst_headroom` and `silence_rate` from one judging of the counts' rises (the
+    decision needs both each interval). The rate over a silence is read only where the
+    headroom is: with no rise from traffic above zero in the horizon there is none."""
     _check_profile_args(sub_window_s, window_s, startup_s, quantile, dispersion)
+    if floor < 0 or cap < floor:
+        raise ValueError(f"need 0 <= floor <= cap, got floor={floor!r}, cap={cap!r}")
     pts = _judged(counts, sub_window_s, startup_s=startup_s, window_s=window_s, z=z, dispersion=dispersion)
-    if pts is None or pts.from_silence.size == 0:
+    if pts is None or pts.rel.size == 0:
+        return BurstProfile(None, None)
+    headroom = float(min(cap, max(floor, _weighted_quantile(pts.rel, pts.weight, quantile))))
+    return BurstProfile(headroom, _silence_floor(pts, quantile))
+
+
+def _silence_floor(pts: _Judged, quantile: float) -> float | None:
+    """`silence_rate` on judged rises."""
+    if pts.from_silence.size == 0:
         return None
     allowed = (1.0 - quantile) * (float(pts.weight.sum()) + float(pts.silence_weight.sum()))
     order = np.argsort(-pts.from_silence, kind="stable")  # the largest first

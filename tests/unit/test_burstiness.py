@@ -9,6 +9,7 @@ from disagg.burstiness import (
     arrival_counts,
     before_rise,
     burst_headroom,
+    burst_profile,
     index_of_dispersion,
     noise_z,
     silence_rate,
@@ -359,6 +360,20 @@ def test_traffic_that_stopped_is_stood_ready_for_at_the_rate_it_stopped_from() -
     assert 4.0 < silence_rate(back, 15, **kw) <= 6.0
     with pytest.raises(ValueError):
         silence_rate(back, 15, startup_s=60.0, window_s=60.0, quantile=1.0)
+
+
+def test_one_burst_profile_gives_the_headroom_and_the_silence_floor() -> None:
+    """The decision reads both from one judging of the counts: the same figures as the two
+    readings apart, and neither from counts shorter than a window plus a start-up."""
+    kw = {"startup_s": 105.0, "window_s": 60.0, "quantile": 0.99, "z": noise_z(0.99)}
+    rng = np.random.default_rng(12)
+    back = arrival_counts(piecewise_poisson([(600.0, 6.0), (600.0, 0.0), (600.0, 6.0)], rng), 15, 0.0, 1800.0)
+    profile = burst_profile(back, 15, **kw)
+    assert profile == (burst_headroom(back, 15, **kw), silence_rate(back, 15, **kw))
+    assert profile.headroom is not None and 4.0 < profile.silence_rps <= 6.0
+    assert burst_profile(back[:10], 15, **kw) == (None, None)
+    with pytest.raises(ValueError):
+        burst_profile(back, 15, **kw, floor=0.5, cap=0.2)
 
 
 def test_the_planned_rate_over_silence_is_the_rate_traffic_stopped_from() -> None:
