@@ -39,7 +39,7 @@ from disagg import api, burstiness, drain, metrics, names, planner, policy, stat
 from disagg.calibration import Calibrator
 from disagg.metrics import back_pool
 from disagg.model import StageModels
-from disagg.sizes import SizeDistribution, ttft_covers
+from disagg.sizes import MIN_SIZE_SAMPLES, SizeDistribution, ttft_covers
 
 __all__ = [
     "BURST_HORIZON_S",
@@ -90,10 +90,14 @@ FRONT_POOLS = (names.POOL_ENCODER, names.POOL_PREFILL)
 SHAPE_KEYS = (
     "prompt_tokens_mean",
     "output_tokens_mean",
+    "output_tokens_std",
     "media_fraction",
     "media_items_per_request",
     "kv_footprint_tokens",
 )
+#: Requests the last output shape counts for against a window's finished requests
+#: (`weighed_output_shape`): as many as a size distribution is built from at the least.
+SHAPE_PRIOR_REQUESTS = float(MIN_SIZE_SAMPLES)
 #: Running sequences on the back pool below which its KV usage says too little about the
 #: footprint of one sequence to replace the estimate from the token means.
 MIN_FOOTPRINT_SEQUENCES = 8
@@ -224,6 +228,9 @@ class Observation:
     prompt_tokens_std: float | None = None
     output_tokens_mean: float | None = None
     output_tokens_std: float | None = None
+    # requests the back pool finished per second over the window (its output-length
+    # histogram's count): how many the output mean and spread are read from
+    output_finished_rps: float | None = None
     # Multimodal demand: the fraction of requests carrying media and the items per such
     # request. Absent (None) until media metrics are read; the planner then assumes none.
     media_fraction: float | None = None
@@ -626,6 +633,64 @@ def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInpu
     )
 
 
+def weighed_output_shape(
+    obs: Observation, inputs: SizingInputs, shape: dict[str, float], window_s: float
+) -> tuple[Observation, SizingInputs]:
+    """The output lengths to plan with: the window's, weighed against the last ones planned
+    with by the requests each stands for; `shape` keeps the result for the next decision.
+
+    The engines count a request's output length when it finishes, so a quiet window shows
+    the stragglers of the last busy one, and those are its longest requests: read alone, one
+    request of 2,000 tokens finishing where the traffic's mean is 30 sized the decode pool for
+    2,000-token requests at whatever rate the decision plans for (docs/planner.md, "Output
+    lengths seen when requests finish"). The window's n finished requests (its output
+    histogram's count) weigh n against `SHAPE_PRIOR_REQUESTS` for the last shape: a busy
+    window sets the shape nearly alone, one finished request moves it a few per cent. The
+    result is the mixture of the two, so its spread includes their difference; with a size
+    distribution the last shape is one more output class.
+
+    Unchanged (and remembered) where the count or the last shape is unknown, or the window
+    shows no output lengths: the shape then holds as before (`demand_for`).
+    """
+    dist = inputs.sizes
+    if dist is not None:
+        m_w, s_w = dist.output_mean_std
+    else:
+        m_w, s_w = obs.output_tokens_mean, obs.output_tokens_std
+    if m_w is None or not (math.isfinite(m_w) and m_w > 0):
+        return obs, inputs
+    s_w = s_w if s_w is not None and math.isfinite(s_w) and s_w >= 0 else 0.0
+    rate = obs.output_finished_rps
+    m_0 = shape.get("output_tokens_mean")
+    if rate is None or not (math.isfinite(rate) and rate >= 0) or m_0 is None:
+        _remember_spread(shape, s_w)
+        return obs, inputs
+    s_0 = shape.get("output_tokens_std", 0.0)
+    n = rate * window_s
+    a = n / (n + SHAPE_PRIOR_REQUESTS) if n + SHAPE_PRIOR_REQUESTS > 0 else 1.0  # the window's share
+    mean = a * m_w + (1.0 - a) * m_0
+    var = max(0.0, a * (s_w * s_w + m_w * m_w) + (1.0 - a) * (s_0 * s_0 + m_0 * m_0) - mean * mean)
+    std = math.sqrt(var)
+    _remember_spread(shape, std)
+    if dist is not None:
+        dist = replace(
+            dist,
+            output_tokens=(*dist.output_tokens, m_0),
+            output_var=(*dist.output_var, s_0 * s_0),
+            output_weight=(*(a * w for w in dist.output_weight), 1.0 - a),
+        )
+        inputs = replace(inputs, sizes=dist)
+    return replace(obs, output_tokens_mean=mean, output_tokens_std=std), inputs
+
+
+def _remember_spread(shape: dict[str, float], std: float) -> None:
+    """Keep the output spread planned with (a shape value is remembered only above zero)."""
+    if std > 0:
+        shape["output_tokens_std"] = std
+    else:
+        shape.pop("output_tokens_std", None)
+
+
 def observed_kv_footprint(obs: Observation, kv_cache_tokens: float) -> float | None:
     """KV tokens one running sequence of the back pool holds, from the engines' own gauges:
     window-averaged summed KV usage x capacity / window-averaged running sequences, i.e.
@@ -1006,6 +1071,10 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
     admitted: float | None = None
     notes: list[str] = []
     inputs = sizing_inputs(config, obs, lead) if observed is not None else SizingInputs()
+    # the demand's view: the output lengths weighed against the last ones (the record keeps the window's)
+    seen = obs
+    if observed is not None:
+        seen, inputs = weighed_output_shape(obs, inputs, shape, config.window_s)
     gain, gain_at, miss_since = state.front_gain, state.front_gain_at, state.miss_since
     if observed is not None:
         queued = sum(v for v in obs.queued.values() if v is not None and math.isfinite(v))
@@ -1032,7 +1101,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         plan_rate = rate
         try:
             footprint = observed_kv_footprint(obs, models.decode.kv_cache_tokens)
-            plan = config.planning.plan(demand_for(obs, rate, shape, inputs, footprint), models)
+            plan = config.planning.plan(demand_for(seen, rate, shape, inputs, footprint), models)
             planned = _pooled(plan, pools)
             gain, gain_at, miss_since = learnt_front_gain(
                 config, obs, state, models, current=current, planned=planned, startup_s=startup_s
@@ -1040,7 +1109,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
             base = planned
             planned = front_sized(
                 config,
-                lambda r: config.planning.plan(demand_for(obs, r, shape, inputs, footprint), models),
+                lambda r: config.planning.plan(demand_for(seen, r, shape, inputs, footprint), models),
                 rate,
                 gain,
                 planned,
@@ -1066,7 +1135,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
             # door sheds what the pools cannot serve now, not what a forecast might bring.
             admitted = plan.admitted_fraction
             if pcfg.gpu_budget is not None and rate > observed:
-                now_plan = config.planning.plan(demand_for(obs, observed, shape, inputs, footprint), models)
+                now_plan = config.planning.plan(demand_for(seen, observed, shape, inputs, footprint), models)
                 floor = _pooled(now_plan, pools)
                 admitted = now_plan.admitted_fraction
             else:

@@ -413,6 +413,9 @@ class Obs:
     pending: dict[str, int]
     ttft_p: float | None
     queued: int = 0  # requests waiting for a prefill worker or a decode slot (num_requests_waiting)
+    # requests finished per second over the window: those the output shape is read from
+    # (None: not counted, the output mean and spread are taken as read)
+    output_finished_rps: float | None = None
     rate_short: float | None = None  # arrival rate over the short window (autoscaler.SHORT_WINDOW_SCRAPES)
     metrics_ok: bool = True
     media_fraction: float = 0.0  # share of the window's requests with media (encoder pods' rate / arrivals)
@@ -645,17 +648,26 @@ def tuning_for(s: EvalSettings) -> autoscaler.Tuning:
 
 
 def sizing_observation(
-    w: Workload, lo: float, hi: float, count_interval_s: float, sizes: bool = True
+    w: Workload,
+    lo: float,
+    hi: float,
+    count_interval_s: float,
+    sizes: bool = True,
+    outputs: Sequence[float] | np.ndarray | None = None,
 ) -> tuple[SizeDistribution | None, tuple[float, ...] | None]:
     """The issue-14 inputs at a decision seeing arrivals in [lo, hi): the size distribution of
     the window's requests (what the engines' token histograms give) and the arrival counts per
     `count_interval_s` over the trailing `autoscaler.BURST_HORIZON_S` (the Prometheus subquery).
-    `sizes` False: no size distribution (the spec does not use it; it is the costly part)."""
+    `outputs`: the output lengths the decode pool's histogram holds (the requests it finished;
+    None: those of the window's arrivals). `sizes` False: no size distribution (the spec does
+    not use it; it is the costly part)."""
     t = w.arrival_s
     i, j = np.searchsorted(t, [lo, hi])
+    out = w.output_tokens[i:j] if outputs is None else outputs
     dist = None
-    if sizes and j - i >= MIN_SIZE_SAMPLES:  # fewer: no size distribution, the mean/std shape
-        dist = SizeDistribution.from_samples(w.prompt_tokens[i:j], w.output_tokens[i:j])
+    # fewer arrivals: no size distribution, the mean/std shape
+    if sizes and j - i >= MIN_SIZE_SAMPLES and len(out) > 0:
+        dist = SizeDistribution.from_samples(w.prompt_tokens[i:j], out)
     start = max(0.0, hi - autoscaler.BURST_HORIZON_S)
     a, b = np.searchsorted(t, [start, hi])
     counts = arrival_counts(t[a:b], count_interval_s, start, hi)
@@ -679,8 +691,10 @@ def observation_from(o: Obs, startup_s: float, pools: tuple[str, ...] = POOLS) -
         arrival_rps_short=o.rate_short,
         prompt_tokens_mean=o.prompt_mean,
         prompt_tokens_std=o.prompt_std,
-        output_tokens_mean=max(1.0, o.output_mean),
-        output_tokens_std=o.output_std,
+        # none finished in the window: no output lengths (the decision holds its last shape)
+        output_tokens_mean=None if o.output_finished_rps == 0 else max(1.0, o.output_mean),
+        output_tokens_std=None if o.output_finished_rps == 0 else o.output_std,
+        output_finished_rps=o.output_finished_rps,
         media_fraction=o.media_fraction,
         media_items_per_request=o.items_per_request,
         queued={pools[0]: float(o.queued)},
@@ -1133,6 +1147,14 @@ def run_policy(
     timeline: list[dict[str, Any]] = []
     done_i = 0
     ttft_window: list[tuple[float, float]] = []  # (done time, ttft) of recent completions
+    # The engines observe a request's output length when it finishes (the decode pool's
+    # generation-tokens histogram), so the output shape a decision sees is that of the requests
+    # finished in its window, not of those that arrived in it: after a shift to longer outputs
+    # it shows only once they are done. The `disagg` policy sees none from a window that
+    # finished none (the operator then holds its shape); the baselines, which keep no shape of
+    # their own, are given the last window's (before the first request finishes, the arrivals').
+    finished_outputs: list[tuple[float, int]] = []  # (done time, output tokens) of recent completions
+    held_outputs: list[int] = []
     t_end_arrivals = arrival[-1] if n else 0.0
     report_every = max(1, n // 10)
     i = 0
@@ -1170,11 +1192,18 @@ def run_policy(
             # completions since the last tick, for the TTFT histogram
             while done_i < len(cl.r_done):
                 ttft_window.append((cl.r_done[done_i], cl.r_ttft[done_i], cl.r_pf_wait[done_i]))
+                finished_outputs.append((cl.r_done[done_i], output[cl.r_id[done_i]]))
                 done_i += 1
             ts = t - s.scrape_s  # one scrape interval late
             lo = ts - s.window_s
             ttft_window = [x for x in ttft_window if x[0] >= lo]
+            finished_outputs = [x for x in finished_outputs if x[0] >= lo]
             cnt, pm, ps, om, os_ = pre.stats(lo, ts)
+            done_outputs = [x[1] for x in finished_outputs if x[0] < ts]
+            if done_outputs:
+                held_outputs = done_outputs
+            if held_outputs:
+                om, os_ = float(np.mean(held_outputs)), float(np.std(held_outputs))
             # the replay starts at t=0: early windows are divided by the part they cover
             # (the load is taken to have been running before), not read as a ramp from zero
             covered = min(s.window_s, max(ts, s.scrape_s))
@@ -1190,6 +1219,7 @@ def run_policy(
                 prompt_std=ps,
                 output_mean=om,
                 output_std=os_,
+                output_finished_rps=len(done_outputs) / s.window_s,
                 util=lp.utilisation(t),
                 ready={p: len(lp.serving(p)) for p in lp.pools},
                 requested=lp.requested(),
@@ -1203,7 +1233,9 @@ def run_policy(
             )
             count_s = getattr(pol, "sizing_interval_s", None)
             if count_s is not None:
-                sizes, counts = sizing_observation(w, lo, ts, count_s, getattr(pol, "sizing_sizes", True))
+                sizes, counts = sizing_observation(
+                    w, lo, ts, count_s, getattr(pol, "sizing_sizes", True), done_outputs
+                )
                 obs = replace(
                     obs,
                     sizes=sizes,

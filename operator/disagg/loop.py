@@ -248,6 +248,7 @@ def observation(
         prompt_tokens_std=snap.spreads.get("prompt_tokens_std"),
         output_tokens_mean=val("output_tokens_mean"),
         output_tokens_std=snap.spreads.get("output_tokens_std"),
+        output_finished_rps=val("output_tokens_count_rate"),
         queued={p: v[f"queue.{p}"] for p in config.pools if f"queue.{p}" in v},
         running={p: v[f"running.{p}"] for p in config.pools if f"running.{p}" in v},
         kv_usage_sum=val("kv_usage_sum"),

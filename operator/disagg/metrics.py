@@ -15,7 +15,7 @@ import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from disagg.names import POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 
@@ -527,8 +527,15 @@ def parse_by_pod(
     return out
 
 
-def parse_buckets(result: Sequence[Mapping[str, Any]] | None, name: str) -> tuple[float, float]:
-    """Mean and standard deviation estimated from cumulative histogram bucket rates."""
+class BucketSummary(NamedTuple):
+    mean: float
+    std: float
+    rate: float  # observations per second (the +Inf bucket's rate)
+
+
+def parse_buckets(result: Sequence[Mapping[str, Any]] | None, name: str) -> BucketSummary:
+    """Mean and standard deviation estimated from cumulative histogram bucket rates, and the
+    rate of observations they hold."""
     pts: list[tuple[float, float]] = []
     for s in result or []:
         le = (s.get("metric") or {}).get("le")
@@ -554,7 +561,7 @@ def parse_buckets(result: Sequence[Mapping[str, Any]] | None, name: str) -> tupl
         prev, lo = cum, hi
     mean /= total
     var = max(sq / total - mean * mean, 0.0)
-    return mean, math.sqrt(var)
+    return BucketSummary(mean, math.sqrt(var), total)
 
 
 @dataclass
@@ -641,10 +648,11 @@ def build_snapshot(
             if q.kind == "scalar":
                 snap.values[q.name] = parse_scalar(res, q.name)
             elif q.kind == "buckets":
-                mean, std = parse_buckets(res, q.name)
+                mean, std, rate = parse_buckets(res, q.name)
                 base = q.name.removesuffix("_buckets")
                 snap.values.setdefault(f"{base}_mean", mean)
                 snap.spreads[f"{base}_std"] = std
+                snap.values[f"{base}_count_rate"] = rate  # e.g. requests finished per second
             elif q.kind == "by_worker":
                 snap.by_worker[q.name] = parse_by_pod(res, q.name, label="worker")
             else:

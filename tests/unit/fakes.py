@@ -307,9 +307,7 @@ class FakePrometheus:
             if q.kind == "scalar":
                 v = self.scalars.get(q.name)
                 out[q.name] = [] if v is None else [{"metric": {}, "value": [self.now, str(v)]}]
-            elif q.kind == "buckets":
-                out[q.name] = []
-            elif q.kind == "histogram":
+            elif q.kind in ("buckets", "histogram"):
                 out[q.name] = [
                     {"metric": {"le": "+Inf" if le == float("inf") else str(le)}, "value": [self.now, str(v)]}
                     for le, v in self.histograms.get(q.name, [])

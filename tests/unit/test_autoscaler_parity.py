@@ -50,6 +50,9 @@ class Row:
     running: float = 1.0
     kv_used: float | None = None
     kv_running: float | None = None
+    # requests the back pool finished per second (its output histogram's count; None: the
+    # histogram answers nothing), all with outputs between 0 and 2 x `output` tokens
+    finished: float | None = None
 
 
 def _row_cluster(kube: FakeKube, prom: FakePrometheus, row: Row, now: float, pools: tuple[str, ...]) -> None:
@@ -92,7 +95,8 @@ def _row_cluster(kube: FakeKube, prom: FakePrometheus, row: Row, now: float, poo
         ("arrival_rps", row.rate),
         ("arrival_rps_short", row.short),
         ("prompt_tokens_mean", row.prompt),
-        ("output_tokens_mean", row.output),
+        # a window that finished nothing has no mean (Prometheus answers 0 / 0)
+        ("output_tokens_mean", None if row.finished == 0 else row.output),
         ("ttft_p", row.ttft),
         ("kv_usage_sum", row.kv_used),
         ("kv_running_avg", row.kv_running),
@@ -105,6 +109,11 @@ def _row_cluster(kube: FakeKube, prom: FakePrometheus, row: Row, now: float, poo
             "prompt_tokens_histogram": row.prompt_buckets,
             "output_tokens_histogram": row.output_buckets,
         }
+    if row.finished is not None:
+        prom.histograms["output_tokens_buckets"] = [
+            (2 * row.output, row.finished),
+            (float("inf"), row.finished),
+        ]
     prom.series = {} if row.counts is None else {"arrival_counts_horizon": row.counts}
 
 
@@ -123,7 +132,9 @@ def _obs(row: Row, now: float, pools: tuple[str, ...]) -> Obs:
         prompt_mean=row.prompt,
         prompt_std=0.0,
         output_mean=row.output,
-        output_std=0.0,
+        # the spread the operator reads from the row's one bucket (uniform over it)
+        output_std=0.0 if row.finished is None else 2 * row.output / 12**0.5,
+        output_finished_rps=row.finished,
         util={},
         ready={},
         requested={p: row.replicas[p] - row.draining.get(p, 0) for p in pools},
@@ -264,6 +275,16 @@ MISSES = [
     Row(4.0, {"prefill": 2, "decode": 2}, ttft=0.9, pending={"prefill": 1}),
     Row(4.0, {"prefill": 2, "decode": 2}, ttft=0.9),
 ]
+# Output lengths counted as requests finish: busy windows of 20-token outputs, then a quiet
+# one that finished a single 2,000-token request (weighed by its one request), then one that
+# finished none (the shape holds).
+STRAGGLERS = [
+    Row(6.0, PD, output=20.0, finished=6.0),
+    Row(6.0, {"prefill": 2, "decode": 2}, output=20.0, finished=6.0),
+    Row(0.5, {"prefill": 2, "decode": 2}, output=2000.0, finished=1 / 60),
+    Row(0.5, {"prefill": 2, "decode": 2}, output=2000.0, finished=0.0),
+    Row(6.0, {"prefill": 2, "decode": 2}, short=6.0, output=2000.0, finished=6.0),
+]
 ALL_SIZING = {"requestSizes": True, "burstiness": True, "autoHeadroom": True}
 NO_SIZING = {"requestSizes": False, "burstiness": False, "autoHeadroom": False, "frontLoadGain": False}
 
@@ -276,6 +297,7 @@ CASES = {
     "sizes and bursty counts": (SIZED, replace(SETTINGS, sizing=ALL_SIZING)),
     "observed KV footprint": (KV, SETTINGS),
     "lasting TTFT misses at plan": (MISSES, SETTINGS),
+    "output lengths as requests finish": (STRAGGLERS, SETTINGS),
 }
 
 

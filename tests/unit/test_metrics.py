@@ -130,9 +130,10 @@ def test_zero_is_a_valid_value_when_reported():
 def test_bucket_mean_and_spread():
     # 100 observations uniform in (0, 1000]: buckets every 100.
     result = [sample(10 * i, le=str(100 * i)) for i in range(1, 11)] + [sample(100, le="+Inf")]
-    mean, std = m.parse_buckets(result, "prompt")
+    mean, std, rate = m.parse_buckets(result, "prompt")
     assert mean == pytest.approx(500, rel=0.01)
     assert std == pytest.approx(1000 / math.sqrt(12), rel=0.02)
+    assert rate == 100  # the +Inf bucket: how many observations the shape is read from
 
 
 def routable_snapshot(pods_running, sample_times, required_pods):
