@@ -89,14 +89,15 @@ FRONT_POOLS = (names.POOL_ENCODER, names.POOL_PREFILL)
 #: Token-shape keys remembered between windows that show no finished request.
 SHAPE_KEYS = (
     "prompt_tokens_mean",
+    "prompt_tokens_std",
     "output_tokens_mean",
     "output_tokens_std",
     "media_fraction",
     "media_items_per_request",
     "kv_footprint_tokens",
 )
-#: Requests the last output shape counts for against a window's finished requests
-#: (`weighed_output_shape`): as many as a size distribution is built from at the least.
+#: Requests the last token shape counts for against a window's (`weighed_shape`): as many
+#: as a size distribution is built from at the least.
 SHAPE_PRIOR_REQUESTS = float(MIN_SIZE_SAMPLES)
 #: Running sequences on the back pool below which its KV usage says too little about the
 #: footprint of one sequence to replace the estimate from the token means.
@@ -633,62 +634,68 @@ def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInpu
     )
 
 
-def weighed_output_shape(
+def weighed_shape(
     obs: Observation, inputs: SizingInputs, shape: dict[str, float], window_s: float
 ) -> tuple[Observation, SizingInputs]:
-    """The output lengths to plan with: the window's, weighed against the last ones planned
-    with by the requests each stands for; `shape` keeps the result for the next decision.
+    """The prompt and output lengths to plan with: the window's, each weighed against the last
+    ones planned with by the requests it was read from; `shape` keeps the result.
 
-    The engines count a request's output length when it finishes, so a quiet window shows
-    the stragglers of the last busy one, and those are its longest requests: read alone, one
-    request of 2,000 tokens finishing where the traffic's mean is 30 sized the decode pool for
-    2,000-token requests at whatever rate the decision plans for (docs/planner.md, "Output
-    lengths seen when requests finish"). The window's n finished requests (its output
-    histogram's count) weigh n against `SHAPE_PRIOR_REQUESTS` for the last shape: a busy
-    window sets the shape nearly alone, one finished request moves it a few per cent. The
-    result is the mixture of the two, so its spread includes their difference; with a size
-    distribution the last shape is one more output class.
+    The engines count a request's lengths when it finishes, so a quiet window shows a few
+    requests, and for the outputs they are the stragglers of the last busy window, its
+    longest requests: read alone, one request of 2,000 tokens finishing where the traffic's
+    mean is 30 sized the decode pool for 2,000-token requests at whatever rate the decision
+    plans for (docs/planner.md, "Output lengths seen when requests finish"). The window's n
+    requests (the prompt histogram's count, which is the arrival rate, and the output
+    histogram's, `output_finished_rps`) weigh n against `SHAPE_PRIOR_REQUESTS` for the last
+    shape: a busy window sets the shape nearly alone, one request moves it a few per cent.
+    Each result is the mixture of the two, so its spread includes their difference; with a
+    size distribution the last shape is one more class of that marginal.
 
-    Unchanged (and remembered) where the count or the last shape is unknown, or the window
-    shows no output lengths: the shape then holds as before (`demand_for`).
+    A marginal stays as read (and is remembered) where its count or last shape is unknown;
+    one the window does not show holds as before (`demand_for`).
     """
     dist = inputs.sizes
-    if dist is not None:
-        m_w, s_w = dist.output_mean_std
-    else:
-        m_w, s_w = obs.output_tokens_mean, obs.output_tokens_std
-    if m_w is None or not (math.isfinite(m_w) and m_w > 0):
-        return obs, inputs
-    s_w = s_w if s_w is not None and math.isfinite(s_w) and s_w >= 0 else 0.0
-    rate = obs.output_finished_rps
-    m_0 = shape.get("output_tokens_mean")
-    if rate is None or not (math.isfinite(rate) and rate >= 0) or m_0 is None:
-        _remember_spread(shape, s_w)
-        return obs, inputs
-    s_0 = shape.get("output_tokens_std", 0.0)
-    n = rate * window_s
-    a = n / (n + SHAPE_PRIOR_REQUESTS) if n + SHAPE_PRIOR_REQUESTS > 0 else 1.0  # the window's share
-    mean = a * m_w + (1.0 - a) * m_0
-    var = max(0.0, a * (s_w * s_w + m_w * m_w) + (1.0 - a) * (s_0 * s_0 + m_0 * m_0) - mean * mean)
-    std = math.sqrt(var)
-    _remember_spread(shape, std)
-    if dist is not None:
-        dist = replace(
-            dist,
-            output_tokens=(*dist.output_tokens, m_0),
-            output_var=(*dist.output_var, s_0 * s_0),
-            output_weight=(*(a * w for w in dist.output_weight), 1.0 - a),
-        )
+    seen: dict[str, float] = {}
+    for side, count_rps in (("prompt", obs.arrival_rps), ("output", obs.output_finished_rps)):
+        if dist is not None:
+            m_w, s_w = getattr(dist, f"{side}_mean_std")
+        else:
+            m_w, s_w = getattr(obs, f"{side}_tokens_mean"), getattr(obs, f"{side}_tokens_std")
+        if m_w is None or not (math.isfinite(m_w) and m_w > 0):
+            continue
+        s_w = s_w if s_w is not None and math.isfinite(s_w) and s_w >= 0 else 0.0
+        m_0 = shape.get(f"{side}_tokens_mean")
+        if count_rps is None or not (math.isfinite(count_rps) and count_rps >= 0) or m_0 is None:
+            _remember_spread(shape, side, s_w)
+            continue
+        s_0 = shape.get(f"{side}_tokens_std", 0.0)
+        n = count_rps * window_s
+        a = n / (n + SHAPE_PRIOR_REQUESTS) if n + SHAPE_PRIOR_REQUESTS > 0 else 1.0  # the window's share
+        mean = a * m_w + (1.0 - a) * m_0
+        var = max(0.0, a * (s_w * s_w + m_w * m_w) + (1.0 - a) * (s_0 * s_0 + m_0 * m_0) - mean * mean)
+        seen[f"{side}_tokens_mean"], seen[f"{side}_tokens_std"] = mean, math.sqrt(var)
+        _remember_spread(shape, side, seen[f"{side}_tokens_std"])
+        if dist is not None:
+            tokens, var_, weight = (getattr(dist, f"{side}_{k}") for k in ("tokens", "var", "weight"))
+            dist = replace(
+                dist,
+                **{
+                    f"{side}_tokens": (*tokens, m_0),
+                    f"{side}_var": (*var_, s_0 * s_0),
+                    f"{side}_weight": (*(a * w for w in weight), 1.0 - a),
+                },
+            )
+    if dist is not inputs.sizes:
         inputs = replace(inputs, sizes=dist)
-    return replace(obs, output_tokens_mean=mean, output_tokens_std=std), inputs
+    return (replace(obs, **seen) if seen else obs), inputs
 
 
-def _remember_spread(shape: dict[str, float], std: float) -> None:
-    """Keep the output spread planned with (a shape value is remembered only above zero)."""
+def _remember_spread(shape: dict[str, float], side: str, std: float) -> None:
+    """Keep the spread planned with (a shape value is remembered only above zero)."""
     if std > 0:
-        shape["output_tokens_std"] = std
+        shape[f"{side}_tokens_std"] = std
     else:
-        shape.pop("output_tokens_std", None)
+        shape.pop(f"{side}_tokens_std", None)
 
 
 def observed_kv_footprint(obs: Observation, kv_cache_tokens: float) -> float | None:
@@ -1071,10 +1078,10 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
     admitted: float | None = None
     notes: list[str] = []
     inputs = sizing_inputs(config, obs, lead) if observed is not None else SizingInputs()
-    # the demand's view: the output lengths weighed against the last ones (the record keeps the window's)
+    # the demand's view: the token lengths weighed against the last ones (the record keeps the window's)
     seen = obs
     if observed is not None:
-        seen, inputs = weighed_output_shape(obs, inputs, shape, config.window_s)
+        seen, inputs = weighed_shape(obs, inputs, shape, config.window_s)
     gain, gain_at, miss_since = state.front_gain, state.front_gain_at, state.miss_since
     if observed is not None:
         queued = sum(v for v in obs.queued.values() if v is not None and math.isfinite(v))

@@ -2,8 +2,8 @@
 
 `disagg evaluate` shows a decision the output lengths of the requests finished in its window
 (the decode pool's generation-tokens histogram), not those of the requests that arrived in it,
-and the decision weighs a window's output shape by the requests it was read from
-(`autoscaler.weighed_output_shape`), so the stragglers of a burst do not size the decode pool.
+and the decision weighs a window's token shape by the requests it was read from
+(`autoscaler.weighed_shape`), so the stragglers of a burst do not size the decode pool.
 """
 
 from __future__ import annotations
@@ -89,9 +89,7 @@ def test_one_straggler_moves_the_output_shape_by_its_weight() -> None:
     the mixture of the two, one request against `SHAPE_PRIOR_REQUESTS`."""
     k = autoscaler.SHAPE_PRIOR_REQUESTS
     shape = {"output_tokens_mean": 30.0}
-    seen, _ = autoscaler.weighed_output_shape(
-        _obs(2000.0, 0.0, 1 / 60), autoscaler.SizingInputs(), shape, 60.0
-    )
+    seen, _ = autoscaler.weighed_shape(_obs(2000.0, 0.0, 1 / 60), autoscaler.SizingInputs(), shape, 60.0)
     a = 1 / (1 + k)
     mean = a * 2000.0 + (1 - a) * 30.0
     assert seen.output_tokens_mean == pytest.approx(mean)
@@ -100,22 +98,39 @@ def test_one_straggler_moves_the_output_shape_by_its_weight() -> None:
     assert shape["output_tokens_std"] == pytest.approx(seen.output_tokens_std)
     # a busy window (1,000 requests) sets the shape nearly alone
     shape = {"output_tokens_mean": 30.0}
-    busy, _ = autoscaler.weighed_output_shape(
-        _obs(2000.0, 0.0, 1000 / 60), autoscaler.SizingInputs(), shape, 60.0
-    )
+    busy, _ = autoscaler.weighed_shape(_obs(2000.0, 0.0, 1000 / 60), autoscaler.SizingInputs(), shape, 60.0)
     assert busy.output_tokens_mean == pytest.approx((1000 * 2000.0 + k * 30.0) / (1000 + k))
     # no count (an engine without the histogram) or no shape yet: the window's, as read
     for finished, last in ((None, {"output_tokens_mean": 30.0}), (1 / 60, {})):
-        same, _ = autoscaler.weighed_output_shape(
-            _obs(2000.0, 5.0, finished), autoscaler.SizingInputs(), last, 60.0
-        )
+        same, _ = autoscaler.weighed_shape(_obs(2000.0, 5.0, finished), autoscaler.SizingInputs(), last, 60.0)
         assert same.output_tokens_mean == 2000.0 and same.output_tokens_std == 5.0
+
+
+def test_a_quiet_windows_prompts_are_weighed_by_their_count_too() -> None:
+    """The prompt histogram's count is the arrival rate: one 7,000-token prompt in a window
+    after a shape of 2,000-token prompts moves it by one request's weight."""
+    k = autoscaler.SHAPE_PRIOR_REQUESTS
+    obs = autoscaler.Observation(
+        now=0.0,
+        metrics_ok=True,
+        pools={},
+        arrival_rps=1 / 60,
+        prompt_tokens_mean=7000.0,
+        prompt_tokens_std=0.0,
+    )
+    shape = {"prompt_tokens_mean": 2000.0, "prompt_tokens_std": 500.0}
+    seen, _ = autoscaler.weighed_shape(obs, autoscaler.SizingInputs(), shape, 60.0)
+    assert seen.prompt_tokens_mean == pytest.approx((7000.0 + k * 2000.0) / (1 + k))
+    assert seen.output_tokens_mean is None  # no output lengths in the window: held by demand_for
+    d = autoscaler.demand_for(seen, 5.0, shape)
+    assert d.prompt_tokens_mean == pytest.approx(seen.prompt_tokens_mean)
+    assert shape["prompt_tokens_mean"] == pytest.approx(seen.prompt_tokens_mean)  # the next one's prior
 
 
 def test_with_a_size_distribution_the_last_shape_is_one_more_output_class() -> None:
     window = SizeDistribution.from_samples(np.full(40, 1000.0), np.full(40, 2000.0))
     shape = {"output_tokens_mean": 30.0, "output_tokens_std": 4.0}
-    _, inputs = autoscaler.weighed_output_shape(
+    _, inputs = autoscaler.weighed_shape(
         _obs(2000.0, 0.0, 2 / 60), autoscaler.SizingInputs(sizes=window), shape, 60.0
     )
     mixed = inputs.sizes
