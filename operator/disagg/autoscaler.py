@@ -676,13 +676,13 @@ def weighed_shape(
         seen[f"{side}_tokens_mean"], seen[f"{side}_tokens_std"] = mean, math.sqrt(var)
         _remember_spread(shape, side, seen[f"{side}_tokens_std"])
         if dist is not None:
-            tokens, var_, weight = (getattr(dist, f"{side}_{k}") for k in ("tokens", "var", "weight"))
+            tokens, variances, weights = (getattr(dist, f"{side}_{k}") for k in ("tokens", "var", "weight"))
             dist = replace(
                 dist,
                 **{
                     f"{side}_tokens": (*tokens, m_0),
-                    f"{side}_var": (*var_, s_0 * s_0),
-                    f"{side}_weight": (*(a * w for w in weight), 1.0 - a),
+                    f"{side}_var": (*variances, s_0 * s_0),
+                    f"{side}_weight": (*(a * w for w in weights), 1.0 - a),
                 },
             )
     if dist is not inputs.sizes:

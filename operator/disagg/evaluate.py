@@ -652,22 +652,21 @@ def sizing_observation(
     lo: float,
     hi: float,
     count_interval_s: float,
+    outputs: Sequence[float] | np.ndarray,
     sizes: bool = True,
-    outputs: Sequence[float] | np.ndarray | None = None,
 ) -> tuple[SizeDistribution | None, tuple[float, ...] | None]:
     """The issue-14 inputs at a decision seeing arrivals in [lo, hi): the size distribution of
     the window's requests (what the engines' token histograms give) and the arrival counts per
     `count_interval_s` over the trailing `autoscaler.BURST_HORIZON_S` (the Prometheus subquery).
-    `outputs`: the output lengths the decode pool's histogram holds (the requests it finished;
-    None: those of the window's arrivals). `sizes` False: no size distribution (the spec does
+    `outputs`: the output lengths the decode pool's histogram holds (the requests it finished
+    in the window, as the engines record them). `sizes` False: no size distribution (the spec does
     not use it; it is the costly part)."""
     t = w.arrival_s
     i, j = np.searchsorted(t, [lo, hi])
-    out = w.output_tokens[i:j] if outputs is None else outputs
     dist = None
     # fewer arrivals: no size distribution, the mean/std shape
-    if sizes and j - i >= MIN_SIZE_SAMPLES and len(out) > 0:
-        dist = SizeDistribution.from_samples(w.prompt_tokens[i:j], out)
+    if sizes and j - i >= MIN_SIZE_SAMPLES and len(outputs) > 0:
+        dist = SizeDistribution.from_samples(w.prompt_tokens[i:j], outputs)
     start = max(0.0, hi - autoscaler.BURST_HORIZON_S)
     a, b = np.searchsorted(t, [start, hi])
     counts = arrival_counts(t[a:b], count_interval_s, start, hi)
@@ -1234,7 +1233,7 @@ def run_policy(
             count_s = getattr(pol, "sizing_interval_s", None)
             if count_s is not None:
                 sizes, counts = sizing_observation(
-                    w, lo, ts, count_s, getattr(pol, "sizing_sizes", True), done_outputs
+                    w, lo, ts, count_s, done_outputs, getattr(pol, "sizing_sizes", True)
                 )
                 obs = replace(
                     obs,
