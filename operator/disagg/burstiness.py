@@ -211,7 +211,9 @@ def silence_rate(
     `burst_headroom` is a share of the current rate, so over a silent window it keeps
     nothing, and a rise from silence (or a fall into it, read as the rise its traffic
     made when it began) has no size relative to its foot: `burst_headroom` leaves those
-    out. This judges them as the rates they reach, beyond the same counting noise, each
+    out. A window is silent when its count is within counting noise of none at ``z`` (a
+    straggler or two of traffic that stopped, which the engines count as it finishes).
+    This judges them as the rates they reach, beyond the same counting noise, each
     weighted by that rate: the requests it would bring before capacity asked for then
     serves. None when they bring at most ``1 - quantile`` of the requests of every rise in
     the horizon (the SLO lets them miss); otherwise the least rate that leaves no more
@@ -333,7 +335,11 @@ def _judged(
     # the least of a start-up's rates is biased low by that selection, so the fall's noise is
     # that of the larger rate on both sides
     fall = now - low - zs * np.sqrt(dispersion * 2.0 * now / w)
-    ok_rise, ok_fall = now > 0, low > 0
+    # A foot whose count is within counting noise of none (its lower bound at z is zero or less:
+    # c - z sqrt(dispersion c) <= 0) is silence: a few stragglers of traffic that stopped are not a
+    # rate a relative rise means anything against
+    quiet = z * z * dispersion / w
+    ok_rise, ok_fall = now > quiet, low > quiet
     # From (or into) a silent window the rise has no size relative to its foot: it is kept
     # apart, as the rate it reaches
     up, down = ~ok_rise & (rise > 0), ok_rise & ~ok_fall & (fall > 0)

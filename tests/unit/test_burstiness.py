@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from disagg.burstiness import (
+    MAX_AUTO_HEADROOM,
     arrival_counts,
     before_rise,
     burst_headroom,
@@ -401,3 +402,19 @@ def test_a_silence_in_the_traffic_does_not_cost_its_return() -> None:
     got = ev.run_policy("disagg", w, ev.with_startup(ev.EvalSettings(), 60.0)).metrics
     assert got["slo_attainment"] >= 0.99
     assert got["gpu_hours"] <= 1.25 * 4.0  # 2P+2D for the hour: 4 GPU-h
+
+
+def test_stragglers_of_traffic_that_stopped_are_silence_not_a_foot_to_rise_from() -> None:
+    """The engines count a request when it finishes, so after traffic stops a sub-window may
+    hold a straggler or two. A window of those is within counting noise of none: the fall into
+    it is judged as one into silence (the rate to stand ready for), not as a rise of a hundred
+    times its foot, which would hold the headroom at its cap for the whole horizon."""
+    kw = {"startup_s": 60.0, "window_s": 60.0, "quantile": 0.99, "z": noise_z(0.99)}
+    clean = [60.0] * 40 + [0.0] * 13
+    straggler = [60.0] * 40 + [1.0] + [0.0] * 12
+    assert burst_profile(straggler, 30, **kw) == pytest.approx(burst_profile(clean, 30, **kw), rel=0.1)
+    assert burst_profile(straggler, 30, **kw).headroom < 0.5
+    assert burst_profile(straggler, 30, **kw).silence_rps == pytest.approx(2.0, rel=0.5)
+    # a low rate that counting noise does not explain away stays a foot: a burst from it is relative
+    low_then_burst = [9.0, 11.0, 10.0, 10.0] * 12 + [80.0] * 4 + [10.0] * 8
+    assert burst_profile(low_then_burst, 30, **kw) == (MAX_AUTO_HEADROOM, None)
