@@ -5,10 +5,13 @@ Pure (numpy, the simulator, the planner and the policy). The simulator
 policy sets the pool sizes from metrics computed inside the simulation the
 way Prometheus would serve them: rates and token statistics over a
 ``window_s`` window, read one scrape interval late; TTFT as a histogram
-quantile. New workers serve after ``startup_s``; removed workers drain (no
-new work; deleted once nothing is in flight and no KV send is pending), so a
-draining policy loses no request. GPU-hours integrate every worker that holds
-GPUs (starting, serving, draining) x gpus per replica.
+quantile. The ``disagg`` policy sees the requests as the engines count them
+(`EngineCounts`: a request's prompt when its prefill is done, its output
+when it finishes), as the operator reads them. New workers serve after
+``startup_s``; removed workers drain (no new work; deleted once nothing is in
+flight and no KV send is pending), so a draining policy loses no request.
+GPU-hours integrate every worker that holds GPUs (starting, serving, draining)
+x gpus per replica.
 
 Policies (`POLICIES`):
 
@@ -403,8 +406,8 @@ class Obs:
     now: float
     rate: float
     count: int
-    prompt_mean: float
-    prompt_std: float
+    prompt_mean: float | None  # None: no request counted in the window
+    prompt_std: float | None
     output_mean: float
     output_std: float
     util: dict[str, float]
@@ -520,6 +523,9 @@ class Policy:
     drains = True
     instant = False  # no start-up delay (oracle)
     admits = False  # sheds at the front door what its plan does not admit (admission control)
+    # sees the arrival rate, arrival counts and prompt lengths as the engines count them
+    # (`EngineCounts`), as the operator reads them; the baselines' counterparts count arrivals
+    reads_engine_counts = False
     last_admitted = 1.0  # the admitted fraction of the last plan (planner.Plan.admitted_fraction)
 
     def __init__(self, s: EvalSettings, w: Workload, pre: _Prefix) -> None:
@@ -648,28 +654,32 @@ def tuning_for(s: EvalSettings) -> autoscaler.Tuning:
 
 
 def sizing_observation(
-    w: Workload,
+    counted_s: np.ndarray,
+    prompts: np.ndarray,
     lo: float,
     hi: float,
     count_interval_s: float,
     outputs: Sequence[float] | np.ndarray,
     sizes: bool = True,
 ) -> tuple[SizeDistribution | None, tuple[float, ...] | None]:
-    """The issue-14 inputs at a decision seeing arrivals in [lo, hi): the size distribution of
-    the window's requests (what the engines' token histograms give) and the arrival counts per
-    `count_interval_s` over the trailing `autoscaler.BURST_HORIZON_S` (the Prometheus subquery).
-    `outputs`: the output lengths the decode pool's histogram holds (the requests it finished
-    in the window, as the engines record them). `sizes` False: no size distribution (the spec does
-    not use it; it is the costly part)."""
-    t = w.arrival_s
-    i, j = np.searchsorted(t, [lo, hi])
+    """The issue-14 inputs at a decision seeing requests counted in [lo, hi): the size
+    distribution of the window's requests (what the engines' token histograms give) and the
+    requests counted per `count_interval_s` over the trailing `autoscaler.BURST_HORIZON_S` (the
+    Prometheus subquery). `counted_s` (sorted) and `prompts`: when each request was counted and
+    its prompt length (`EngineCounts`). `outputs`: the output lengths the decode pool's
+    histogram holds (the requests it finished in the window, as the engines record them).
+    `prompts` NaN: shed at the front door, no length on record.
+    `sizes` False: no size distribution (the spec does not use it; it is the costly part)."""
+    i, j = np.searchsorted(counted_s, [lo, hi])
+    seen = prompts[i:j]
+    seen = seen[~np.isnan(seen)]  # those shed at the front door have no prompt length on record
     dist = None
-    # fewer arrivals: no size distribution, the mean/std shape
-    if sizes and j - i >= MIN_SIZE_SAMPLES and len(outputs) > 0:
-        dist = SizeDistribution.from_samples(w.prompt_tokens[i:j], outputs)
+    # fewer requests: no size distribution, the mean/std shape
+    if sizes and seen.size >= MIN_SIZE_SAMPLES and len(outputs) > 0:
+        dist = SizeDistribution.from_samples(seen, outputs)
     start = max(0.0, hi - autoscaler.BURST_HORIZON_S)
-    a, b = np.searchsorted(t, [start, hi])
-    counts = arrival_counts(t[a:b], count_interval_s, start, hi)
+    a, b = np.searchsorted(counted_s, [start, hi])
+    counts = arrival_counts(counted_s[a:b], count_interval_s, start, hi)
     return dist, (tuple(float(c) for c in counts) or None)
 
 
@@ -715,6 +725,7 @@ class DisaggPolicy(Policy):
 
     name = "disagg"
     admits = True  # the last plan of a decision is for the observed rate (the budget floor)
+    reads_engine_counts = True
 
     def __init__(
         self, s: EvalSettings, w: Workload, pre: _Prefix, spec: api.DisaggDeploymentSpec | None = None
@@ -886,16 +897,81 @@ def _policy_classes() -> dict[str, Callable[..., Policy]]:
 # --------------------------------------------------------------------------- the loop
 
 
+class EngineCounts:
+    """When the engines count each request in the token histograms the operator reads its
+    arrival rate, arrival counts and prompt lengths from (`metrics.arrival_pool`), with the
+    prompt length counted, in time order.
+
+    vLLM and SGLang record a request's prompt tokens when it finishes on the engine: with
+    disaggregated placement a prefill instance's request finishes with its prefill, so the
+    front pool counts each request when its prefill is done (a prefill run again after a
+    failed transfer counts again); with the other placements the pool counting arrivals is
+    the one that serves the whole request, so a request counts when it completes. Under a
+    prefill queue the counts are the pool's throughput, not the arrivals. A request shed at
+    the front door (admission control) is counted when it is shed, without a prompt length:
+    the front door that sheds for the operator's plan is taken to report what it sheds.
+    """
+
+    def __init__(self) -> None:
+        self._t = np.empty(1024)
+        self._p = np.empty(1024)
+        self.n = 0
+
+    def add(self, t: float, prompt: float | None) -> None:
+        """Count a request at `t` (its prompt length; None: shed, no engine saw it)."""
+        n = self.n
+        if n == self._t.size:  # grow by doubling; slices taken before stay valid (their own arrays)
+            self._t = np.concatenate([self._t, np.empty(n)])
+            self._p = np.concatenate([self._p, np.empty(n)])
+        self._t[n] = t
+        self._p[n] = math.nan if prompt is None else prompt
+        self.n = n + 1
+
+    @property
+    def times(self) -> np.ndarray:
+        return self._t[: self.n]
+
+    @property
+    def prompts(self) -> np.ndarray:
+        """Each counted request's prompt length; NaN for a shed one."""
+        return self._p[: self.n]
+
+    def count(self, a: float, b: float) -> int:
+        """Requests counted in [a, b)."""
+        i, j = np.searchsorted(self.times, [a, b])
+        return int(j - i)
+
+    def prompt_stats(self, a: float, b: float) -> tuple[int, float | None, float | None]:
+        """(requests counted in [a, b), the prompt mean and standard deviation of those an engine
+        counted; None without any)."""
+        i, j = np.searchsorted(self.times, [a, b])
+        p = self.prompts[i:j]
+        p = p[~np.isnan(p)]
+        if p.size == 0:
+            return int(j - i), None, None
+        return int(j - i), float(p.mean()), float(p.std())
+
+
 class _EvalCluster(Cluster):
-    """The simulator's cluster, remembering when each request finished (for its mean ITL)."""
+    """The simulator's cluster, remembering when each request finished (for its mean ITL) and
+    when the engines count it (`EngineCounts`)."""
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         self.done_at: dict[int, float] = {}
+        self.engine_counts = EngineCounts()
         super().__init__(*a, **kw)
+        self._count_at_prefill = self.placement == "disaggregated"
+
+    def pf_done(self, worker: Any, job: Job, now: float) -> None:
+        if self._count_at_prefill:
+            self.engine_counts.add(now, job.prompt)
+        super().pf_done(worker, job, now)
 
     def serve_done(self, worker: Any, job: Job, now: float) -> None:
         super().serve_done(worker, job, now)
         self.done_at[job.id] = now
+        if not self._count_at_prefill:
+            self.engine_counts.add(now, job.prompt)
 
 
 class _Loop:
@@ -1168,6 +1244,8 @@ def run_policy(
                 cl.advance(t_arr)
             job = Job(i, t_arr, prompt[i], output[i], media[i], None, t_arr + ttft_target(prompt[i]))
             cl.submit(job, t_arr)
+            if job.state == REJECTED:  # shed at the front door: its counter's, no engine sees it
+                cl.engine_counts.add(t_arr, None)
             jobs.append(job)
             i += 1
             if progress is not None and i % report_every == 0:
@@ -1198,6 +1276,10 @@ def run_policy(
             ttft_window = [x for x in ttft_window if x[0] >= lo]
             finished_outputs = [x for x in finished_outputs if x[0] >= lo]
             cnt, pm, ps, om, os_ = pre.stats(lo, ts)
+            cnt_short = pre.stats(ts - short_s, ts)[0]
+            if pol.reads_engine_counts:  # the requests the engines counted, not the arrivals
+                cnt, pm, ps = cl.engine_counts.prompt_stats(lo, ts)
+                cnt_short = cl.engine_counts.count(ts - short_s, ts)
             done_outputs = [x[1] for x in finished_outputs if x[0] < ts]
             if done_outputs:
                 held_outputs = done_outputs
@@ -1224,7 +1306,7 @@ def run_policy(
                 requested=lp.requested(),
                 pending=dict(lp.waiting),
                 ttft_p=histogram_quantile(s.slo.percentile, ttft_buckets) if ttft_buckets else None,
-                rate_short=pre.stats(ts - short_s, ts)[0] / min(short_s, max(ts, s.scrape_s)),
+                rate_short=cnt_short / min(short_s, max(ts, s.scrape_s)),
                 queued=next((q for tq, q in reversed(lp.queue_samples) if tq <= ts + 1e-9), 0),
                 media_fraction=media_fraction,
                 items_per_request=items_per_request,
@@ -1232,8 +1314,15 @@ def run_policy(
             )
             count_s = getattr(pol, "sizing_interval_s", None)
             if count_s is not None:
+                counted = cl.engine_counts
                 sizes, counts = sizing_observation(
-                    w, lo, ts, count_s, done_outputs, getattr(pol, "sizing_sizes", True)
+                    counted.times if pol.reads_engine_counts else w.arrival_s,
+                    counted.prompts if pol.reads_engine_counts else w.prompt_tokens,
+                    lo,
+                    ts,
+                    count_s,
+                    done_outputs,
+                    getattr(pol, "sizing_sizes", True),
                 )
                 obs = replace(
                     obs,
