@@ -959,7 +959,8 @@ class DisaggDeploymentStatus(_Status):
     scaler_state: FreeForm | None = Field(
         None,
         description="The autoscaler's memory (stabilization window, rate samples, calibration samples, "
-        "token shape, start-up times, front load gain), bounded in size: a restarted operator resumes from it.",
+        "token shape, start-up times, front load gain, the arrival pool's uncounted requests), bounded in "
+        "size: a restarted operator resumes from it.",
     )
 
 

@@ -10,9 +10,11 @@ One decision:
 1. current replicas per pool: the Deployment's replicas minus the pods being
    drained (they are on their way out); pending pods are capacity already asked for;
 2. calibration: fresh metrics add samples to the fitted stage models;
-3. the rate to plan for (`policy.sizing_rate`): fast attack from the short
-   window (`SHORT_WINDOW_SCRAPES` scrapes), forecast one observed start-up
-   ahead, counting noise, backlog, observed-TTFT feedback;
+3. the rate to plan for (`policy.sizing_rate`) from the arrivals (the requests
+   the engines counted plus the growth of those they hold uncounted,
+   `arrivals_in_system`): fast attack from the short window
+   (`SHORT_WINDOW_SCRAPES` scrapes), forecast one observed start-up ahead,
+   counting noise, backlog, observed-TTFT feedback;
 4. the plan for that rate, and the floor (the plan for the observed rate: a
    budget rebalance never shrinks a donor below it);
 5. `policy.decide`: stabilization, steps, budget;
@@ -76,6 +78,8 @@ DEFAULT_LEAD_S = 60.0
 LEAD_MIN_S, LEAD_MAX_S = 5.0, 600.0
 #: Start-up figures kept (the most recent pods').
 MAX_STARTUP_SAMPLES = 50
+#: In-system samples kept (`ScalerState.in_system`): a window and more at the shortest interval.
+MAX_IN_SYSTEM_SAMPLES = 8
 #: Calibration samples kept per stage.
 MAX_CALIBRATION_SAMPLES = 240
 #: The front load gain (`learnt_front_gain`): the least factor one lasting unpredicted TTFT
@@ -238,6 +242,10 @@ class Observation:
     media_items_per_request: float | None = None
     queued: dict[str, float] = field(default_factory=dict)  # waiting requests per pool
     running: dict[str, float] = field(default_factory=dict)  # running requests per pool
+    # Requests the arrival pool's engines hold now and have not counted yet (waiting plus
+    # running: `metrics.arrival_pool`): the arrival rate is what they counted, so its growth
+    # is the arrivals the rate does not show yet (`arrivals_in_system`)
+    arrival_pool_in_system: float | None = None
     # The back (decode or colocated) pool's KV usage summed over its pods (each 0..1, as
     # vllm:kv_cache_usage_perc / sglang:token_usage), each averaged over the metric window:
     # x kvCacheTokens, the tokens it holds on average. `kv_running` is the same pool's running
@@ -330,6 +338,8 @@ class ScalerState:
     front_gain: float = 1.0
     front_gain_at: float | None = None
     miss_since: float | None = None
+    # (time, `Observation.arrival_pool_in_system`) of recent decisions, oldest first
+    in_system: tuple[tuple[float, float], ...] = ()
 
     def calibrator(self) -> Calibrator:
         c = Calibrator(max_samples=MAX_CALIBRATION_SAMPLES)
@@ -354,6 +364,7 @@ class ScalerState:
             "frontGain": _without_none(
                 {"gain": round(self.front_gain, 4), "at": self.front_gain_at, "missSince": self.miss_since}
             ),
+            "inSystem": [[round(t, 3), round(n, 3)] for t, n in self.in_system],
         }
 
     @classmethod
@@ -388,6 +399,10 @@ class ScalerState:
             gain_at, miss_since = _time_or_none(fg.get("at")), _time_or_none(fg.get("missSince"))
         except (TypeError, ValueError, AttributeError):
             gain, gain_at, miss_since = 1.0, None, None
+        try:
+            in_system = tuple((t, n) for t, n in _pairs(d.get("inSystem"), MAX_IN_SYSTEM_SAMPLES) if n >= 0)
+        except (TypeError, ValueError, IndexError, AttributeError):
+            in_system = ()
         pol = d.get("policy")
         return cls(
             policy=policy.PolicyState.from_dict(pol if isinstance(pol, dict) else None),
@@ -398,7 +413,34 @@ class ScalerState:
             front_gain=gain,
             front_gain_at=gain_at,
             miss_since=miss_since,
+            in_system=in_system,
         )
+
+
+def arrivals_in_system(
+    samples: Sequence[tuple[float, float]], now: float, in_system: float, span_s: float
+) -> float | None:
+    """Arrivals per second the engines have not counted yet: the growth of the requests the
+    arrival pool holds uncounted, from the latest sample at least `span_s` old (the rate's
+    window: the latest earlier one for a shorter rate) to `in_system` now. Flow conservation:
+    what arrived over a span is what was counted plus what is still held (a prefill queue
+    growing under a burst, the growth falling as it drains). None without a sample within
+    twice the span (after a gap the growth would not be the rate's)."""
+    then = [(t, n) for t, n in samples if now - t >= span_s - 1e-6] or [(t, n) for t, n in samples if t < now]
+    if not then or now - then[-1][0] > 2.0 * span_s:
+        return None
+    t, n = then[-1]
+    return (in_system - n) / (now - t)
+
+
+def _kept_in_system(
+    samples: tuple[tuple[float, float], ...], now: float, in_system: float | None, config: Config
+) -> tuple[tuple[float, float], ...]:
+    """The samples `arrivals_in_system` may read next time (a window and two intervals back), with now's."""
+    if in_system is None:
+        return samples
+    keep = [x for x in samples if now - x[0] <= config.window_s + 2.0 * config.interval_s]
+    return (*keep, (now, in_system))[-MAX_IN_SYSTEM_SAMPLES:]
 
 
 def _time_or_none(x: Any) -> float | None:
@@ -1071,12 +1113,30 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
     shape = dict(state.shape)
     pstate = state.policy
     observed = obs.arrival_rps if obs.metrics_ok else None
+    observed_short = obs.arrival_rps_short
+    notes: list[str] = []
+    in_system = obs.arrival_pool_in_system
+    held = in_system is not None and math.isfinite(in_system) and in_system >= 0 and obs.metrics_ok
+    if held and observed is not None:
+        # the rate counts requests as the engines finish them: the ones they hold uncounted add
+        # their growth (a prefill queue under a burst) or take its fall (the queue draining)
+        growth = arrivals_in_system(state.in_system, now, in_system, config.window_s)
+        if growth is not None:
+            counted, observed = observed, max(0.0, observed + growth)
+            if abs(growth) * config.window_s >= 1.0:
+                notes.append(
+                    f"arrival rate {observed:.3g} req/s: {counted:.3g} counted, {growth:+.3g} the growth "
+                    "of the requests waiting for or in the arrival pool"
+                )
+        if observed_short is not None:
+            growth_short = arrivals_in_system(state.in_system, now, in_system, config.short_window_s)
+            if growth_short is not None:
+                observed_short = max(0.0, observed_short + growth_short)
     plan: planner.Plan | None = None
     planned = dict(current)
     floor: dict[str, int] = {}
     plan_rate: float | None = None
     admitted: float | None = None
-    notes: list[str] = []
     inputs = sizing_inputs(config, obs, lead) if observed is not None else SizingInputs()
     # the demand's view: the token lengths weighed against the last ones (the record keeps the window's)
     seen = obs
@@ -1091,7 +1151,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
             pcfg,
             observed,
             window_s=config.window_s,
-            rate_short=obs.arrival_rps_short,
+            rate_short=observed_short,
             short_window_s=config.short_window_s,
             queued=queued,
             z=tn.z,
@@ -1203,6 +1263,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         front_gain=gain,
         front_gain_at=gain_at,
         miss_since=miss_since,
+        in_system=_kept_in_system(state.in_system, now, in_system, config) if held else state.in_system,
     )
     record = DecisionRecord(
         time=now,

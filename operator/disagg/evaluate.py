@@ -435,6 +435,9 @@ class Obs:
     back_running: float | None = None
     kv_usage_sum: float | None = None
     kv_running: float | None = None
+    # requests the arrival pool holds and has not counted yet, at the last scrape (its engines'
+    # num_requests_waiting + num_requests_running; None where not read)
+    arrival_pool_in_system: float | None = None
 
     def demand(self, rate: float | None = None) -> Demand:
         return Demand(
@@ -708,6 +711,7 @@ def observation_from(o: Obs, startup_s: float, pools: tuple[str, ...] = POOLS) -
         media_items_per_request=o.items_per_request,
         queued={pools[0]: float(o.queued)},
         running={} if o.back_running is None else {back_pool(pools): o.back_running},
+        arrival_pool_in_system=o.arrival_pool_in_system,
         kv_usage_sum=o.kv_usage_sum,
         kv_running=o.kv_running,
         ttft_observed_s=o.ttft_p,
@@ -997,6 +1001,7 @@ class _Loop:
         self.busy_prev: dict[Any, float] = {}
         self.t_prev_util = 0.0
         self.queue_samples: list[tuple[float, int]] = []
+        self.in_system_samples: list[tuple[float, float]] = []  # (scrape time, `Obs.arrival_pool_in_system`)
         # The back pool's time integrals at each scrape: (t, KV usage-seconds, sequence-seconds),
         # cumulative over every worker it ever had (`kv_integrals`), for the window averages.
         self.kv_samples: list[tuple[float, float, float]] = []
@@ -1260,6 +1265,8 @@ def run_policy(
                 lp._poll_drains(t)
         elif kind == "scrape":
             lp.queue_samples = [*lp.queue_samples[-3:], (t, lp.queued())]
+            # what arrived and the engines have not counted yet (shed requests count when shed)
+            lp.in_system_samples = [*lp.in_system_samples[-3:], (t, float(i - cl.engine_counts.n))]
             lp.kv_samples.append(lp.kv_integrals(t))
             if len(lp.kv_samples) > s.window_s / s.scrape_s + 4:  # a window's worth is enough
                 del lp.kv_samples[0]
@@ -1277,9 +1284,11 @@ def run_policy(
             finished_outputs = [x for x in finished_outputs if x[0] >= lo]
             cnt, pm, ps, om, os_ = pre.stats(lo, ts)
             cnt_short = pre.stats(ts - short_s, ts)[0]
+            in_system = None
             if pol.reads_engine_counts:  # the requests the engines counted, not the arrivals
                 cnt, pm, ps = cl.engine_counts.prompt_stats(lo, ts)
                 cnt_short = cl.engine_counts.count(ts - short_s, ts)
+                in_system = next((n for tq, n in reversed(lp.in_system_samples) if tq <= ts + 1e-9), 0.0)
             done_outputs = [x[1] for x in finished_outputs if x[0] < ts]
             if done_outputs:
                 held_outputs = done_outputs
@@ -1308,6 +1317,7 @@ def run_policy(
                 ttft_p=histogram_quantile(s.slo.percentile, ttft_buckets) if ttft_buckets else None,
                 rate_short=cnt_short / min(short_s, max(ts, s.scrape_s)),
                 queued=next((q for tq, q in reversed(lp.queue_samples) if tq <= ts + 1e-9), 0),
+                arrival_pool_in_system=in_system,
                 media_fraction=media_fraction,
                 items_per_request=items_per_request,
                 **lp.kv_gauges(lo, ts),

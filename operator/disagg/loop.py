@@ -237,6 +237,8 @@ def observation(
         x = v.get(key)
         return x if x is not None and math.isfinite(x) else None
 
+    arrival = metrics.arrival_pool(config.pools, config.planning.placement)
+    waiting, running = val(f"queue.{arrival}"), val(f"running.{arrival}")
     return autoscaler.Observation(
         now=now,
         metrics_ok=snap.ok,
@@ -251,6 +253,7 @@ def observation(
         output_finished_rps=val("output_tokens_count_rate"),
         queued={p: v[f"queue.{p}"] for p in config.pools if f"queue.{p}" in v},
         running={p: v[f"running.{p}"] for p in config.pools if f"running.{p}" in v},
+        arrival_pool_in_system=None if waiting is None or running is None else waiting + running,
         kv_usage_sum=val("kv_usage_sum"),
         kv_running=val("kv_running_avg"),
         in_flight={p: dict(snap.in_flight(p)) for p in config.pools},

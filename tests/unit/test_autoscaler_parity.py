@@ -124,7 +124,18 @@ def _sizes(row: Row) -> SizeDistribution | None:
     return SizeDistribution.from_buckets(row.prompt_buckets, row.output_buckets)
 
 
-def _obs(row: Row, now: float, pools: tuple[str, ...]) -> Obs:
+def _arrival_pool_in_system(row: Row, pools: tuple[str, ...], placement: str) -> float:
+    """Waiting plus running on the arrival pool's pods, as `_row_cluster` reports them."""
+    arrival = metrics.arrival_pool(pools, placement)
+    per_pod = [(row.running if arrival == pools[-1] else 1.0, 0.0)] * (
+        row.replicas[arrival] - row.pending.get(arrival, 0)
+    )
+    if arrival == pools[0] and per_pod:
+        per_pod[0] = (1.0, row.queued)
+    return sum(r + w for r, w in per_pod)
+
+
+def _obs(row: Row, now: float, pools: tuple[str, ...], placement: str = "disaggregated") -> Obs:
     return Obs(
         now=now,
         rate=row.rate or 0.0,
@@ -149,6 +160,7 @@ def _obs(row: Row, now: float, pools: tuple[str, ...]) -> Obs:
         back_running=row.running * (row.replicas[pools[-1]] - row.pending.get(pools[-1], 0)),
         kv_usage_sum=row.kv_used,
         kv_running=row.kv_running,
+        arrival_pool_in_system=_arrival_pool_in_system(row, pools, placement),
     )
 
 
@@ -172,7 +184,7 @@ def run_both(rows: list[Row], settings: EvalSettings = SETTINGS, placement: str 
         assert out is not None and out.record.time == now
         ops.append((out.targets, out.next_step, out.reason))
         assert reconcile.DESIRED[(NS, NAME)] == out.targets
-        step, reason = policy.decide(_obs(row, now, pools))
+        step, reason = policy.decide(_obs(row, now, pools, placement))
         evs.append((policy.last.targets, step, reason))
     return ops, evs
 

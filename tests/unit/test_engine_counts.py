@@ -13,21 +13,27 @@ import itertools
 import numpy as np
 import pytest
 
+from disagg import autoscaler
 from disagg import evaluate as ev
+from disagg.autoscaler import ScalerState, arrivals_in_system
 from disagg.workload import Workload, piecewise_poisson
 
 STARTUP = ev.with_startup(ev.EvalSettings(), 60.0)
 FLOOD_START, FLOOD_S, FLOOD_RPS = 300.0, 30.0, 40.0
 
 
-def _seen(w: Workload, policy: type[ev.Policy]) -> list[ev.Obs]:
-    """Every observation `policy` decides on while `w` is replayed."""
+def _seen(w: Workload, policy: type[ev.Policy], records: list | None = None) -> list[ev.Obs]:
+    """Every observation `policy` decides on while `w` is replayed (`records`: the `disagg`
+    decisions' records, appended)."""
     seen: list[ev.Obs] = []
 
     class Recording(policy):  # type: ignore[valid-type,misc]
         def decide(self, o: ev.Obs) -> tuple[dict[str, int], str]:
             seen.append(o)
-            return super().decide(o)
+            out = super().decide(o)
+            if records is not None:
+                records.append(self.last.record)
+            return out
 
     ev.run_policy(policy.name, w, STARTUP, make=lambda s, w_, pre: Recording(s, w_, pre))
     return seen
@@ -91,3 +97,41 @@ def test_engine_counts_windows() -> None:
     counts.add(30.5, None)
     assert counts.prompt_stats(30.0, 31.0) == (2, None, None)
     assert counts.prompt_stats(29.985, 31.0) == (3, 100.0, 0.0)
+
+
+def test_flow_conservation_gives_the_decision_the_arrivals_back() -> None:
+    """The rate counted is the prefill pool's throughput, but the requests its engines hold
+    uncounted grow by what arrived beyond it: the decision adds that growth (the arrivals
+    the counts do not show yet) and plans for the flood's arrival rate, not its throughput."""
+    w = _flood()
+    records: list[autoscaler.DecisionRecord] = []
+    seen = _seen(w, ev.DisaggPolicy, records)
+    at = FLOOD_START + 45.0 + STARTUP.scrape_s
+    k = next(k for k, o in enumerate(seen) if o.now == at)
+    o, rec = seen[k], records[k]
+    window_end = at - STARTUP.scrape_s
+    arrived = np.count_nonzero((w.arrival_s >= window_end - STARTUP.window_s) & (w.arrival_s < window_end))
+    assert o.rate < 0.3 * arrived / STARTUP.window_s  # what the engines counted
+    assert o.arrival_pool_in_system > 500  # what they hold uncounted
+    assert rec.arrival_rps == pytest.approx(arrived / STARTUP.window_s, rel=0.1)
+    assert any("growth of the requests waiting" in n for n in rec.notes)
+
+
+def test_arrivals_in_system_reads_the_growth_over_the_span() -> None:
+    samples = ((0.0, 10.0), (30.0, 40.0), (60.0, 100.0))
+    # over the window (60 s): from the sample at least that old
+    assert arrivals_in_system(samples, 60.0, 130.0, 60.0) == pytest.approx((130.0 - 10.0) / 60.0)
+    # a shorter span: the latest sample at least that old
+    assert arrivals_in_system(samples, 90.0, 130.0, 45.0) == pytest.approx((130.0 - 40.0) / 60.0)
+    # a queue draining: the growth is negative (the counts ran ahead of the arrivals)
+    assert arrivals_in_system(samples, 90.0, 20.0, 60.0) == pytest.approx((20.0 - 40.0) / 60.0)
+    # nothing old enough: the latest earlier one within twice the span, else none
+    assert arrivals_in_system(((50.0, 0.0),), 60.0, 30.0, 60.0) == pytest.approx(3.0)
+    assert arrivals_in_system((), 60.0, 30.0, 60.0) is None
+    assert arrivals_in_system(((0.0, 0.0),), 200.0, 30.0, 60.0) is None
+
+
+def test_the_in_system_samples_survive_a_restart() -> None:
+    st = ScalerState(in_system=((1.0, 3.0), (31.0, 7.5)))
+    assert ScalerState.from_dict(st.to_dict()).in_system == st.in_system
+    assert ScalerState.from_dict({**st.to_dict(), "inSystem": "damaged"}).in_system == ()
