@@ -229,6 +229,10 @@ class Observation:
     metrics_problem: str = ""
     arrival_rps: float | None = None  # over the metric window
     arrival_rps_short: float | None = None  # over SHORT_WINDOW_SCRAPES scrape intervals
+    # requests the front door shed per second over the window and the short window
+    # (`names.METRIC_FRONT_DOOR_REJECTED`): arrivals no engine counted; None: none reported
+    shed_rps: float | None = None
+    shed_rps_short: float | None = None
     prompt_tokens_mean: float | None = None
     prompt_tokens_std: float | None = None
     output_tokens_mean: float | None = None
@@ -441,6 +445,11 @@ def _kept_in_system(
         return samples
     keep = [x for x in samples if now - x[0] <= config.window_s + 2.0 * config.interval_s]
     return (*keep, (now, in_system))[-MAX_IN_SYSTEM_SAMPLES:]
+
+
+def _rate_or_none(x: float | None) -> float | None:
+    """A rate above zero, else None."""
+    return x if x is not None and math.isfinite(x) and x > 0 else None
 
 
 def _time_or_none(x: Any) -> float | None:
@@ -1115,6 +1124,12 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
     observed = obs.arrival_rps if obs.metrics_ok else None
     observed_short = obs.arrival_rps_short
     notes: list[str] = []
+    # the requests the front door shed arrived too: the plan's admitted share is of all of them
+    if observed is not None and (shed := _rate_or_none(obs.shed_rps)) is not None:
+        notes.append(f"{shed:.3g} req/s shed at the front door count as arrivals")
+        observed += shed
+    if observed_short is not None and (shed_short := _rate_or_none(obs.shed_rps_short)) is not None:
+        observed_short += shed_short
     in_system = obs.arrival_pool_in_system
     held = in_system is not None and math.isfinite(in_system) and in_system >= 0 and obs.metrics_ok
     if held and observed is not None:

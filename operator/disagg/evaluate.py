@@ -51,6 +51,7 @@ import copy
 import hashlib
 import json
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from heapq import heappop, heappush
@@ -438,6 +439,10 @@ class Obs:
     # requests the arrival pool holds and has not counted yet, at the last scrape (its engines'
     # num_requests_waiting + num_requests_running; None where not read)
     arrival_pool_in_system: float | None = None
+    # requests the front door shed per second over the window and the short window (its
+    # counter; None where not read or nothing shed yet)
+    shed_rps: float | None = None
+    shed_rps_short: float | None = None
 
     def demand(self, rate: float | None = None) -> Demand:
         return Demand(
@@ -671,15 +676,12 @@ def sizing_observation(
     Prometheus subquery). `counted_s` (sorted) and `prompts`: when each request was counted and
     its prompt length (`EngineCounts`). `outputs`: the output lengths the decode pool's
     histogram holds (the requests it finished in the window, as the engines record them).
-    `prompts` NaN: shed at the front door, no length on record.
     `sizes` False: no size distribution (the spec does not use it; it is the costly part)."""
     i, j = np.searchsorted(counted_s, [lo, hi])
-    seen = prompts[i:j]
-    seen = seen[~np.isnan(seen)]  # those shed at the front door have no prompt length on record
     dist = None
     # fewer requests: no size distribution, the mean/std shape
-    if sizes and seen.size >= MIN_SIZE_SAMPLES and len(outputs) > 0:
-        dist = SizeDistribution.from_samples(seen, outputs)
+    if sizes and j - i >= MIN_SIZE_SAMPLES and len(outputs) > 0:
+        dist = SizeDistribution.from_samples(prompts[i:j], outputs)
     start = max(0.0, hi - autoscaler.BURST_HORIZON_S)
     a, b = np.searchsorted(counted_s, [start, hi])
     counts = arrival_counts(counted_s[a:b], count_interval_s, start, hi)
@@ -712,6 +714,8 @@ def observation_from(o: Obs, startup_s: float, pools: tuple[str, ...] = POOLS) -
         queued={pools[0]: float(o.queued)},
         running={} if o.back_running is None else {back_pool(pools): o.back_running},
         arrival_pool_in_system=o.arrival_pool_in_system,
+        shed_rps=o.shed_rps,
+        shed_rps_short=o.shed_rps_short,
         kv_usage_sum=o.kv_usage_sum,
         kv_running=o.kv_running,
         ttft_observed_s=o.ttft_p,
@@ -911,9 +915,9 @@ class EngineCounts:
     front pool counts each request when its prefill is done (a prefill run again after a
     failed transfer counts again); with the other placements the pool counting arrivals is
     the one that serves the whole request, so a request counts when it completes. Under a
-    prefill queue the counts are the pool's throughput, not the arrivals. A request shed at
-    the front door (admission control) is counted when it is shed, without a prompt length:
-    the front door that sheds for the operator's plan is taken to report what it sheds.
+    prefill queue the counts are the pool's throughput, not the arrivals. Requests shed at the
+    front door (admission control) never reach an engine: the front door counts them
+    (`Obs.shed_rps`, `names.METRIC_FRONT_DOOR_REJECTED`).
     """
 
     def __init__(self) -> None:
@@ -921,14 +925,14 @@ class EngineCounts:
         self._p = np.empty(1024)
         self.n = 0
 
-    def add(self, t: float, prompt: float | None) -> None:
-        """Count a request at `t` (its prompt length; None: shed, no engine saw it)."""
+    def add(self, t: float, prompt: float) -> None:
+        """Count a request at `t`, with its prompt length."""
         n = self.n
         if n == self._t.size:  # grow by doubling; slices taken before stay valid (their own arrays)
             self._t = np.concatenate([self._t, np.empty(n)])
             self._p = np.concatenate([self._p, np.empty(n)])
         self._t[n] = t
-        self._p[n] = math.nan if prompt is None else prompt
+        self._p[n] = prompt
         self.n = n + 1
 
     @property
@@ -937,7 +941,6 @@ class EngineCounts:
 
     @property
     def prompts(self) -> np.ndarray:
-        """Each counted request's prompt length; NaN for a shed one."""
         return self._p[: self.n]
 
     def count(self, a: float, b: float) -> int:
@@ -946,13 +949,11 @@ class EngineCounts:
         return int(j - i)
 
     def prompt_stats(self, a: float, b: float) -> tuple[int, float | None, float | None]:
-        """(requests counted in [a, b), the prompt mean and standard deviation of those an engine
-        counted; None without any)."""
+        """(requests counted in [a, b), their prompt mean and standard deviation; None without any)."""
         i, j = np.searchsorted(self.times, [a, b])
+        if j <= i:
+            return 0, None, None
         p = self.prompts[i:j]
-        p = p[~np.isnan(p)]
-        if p.size == 0:
-            return int(j - i), None, None
         return int(j - i), float(p.mean()), float(p.std())
 
 
@@ -1235,6 +1236,7 @@ def run_policy(
     # their own, are given the last window's (before the first request finishes, the arrivals').
     finished_outputs: list[tuple[float, int]] = []  # (done time, output tokens) of recent completions
     held_outputs: list[int] = []
+    shed_at: list[float] = []  # arrival times of the requests shed at the front door, in order
     t_end_arrivals = arrival[-1] if n else 0.0
     report_every = max(1, n // 10)
     i = 0
@@ -1250,7 +1252,7 @@ def run_policy(
             job = Job(i, t_arr, prompt[i], output[i], media[i], None, t_arr + ttft_target(prompt[i]))
             cl.submit(job, t_arr)
             if job.state == REJECTED:  # shed at the front door: its counter's, no engine sees it
-                cl.engine_counts.add(t_arr, None)
+                shed_at.append(t_arr)
             jobs.append(job)
             i += 1
             if progress is not None and i % report_every == 0:
@@ -1265,8 +1267,9 @@ def run_policy(
                 lp._poll_drains(t)
         elif kind == "scrape":
             lp.queue_samples = [*lp.queue_samples[-3:], (t, lp.queued())]
-            # what arrived and the engines have not counted yet (shed requests count when shed)
-            lp.in_system_samples = [*lp.in_system_samples[-3:], (t, float(i - cl.engine_counts.n))]
+            # what arrived and the engines have not counted yet (the shed never reach them)
+            held = i - cl.engine_counts.n - len(shed_at)
+            lp.in_system_samples = [*lp.in_system_samples[-3:], (t, float(held))]
             lp.kv_samples.append(lp.kv_integrals(t))
             if len(lp.kv_samples) > s.window_s / s.scrape_s + 4:  # a window's worth is enough
                 del lp.kv_samples[0]
@@ -1284,11 +1287,17 @@ def run_policy(
             finished_outputs = [x for x in finished_outputs if x[0] >= lo]
             cnt, pm, ps, om, os_ = pre.stats(lo, ts)
             cnt_short = pre.stats(ts - short_s, ts)[0]
-            in_system = None
+            in_system = shed_rps = shed_rps_short = None
             if pol.reads_engine_counts:  # the requests the engines counted, not the arrivals
                 cnt, pm, ps = cl.engine_counts.prompt_stats(lo, ts)
                 cnt_short = cl.engine_counts.count(ts - short_s, ts)
                 in_system = next((n for tq, n in reversed(lp.in_system_samples) if tq <= ts + 1e-9), 0.0)
+                if shed_at:  # the front door's counter (no series before it shed anything)
+                    upto = bisect_left(shed_at, ts)
+                    shed_rps = (upto - bisect_left(shed_at, lo)) / min(s.window_s, max(ts, s.scrape_s))
+                    shed_rps_short = (upto - bisect_left(shed_at, ts - short_s)) / min(
+                        short_s, max(ts, s.scrape_s)
+                    )
             done_outputs = [x[1] for x in finished_outputs if x[0] < ts]
             if done_outputs:
                 held_outputs = done_outputs
@@ -1318,6 +1327,8 @@ def run_policy(
                 rate_short=cnt_short / min(short_s, max(ts, s.scrape_s)),
                 queued=next((q for tq, q in reversed(lp.queue_samples) if tq <= ts + 1e-9), 0),
                 arrival_pool_in_system=in_system,
+                shed_rps=shed_rps,
+                shed_rps_short=shed_rps_short,
                 media_fraction=media_fraction,
                 items_per_request=items_per_request,
                 **lp.kv_gauges(lo, ts),

@@ -246,6 +246,8 @@ def observation(
         pools={p: autoscaler.pool_observation(deployments.get(p), pool_pods(pods, p)) for p in config.pools},
         arrival_rps=val("arrival_rps"),
         arrival_rps_short=val("arrival_rps_short"),
+        shed_rps=val("shed_rps"),
+        shed_rps_short=val("shed_rps_short"),
         prompt_tokens_mean=val("prompt_tokens_mean"),
         prompt_tokens_std=snap.spreads.get("prompt_tokens_std"),
         output_tokens_mean=val("output_tokens_mean"),

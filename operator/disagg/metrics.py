@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from disagg.names import POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
+from disagg.names import METRIC_FRONT_DOOR_REJECTED, POOL_COLOCATED, POOL_DECODE, POOL_ENCODER, POOL_PREFILL
 
 
 @dataclass(frozen=True)
@@ -335,6 +335,10 @@ def build_queries(
             pool=back,
         ),
     ]
+    # what the front door shed (admission control): arrivals no engine counts; no series where
+    # nothing sheds
+    shed = f'{METRIC_FRONT_DOOR_REJECTED}{{namespace="{namespace}",deployment="{deployment}"}}'
+    q.append(Query("shed_rps", f"sum(rate({shed}[{w}]))", "scalar", required=False))
     if short_window_s:
         q.append(
             Query(
@@ -344,6 +348,9 @@ def build_queries(
                 required=False,
                 pool=arr,
             )
+        )
+        q.append(
+            Query("shed_rps_short", f"sum(rate({shed}[{int(short_window_s)}s]))", "scalar", required=False)
         )
     if POOL_ENCODER in pools and p.media_requests and p.media_items:
         es = pool_selector(namespace, deployment, POOL_ENCODER)
@@ -952,6 +959,8 @@ def size_distribution(
 # The answers then go through build_snapshot unchanged, so the freshness rules and "missing is
 # never zero" hold as before.
 
+#: The fleet series of the front door's counter (`names.METRIC_FRONT_DOOR_REJECTED`), per object.
+_SHED_ROLE = "front_door_shed"
 #: Per-object query name -> (how its value is made, the fleet series it is made of).
 _RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "arrival_rps": ("sum", ("prompt_count",)),
@@ -975,6 +984,9 @@ _RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "output_tokens_sum_rate": ("sum", ("output_sum",)),
     "ttft_histogram": ("buckets", ("ttft_bucket",)),
     "prefill_queue_histogram": ("buckets", ("queue_bucket",)),
+    # the front door's counter, per DisaggDeployment (its series carry no pod)
+    "shed_rps": ("deployment_sum", (_SHED_ROLE,)),
+    "shed_rps_short": ("deployment_sum", (_SHED_ROLE + "_short",)),
 }
 _BY_POD_RECIPES = {
     "running_by_pod": "running",
@@ -1091,9 +1103,21 @@ def fleet_queries(
     selector = 'namespace=~"' + "|".join(sorted(set(namespaces))) + '"'
     if deployments:
         selector += f',pod=~"{owners_pod_regex(deployments)}"'
+    # the front door's counter is per DisaggDeployment: selected by its `deployment` label
+    by_object = 'namespace=~"' + "|".join(sorted(set(namespaces))) + '"'
+    if deployments:
+        by_object += ',deployment=~"' + "|".join(sorted({_escape(d) for d in deployments})) + '"'
     out = []
     for role in sorted(roles):
-        promql = _fleet_promql(p, role, selector, window_s, short_window_s)
+        if role.startswith(_SHED_ROLE):
+            window = short_window_s if role.endswith("_short") else window_s
+            if not window:
+                continue
+            promql: str | None = (
+                f"sum by (namespace, deployment) (rate({METRIC_FRONT_DOOR_REJECTED}{{{by_object}}}[{int(window)}s]))"
+            )
+        else:
+            promql = _fleet_promql(p, role, selector, window_s, short_window_s)
         if promql is not None:
             out.append(Query(FLEET_PREFIX + role, promql, "fleet", required=False))
     return out
@@ -1190,6 +1214,23 @@ class FleetAnswers(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self.results)
 
+    def of_object(self, role: str, namespace: str, deployment: str) -> list[Mapping[str, Any]] | Exception:
+        """The series of `role` labelled with this DisaggDeployment's `namespace` and `deployment`
+        (a per-object series, such as the front door's counter)."""
+        res = self.results.get(FLEET_PREFIX + role)
+        if isinstance(res, Exception):
+            return res
+        key = "object:" + role
+        if key not in self._index:
+            owned: dict[tuple[str, str], list] = {}
+            for position, s in enumerate(res or []):
+                labels = s.get("metric") or {}
+                owned.setdefault((labels.get("namespace") or "", labels.get("deployment") or ""), []).append(
+                    (position, s)
+                )
+            self._index[key] = (owned, {})
+        return [s for _, s in self._index[key][0].get((namespace, deployment), [])]
+
     def candidates(self, role: str, namespace: str, deployment: str) -> list[Mapping[str, Any]] | Exception:
         """The series of `role` that may be on pods of `deployment` in `namespace`, in the
         answer's order: a superset the caller narrows with pod_name_regex. A pod name that
@@ -1271,6 +1312,13 @@ def fleet_split(
             continue
         how, roles = recipe
         if how == "by_worker" and not router_deployment:
+            continue
+        if how == "deployment_sum":  # this object's own series, summed
+            mine = answers.of_object(roles[0], namespace, deployment)
+            if isinstance(mine, Exception) or not mine:
+                out[q.name] = mine
+            else:
+                out[q.name] = [{"metric": {}, "value": [stamp(mine), _fmt(total(mine))]}]
             continue
         pods_of = router_deployment if how == "by_worker" else f"{deployment}-{q.pool or ''}"
         assert pods_of is not None

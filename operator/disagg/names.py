@@ -16,6 +16,12 @@ POOL_DECODE = "decode"
 POOL_COLOCATED = "colocated"
 POOL_NAMES = (POOL_ENCODER, POOL_PREFILL, POOL_DECODE, POOL_COLOCATED)
 
+#: Requests the front door turned away, a counter per DisaggDeployment (labels `namespace` and
+#: `deployment`): a front door that applies `status.lastDecision.outputs.admittedFraction` (the
+#: emulator's does) exports it. No engine sees those requests, so the arrival rate the engines'
+#: histograms give leaves them out and the decision adds them back.
+METRIC_FRONT_DOOR_REJECTED = "disagg_front_door_rejected_requests_total"
+
 # --------------------------------------------------------------------------- the autoscaling loop
 
 #: DisaggDeployments whose autoscaling steps write to the API server at once by default

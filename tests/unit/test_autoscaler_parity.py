@@ -53,6 +53,10 @@ class Row:
     # requests the back pool finished per second (its output histogram's count; None: the
     # histogram answers nothing), all with outputs between 0 and 2 x `output` tokens
     finished: float | None = None
+    # requests the front door shed per second over the window and the short window (its
+    # counter; None: no series)
+    shed: float | None = None
+    shed_short: float | None = None
 
 
 def _row_cluster(kube: FakeKube, prom: FakePrometheus, row: Row, now: float, pools: tuple[str, ...]) -> None:
@@ -100,6 +104,8 @@ def _row_cluster(kube: FakeKube, prom: FakePrometheus, row: Row, now: float, poo
         ("ttft_p", row.ttft),
         ("kv_usage_sum", row.kv_used),
         ("kv_running_avg", row.kv_running),
+        ("shed_rps", row.shed),
+        ("shed_rps_short", row.shed_short),
     ):
         if v is not None:
             prom.scalars[key] = v
@@ -161,6 +167,8 @@ def _obs(row: Row, now: float, pools: tuple[str, ...], placement: str = "disaggr
         kv_usage_sum=row.kv_used,
         kv_running=row.kv_running,
         arrival_pool_in_system=_arrival_pool_in_system(row, pools, placement),
+        shed_rps=row.shed,
+        shed_rps_short=row.shed_short,
     )
 
 
@@ -297,6 +305,13 @@ STRAGGLERS = [
     Row(0.5, {"prefill": 2, "decode": 2}, output=2000.0, finished=0.0),
     Row(6.0, {"prefill": 2, "decode": 2}, short=6.0, output=2000.0, finished=6.0),
 ]
+# 6 GPUs short of the load: the front door sheds part of it, which the engines never count
+SHEDDING = [
+    Row(8.0, {"prefill": 2, "decode": 4}),
+    Row(9.0, {"prefill": 2, "decode": 4}, short=9.0, shed=5.0, shed_short=6.0),
+    Row(9.0, {"prefill": 2, "decode": 4}, short=9.0, shed=7.0),
+    Row(8.0, {"prefill": 2, "decode": 4}, shed=0.0, shed_short=0.0),
+]
 ALL_SIZING = {"requestSizes": True, "burstiness": True, "autoHeadroom": True}
 NO_SIZING = {"requestSizes": False, "burstiness": False, "autoHeadroom": False, "frontLoadGain": False}
 
@@ -310,6 +325,7 @@ CASES = {
     "observed KV footprint": (KV, SETTINGS),
     "lasting TTFT misses at plan": (MISSES, SETTINGS),
     "output lengths as requests finish": (STRAGGLERS, SETTINGS),
+    "requests shed at the front door": (SHEDDING, replace(SETTINGS, gpu_budget=6)),
 }
 
 

@@ -323,6 +323,7 @@ def test_front_door_queue_waits_for_a_pod_and_is_bounded():
     s = scrape(fleet, driver.now())
     assert value(s, "disagg_emulator_front_door_queue", deployment="dep") == 5
     assert value(s, "disagg_emulator_rejected_requests_total", deployment="dep") == 3
+    assert value(s, "disagg_front_door_rejected_requests_total", deployment="dep") == 3  # the operator's
     fleet.add_pod(dep, "prefill", "p", "u1", driver.now())
     run_fake(driver, clock, 0.5)
     assert dep.front_door() == 0  # prefilled; now waiting for a decode pod to send to

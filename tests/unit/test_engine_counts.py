@@ -92,11 +92,6 @@ def test_engine_counts_windows() -> None:
     n, mean, std = counts.prompt_stats(10.0, 20.0)
     assert n == 1000 and mean == pytest.approx(200.0) and std == pytest.approx(100.0)
     assert counts.count(29.995, 40.0) == 0
-    # shed at the front door: counted (its counter), no prompt length on record
-    counts.add(30.0, None)
-    counts.add(30.5, None)
-    assert counts.prompt_stats(30.0, 31.0) == (2, None, None)
-    assert counts.prompt_stats(29.985, 31.0) == (3, 100.0, 0.0)
 
 
 def test_flow_conservation_gives_the_decision_the_arrivals_back() -> None:
@@ -135,3 +130,44 @@ def test_the_in_system_samples_survive_a_restart() -> None:
     st = ScalerState(in_system=((1.0, 3.0), (31.0, 7.5)))
     assert ScalerState.from_dict(st.to_dict()).in_system == st.in_system
     assert ScalerState.from_dict({**st.to_dict(), "inSystem": "damaged"}).in_system == ()
+
+
+def test_requests_shed_at_the_front_door_count_as_arrivals() -> None:
+    """No engine sees a request the front door shed: its counter adds them to the rate the
+    engines counted, so the share to admit is planned against all the load, not against what
+    the last share let through (which would admit all of it again)."""
+    config = autoscaler.config_from_spec(ev.spec_for(ev.replace(STARTUP, gpu_budget=4)))
+    pools = {p: autoscaler.PoolObservation(replicas=2) for p in config.pools}
+    obs = autoscaler.Observation(
+        now=1000.0,
+        metrics_ok=True,
+        pools=pools,
+        arrival_rps=8.0,
+        prompt_tokens_mean=1500.0,
+        output_tokens_mean=100.0,
+        shed_rps=6.0,
+    )
+    seen = autoscaler.decide(config, obs, ScalerState()).record
+    assert seen.arrival_rps == pytest.approx(14.0)
+    assert any("shed at the front door" in n for n in seen.notes)
+    unseen = autoscaler.decide(config, ev.replace(obs, shed_rps=None), ScalerState()).record
+    assert unseen.arrival_rps == pytest.approx(8.0)
+    assert seen.admitted_fraction < unseen.admitted_fraction
+
+
+def test_the_emulators_front_door_keeps_the_contract_the_operator_reads() -> None:
+    """The operator's query names the contract metric, per DisaggDeployment, for every engine."""
+    from disagg import metrics, names
+
+    for engine in ("vllm", "sglang"):
+        qs = {
+            q.name: q
+            for q in metrics.build_queries(
+                engine, "ns", "llm", ["prefill", "decode"], 60, 0.99, short_window_s=45
+            )
+        }
+        for name, span in (("shed_rps", "60s"), ("shed_rps_short", "45s")):
+            assert qs[name].promql == (
+                f'sum(rate({names.METRIC_FRONT_DOOR_REJECTED}{{namespace="ns",deployment="llm"}}[{span}]))'
+            )
+            assert not qs[name].required  # no front door sheds: no series, nothing added

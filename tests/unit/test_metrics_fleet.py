@@ -42,6 +42,8 @@ def fleet(per_pod: dict[str, float], extra: dict[str, list[dict]] | None = None)
             ]
         elif role == "sample_time":
             out[q.name] = [sample(pod, T - 5) for pod in per_pod]
+        elif role.startswith("front_door_shed"):
+            out[q.name] = []  # no front door sheds
         else:
             out[q.name] = [sample(pod, v) for pod, v in per_pod.items()]
     out.update(extra or {})
@@ -52,7 +54,10 @@ def test_one_query_per_series_whatever_the_number_of_objects():
     roles = metrics.fleet_roles(queries("a"))
     qs = metrics.fleet_queries("vllm", ["b", "a", "a"], 60, 30, roles)
     assert len(qs) == len(roles) and len({q.promql for q in qs}) == len(qs)
-    assert all('namespace=~"a|b"' in q.promql and "by (namespace, pod" in q.promql for q in qs)
+    assert all('namespace=~"a|b"' in q.promql for q in qs)
+    per_object = {q.name for q in qs if "by (namespace, deployment)" in q.promql}
+    assert per_object == {"fleet.front_door_shed", "fleet.front_door_shed_short"}  # the front door's counter
+    assert all("by (namespace, pod" in q.promql for q in qs if q.name not in per_object)
     with pytest.raises(ValueError, match="namespace"):
         metrics.fleet_queries("vllm", [], 60, 30, roles)
 
@@ -306,3 +311,28 @@ def test_the_index_finds_exactly_what_a_scan_of_every_series_finds():
             if pattern.fullmatch(s["metric"].get("pod") or "")
         ]
         assert got == scanned and len(scanned) >= 2, (ns, deployment)
+
+
+def test_the_front_doors_counter_is_split_by_object() -> None:
+    """Its series carry the DisaggDeployment's name, not a pod's: each object sums its own, and
+    an object its front door has not counted for reads nothing (no shed rate, never zero)."""
+    qs = metrics.fleet_queries("vllm", [NS], 60, 30, {"front_door_shed"}, deployments=["a", "b"])
+    assert qs[0].promql == (
+        f"sum by (namespace, deployment) (rate({metrics.METRIC_FRONT_DOOR_REJECTED}"
+        '{namespace=~"ns",deployment=~"a|b"}[60s]))'
+    )
+
+    def counter(dep: str, v: float, ns: str = NS) -> dict:
+        return {"metric": {"namespace": ns, "deployment": dep}, "value": [T, metrics._fmt(v)]}
+
+    res = fleet(
+        {},
+        extra={"fleet.front_door_shed": [counter("a", 1.5), counter("b", 4.0), counter("a", 9.0, "other")]},
+    )
+    assert metrics.fleet_split(res, queries("a"), NS, "a", 0.9)["shed_rps"][0]["value"][1] == "1.5"
+    assert metrics.fleet_split(res, queries("b"), NS, "b", 0.9)["shed_rps"][0]["value"][1] == "4.0"
+    assert metrics.fleet_split(res, queries("c"), NS, "c", 0.9)["shed_rps"] == []
+    failed = metrics.fleet_split(
+        {**res, "fleet.front_door_shed": QueryFailed("x")}, queries("a"), NS, "a", 0.9
+    )
+    assert isinstance(failed["shed_rps"], QueryFailed)

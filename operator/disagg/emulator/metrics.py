@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from disagg.emulator.fleet import EmulatedPod, Fleet
-from disagg.names import POOL_ENCODER, POOL_PREFILL
+from disagg.names import METRIC_FRONT_DOOR_REJECTED, POOL_ENCODER, POOL_PREFILL
 
 LABELS = ["namespace", "deployment", "pool", "pod", "model_name"]
 
@@ -214,6 +214,14 @@ class FleetCollector(Collector):
             emu(
                 "disagg_emulator_rejected_requests",
                 "Requests rejected because the emulator's front-door queue was full.",
+                CounterMetricFamily,
+                dlabels,
+            ).add_metric(lv, dep.rejected)
+            # the contract any front door that sheds for the operator's plan keeps (the operator
+            # counts these requests as arrivals: no engine sees them)
+            emu(
+                METRIC_FRONT_DOOR_REJECTED.removesuffix("_total"),
+                "Requests the front door turned away (admission control or a full queue).",
                 CounterMetricFamily,
                 dlabels,
             ).add_metric(lv, dep.rejected)
