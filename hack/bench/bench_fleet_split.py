@@ -54,7 +54,7 @@ def pod_name(deployment: str, i: int) -> str:
 
 def answers_for(spec: api.DisaggDeploymentSpec, names: list[str]) -> dict:
     """A plausible answer to each fleet query of a batch of `names`: one series per
-    pod (per `le` for buckets, a few points for subqueries)."""
+    pod (per `le` for buckets, a few points for subqueries), one per object for its front door."""
     roles: set[str] = set()
     for name in names:
         roles |= metrics.fleet_roles(
@@ -74,6 +74,15 @@ def answers_for(spec: api.DisaggDeploymentSpec, names: list[str]) -> dict:
     results: dict = {}
     for q in queries:
         series = []
+        if "shed_counts" in q.name:  # the front doors' counters: one series per object
+            results[q.name] = [
+                {
+                    "metric": {"namespace": NAMESPACE, "deployment": name},
+                    "values": [[T - 15 * k, str(k % 3)] for k in range(8)],
+                }
+                for name in names
+            ]
+            continue
         for pod in pods:
             labels = {"namespace": NAMESPACE, "pod": pod}
             if "bucket" in q.name:
@@ -81,7 +90,7 @@ def answers_for(spec: api.DisaggDeploymentSpec, names: list[str]) -> dict:
                     {"metric": {**labels, "le": le}, "value": [T, str(float(i))]}
                     for i, le in enumerate(LE_EDGES)
                 ]
-            elif "arrival_counts" in q.name:
+            elif "arrival_counts" in q.name or "in_system" in q.name:  # subqueries: points per step
                 series.append({"metric": labels, "values": [[T - 15 * k, str(k % 7)] for k in range(8)]})
             else:
                 series.append({"metric": labels, "value": [T, "1.5"]})

@@ -272,6 +272,13 @@ class Observation:
     sizes: SizeDistribution | None = None
     arrival_counts: tuple[float, ...] | None = None
     count_interval_s: float | None = None
+    # per sub-window of `arrival_counts`, the growth over it of the requests the counted pool
+    # holds uncounted (waiting + running; None: unknown), which turns the counts into arrivals
+    # (`burstiness.arrivals_from_counts`)
+    arrival_counts_growth: tuple[float | None, ...] | None = None
+    # per sub-window of `arrival_counts`, the requests the front door shed in it (None: unknown;
+    # no engine counts them)
+    arrival_counts_shed: tuple[float | None, ...] | None = None
     # the window's TTFT histogram, cumulative (upper bound, count or rate) pairs ending at
     # +Inf, read with the sizes: any quantile of it, not only the SLO percentile's
     ttft_buckets: tuple[tuple[float, float], ...] | None = None
@@ -438,11 +445,9 @@ def arrivals_in_system(
 
 
 def _kept_in_system(
-    samples: tuple[tuple[float, float], ...], now: float, in_system: float | None, config: Config
+    samples: tuple[tuple[float, float], ...], now: float, in_system: float, config: Config
 ) -> tuple[tuple[float, float], ...]:
     """The samples `arrivals_in_system` may read next time (a window and two intervals back), with now's."""
-    if in_system is None:
-        return samples
     keep = [x for x in samples if now - x[0] <= config.window_s + 2.0 * config.interval_s]
     return (*keep, (now, in_system))[-MAX_IN_SYSTEM_SAMPLES:]
 
@@ -659,6 +664,8 @@ def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInpu
     step = obs.count_interval_s
     if not counts or step is None or not math.isclose(step, config.count_interval_s, rel_tol=1e-6):
         counts = None
+    else:
+        counts = burstiness.arrivals_from_counts(counts, obs.arrival_counts_growth, obs.arrival_counts_shed)
     disp = auto = base = silent = None
     try:
         if counts is not None and sz.burstiness:
@@ -1131,8 +1138,9 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
     if observed_short is not None and (shed_short := _rate_or_none(obs.shed_rps_short)) is not None:
         observed_short += shed_short
     in_system = obs.arrival_pool_in_system
-    held = in_system is not None and math.isfinite(in_system) and in_system >= 0 and obs.metrics_ok
-    if held and observed is not None:
+    if not (in_system is not None and math.isfinite(in_system) and in_system >= 0 and obs.metrics_ok):
+        in_system = None  # missing or unusable: no growth read, nothing kept
+    if in_system is not None and observed is not None:
         # the rate counts requests as the engines finish them: the ones they hold uncounted add
         # their growth (a prefill queue under a burst) or take its fall (the queue draining)
         growth = arrivals_in_system(state.in_system, now, in_system, config.window_s)
@@ -1278,7 +1286,9 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         front_gain=gain,
         front_gain_at=gain_at,
         miss_since=miss_since,
-        in_system=_kept_in_system(state.in_system, now, in_system, config) if held else state.in_system,
+        in_system=state.in_system
+        if in_system is None
+        else _kept_in_system(state.in_system, now, in_system, config),
     )
     record = DecisionRecord(
         time=now,

@@ -42,6 +42,7 @@ import numpy as np
 __all__ = [
     "BurstProfile",
     "arrival_counts",
+    "arrivals_from_counts",
     "before_rise",
     "burst_headroom",
     "burst_profile",
@@ -85,6 +86,33 @@ def arrival_counts(
     # numpy's last bin is closed; every sub-window here is half-open [a, b)
     got[-1] -= np.count_nonzero(t == edges[-1])
     return got.astype(float)
+
+
+def arrivals_from_counts(
+    counts: Sequence[float],
+    growth: Sequence[float | None] | None,
+    shed: Sequence[float | None] | None = None,
+) -> tuple[float, ...]:
+    """Arrivals per sub-window from the requests counted in it, the growth over it of the
+    requests the counted pool holds uncounted, and the requests the front door shed in it (flow
+    conservation: what arrived was counted leaving the pool, is still in it, or was turned
+    away). An addend unknown for a sub-window is left out of it; a list of another length than
+    the counts is not used.
+
+    The engines count a request when it leaves the pool, so under a queue the counts are the
+    pool's throughput: flat while a burst queues, then a rise when added capacity drains it,
+    a start-up later than the burst. Read as arrivals, that drain is a rise the traffic never
+    made; and without the shed, a front door admitting more or less reads as traffic rising
+    and falling. A sum below zero (the gauge is sampled at scrapes, the counts between them)
+    is none. An invalid count is returned as it is (the caller's checks refuse it; none is
+    hidden as zero).
+    """
+    usable = [x for x in (growth, shed) if x is not None and len(x) == len(counts)]
+    out = []
+    for i, c in enumerate(counts):
+        known = [v for x in usable if (v := x[i]) is not None and math.isfinite(v)]
+        out.append(max(0.0, c + math.fsum(known)) if known and math.isfinite(c) else c)
+    return tuple(out)
 
 
 def index_of_dispersion(counts: Sequence[float] | np.ndarray, *, detrend: bool = True) -> float | None:

@@ -428,6 +428,11 @@ class Obs:
     sizes: SizeDistribution | None = None  # the window's requests' sizes
     arrival_counts: tuple[float, ...] | None = None  # per scrape-resolution sub-window, oldest first
     count_interval_s: float | None = None
+    # per count, the growth over its sub-window of the requests arrived and not counted yet
+    # (`autoscaler.Observation.arrival_counts_growth`; None where not read)
+    arrival_counts_growth: tuple[float | None, ...] | None = None
+    # per count, the requests shed at the front door in its sub-window (None: no series: none shed yet)
+    arrival_counts_shed: tuple[float | None, ...] | None = None
     ttft_buckets: tuple[tuple[float, float], ...] | None = None  # the window's TTFTs, with the sizes
     prefill_wait_buckets: tuple[tuple[float, float], ...] | None = None  # and its prefill queue waits
     # The back pool's running sequences now (num_requests_running), and its KV usage summed
@@ -669,14 +674,26 @@ def sizing_observation(
     count_interval_s: float,
     outputs: Sequence[float] | np.ndarray,
     sizes: bool = True,
-) -> tuple[SizeDistribution | None, tuple[float, ...] | None]:
+    arrived_s: np.ndarray | None = None,
+    shed_s: Sequence[float] = (),
+) -> tuple[
+    SizeDistribution | None,
+    tuple[float, ...] | None,
+    tuple[float | None, ...] | None,
+    tuple[float | None, ...] | None,
+]:
     """The issue-14 inputs at a decision seeing requests counted in [lo, hi): the size
-    distribution of the window's requests (what the engines' token histograms give) and the
+    distribution of the window's requests (what the engines' token histograms give), the
     requests counted per `count_interval_s` over the trailing `autoscaler.BURST_HORIZON_S` (the
-    Prometheus subquery). `counted_s` (sorted) and `prompts`: when each request was counted and
-    its prompt length (`EngineCounts`). `outputs`: the output lengths the decode pool's
-    histogram holds (the requests it finished in the window, as the engines record them).
-    `sizes` False: no size distribution (the spec does not use it; it is the costly part)."""
+    Prometheus subquery) and, with `arrived_s` (sorted arrival times) and `shed_s` (sorted
+    times of the requests shed at the front door), each count's growth of the requests arrived
+    and neither counted nor shed (the counted pool's waiting + running at the sub-windows'
+    edges, the operator's second subquery) and the requests shed per sub-window (the front
+    door's counter; None before it shed any). `counted_s` (sorted) and `prompts`: when each
+    request was counted and its prompt length (`EngineCounts`). `outputs`: the output lengths
+    the decode pool's histogram holds (the requests it finished in the window, as the engines
+    record them). `sizes` False: no size distribution (the spec does not use it; it is the
+    costly part)."""
     i, j = np.searchsorted(counted_s, [lo, hi])
     dist = None
     # fewer requests: no size distribution, the mean/std shape
@@ -685,7 +702,21 @@ def sizing_observation(
     start = max(0.0, hi - autoscaler.BURST_HORIZON_S)
     a, b = np.searchsorted(counted_s, [start, hi])
     counts = arrival_counts(counted_s[a:b], count_interval_s, start, hi)
-    return dist, (tuple(float(c) for c in counts) or None)
+    if not len(counts):
+        return dist, None, None, None
+    growth = shed = None
+    if arrived_s is not None:
+        edges = start + count_interval_s * np.arange(len(counts) + 1)
+        shed_at = np.asarray(shed_s, dtype=float)
+        held = (
+            np.searchsorted(arrived_s, edges)
+            - np.searchsorted(counted_s, edges)
+            - np.searchsorted(shed_at, edges)
+        )
+        growth = tuple(float(g) for g in np.diff(held))
+        if shed_at.size:
+            shed = tuple(float(x) for x in np.diff(np.searchsorted(shed_at, edges)))
+    return dist, tuple(float(c) for c in counts), growth, shed
 
 
 def observation_from(o: Obs, startup_s: float, pools: tuple[str, ...] = POOLS) -> autoscaler.Observation:
@@ -723,6 +754,8 @@ def observation_from(o: Obs, startup_s: float, pools: tuple[str, ...] = POOLS) -
         sizes=o.sizes,
         arrival_counts=o.arrival_counts,
         count_interval_s=o.count_interval_s,
+        arrival_counts_growth=o.arrival_counts_growth,
+        arrival_counts_shed=o.arrival_counts_shed,
         ttft_buckets=o.ttft_buckets,
         prefill_wait_buckets=o.prefill_wait_buckets,
     )
@@ -1336,7 +1369,7 @@ def run_policy(
             count_s = getattr(pol, "sizing_interval_s", None)
             if count_s is not None:
                 counted = cl.engine_counts
-                sizes, counts = sizing_observation(
+                sizes, counts, growth, shed_counts = sizing_observation(
                     counted.times if pol.reads_engine_counts else w.arrival_s,
                     counted.prompts if pol.reads_engine_counts else w.prompt_tokens,
                     lo,
@@ -1344,12 +1377,16 @@ def run_policy(
                     count_s,
                     done_outputs,
                     getattr(pol, "sizing_sizes", True),
+                    arrived_s=w.arrival_s if pol.reads_engine_counts else None,
+                    shed_s=shed_at,
                 )
                 obs = replace(
                     obs,
                     sizes=sizes,
                     arrival_counts=counts,
                     count_interval_s=count_s,
+                    arrival_counts_growth=growth,
+                    arrival_counts_shed=shed_counts,
                     # the TTFT and queue-time histograms the operator reads beside the token histograms
                     ttft_buckets=ttft_buckets if sizes is not None else None,
                     prefill_wait_buckets=(

@@ -269,6 +269,8 @@ def observation(
         sizes=sz.sizes,
         arrival_counts=sz.arrival_counts,
         count_interval_s=sz.count_interval_s if sz.arrival_counts else None,
+        arrival_counts_growth=sz.arrival_counts_growth if sz.arrival_counts else None,
+        arrival_counts_shed=sz.arrival_counts_shed if sz.arrival_counts else None,
         ttft_buckets=sz.ttft_buckets,
         prefill_wait_buckets=sz.prefill_wait_buckets,
     )
@@ -284,6 +286,10 @@ class SizingReadings:
     problems: tuple[str, ...] = ()
     ttft_buckets: tuple[tuple[float, float], ...] | None = None  # cumulative (le, rate), with the sizes
     prefill_wait_buckets: tuple[tuple[float, float], ...] | None = None  # likewise, the front pool's queue
+    # per count, the growth of the counted pool's uncounted requests over its sub-window (None: unknown)
+    arrival_counts_growth: tuple[float | None, ...] | None = None
+    # per count, the requests the front door shed in its sub-window (None: unknown)
+    arrival_counts_shed: tuple[float | None, ...] | None = None
 
 
 def sizing_query_list(spec: api.DisaggDeploymentSpec, namespace: str, name: str) -> list[metrics.Query]:
@@ -314,7 +320,7 @@ def sizing_query_list(spec: api.DisaggDeploymentSpec, namespace: str, name: str)
             "prefill_queue_histogram",
         }
     if sz.burstiness or sz.auto_headroom:
-        keep.add("arrival_counts_horizon")
+        keep |= {"arrival_counts_horizon", metrics.IN_SYSTEM_SERIES, metrics.SHED_SERIES}
     return [q for q in qs if q.name in keep]
 
 
@@ -361,11 +367,28 @@ def sizing_readings(results: Mapping[str, Any], count_interval_s: float) -> Sizi
 
     ttft_buckets = beside_sizes("ttft_histogram")
     wait_buckets = beside_sizes("prefill_queue_histogram")
-    counts = None
+    counts = growth = None
     raw = ok("arrival_counts_horizon")
     if raw is not None:
         try:
-            counts = tuple(metrics.parse_series(raw, "arrival_counts_horizon")) or None
+            points = metrics.parse_series_points(raw, "arrival_counts_horizon")
+            counts = tuple(v for _, v in points) or None
+        except metrics.MetricError as exc:
+            problems.append(str(exc))
+    raw = ok(metrics.IN_SYSTEM_SERIES) if counts else None
+    if raw is not None:
+        try:
+            in_system = metrics.parse_series_points(raw, metrics.IN_SYSTEM_SERIES)
+            growth = metrics.growth_over_steps([t for t, _ in points], in_system, count_interval_s)
+        except metrics.MetricError as exc:
+            problems.append(str(exc))
+    shed = None
+    raw = ok(metrics.SHED_SERIES) if counts else None
+    if raw:  # no series: the front door has shed nothing
+        try:
+            shed = metrics.values_at(
+                [t for t, _ in points], metrics.parse_series_points(raw, metrics.SHED_SERIES)
+            )
         except metrics.MetricError as exc:
             problems.append(str(exc))
     return SizingReadings(
@@ -375,6 +398,8 @@ def sizing_readings(results: Mapping[str, Any], count_interval_s: float) -> Sizi
         tuple(problems),
         ttft_buckets,
         wait_buckets,
+        growth,
+        shed,
     )
 
 

@@ -769,6 +769,12 @@ def pod_in_flight_fresh(
 # the mean/std request shape and Poisson arrivals, never a zero.
 
 
+# the sizing queries of the counted pool's waiting + running requests at every sub-window's end,
+# and of the requests the front door shed per sub-window (sizing_queries)
+IN_SYSTEM_SERIES = "arrival_in_system_horizon"
+SHED_SERIES = "arrival_shed_horizon"
+
+
 def sizing_queries(
     engine: str,
     namespace: str,
@@ -794,7 +800,15 @@ def sizing_queries(
       of the scrape interval ``scrape_s``, at least two) over the window, each arrival
       counted once (`arrival_counts_promql`) -- the index of dispersion's input;
     * ``arrival_counts_horizon`` (kind ``series``, with ``horizon_s``): the same over
-      the trailing horizon -- the automatic headroom's input.
+      the trailing horizon -- the automatic headroom's input;
+    * ``arrival_in_system_horizon`` (kind ``series``, with ``horizon_s``): the requests the
+      counted pool holds uncounted (waiting + running) at every sub-window's end over the
+      horizon and one sub-window before it, so that each count has the growth of that gauge
+      over its sub-window (`autoscaler.Observation.arrival_counts_growth`): the engines count
+      a request when it leaves the pool, so a count plus that growth is what arrived;
+    * ``arrival_shed_horizon`` (kind ``series``, with ``horizon_s``): the requests the front
+      door shed per sub-window over the horizon (its counter, counted like the arrivals; no
+      series where nothing was shed), which no engine counts.
     """
     if sub_window_s <= 0 or window_s <= 0:
         raise ValueError("window_s and sub_window_s must be > 0")
@@ -855,11 +869,23 @@ def sizing_queries(
     spans = [("arrival_counts", int(window_s))]
     if horizon_s:
         spans.append(("arrival_counts_horizon", int(horizon_s)))
+    inner = {name: counts for name, _ in spans}
+    if horizon_s:
+        # one sub-window longer: the first count's growth needs the gauge at its start too
+        spans.append((IN_SYSTEM_SERIES, int(horizon_s) + int(sub_window_s)))
+        inner[IN_SYSTEM_SERIES] = f"sum({p.waiting}{{{fs}}}) + sum({p.running}{{{fs}}})"
+        spans.append((SHED_SERIES, int(horizon_s)))
+        inner[SHED_SERIES] = arrival_counts_promql(
+            f'{METRIC_FRONT_DOOR_REJECTED}{{namespace="{namespace}",deployment="{deployment}"}}',
+            "",
+            int(sub_window_s),
+            int(scrape_s),
+        )
     for name, span in spans:
         q.append(
             Query(
                 name,
-                f"({counts})[{span}s:{sub}]",
+                f"({inner[name]})[{span}s:{sub}]",
                 "series",
                 required=False,
                 pool=front,
@@ -918,6 +944,11 @@ def parse_histogram(result: Sequence[Mapping[str, Any]] | None, name: str) -> li
 
 def parse_series(result: Sequence[Mapping[str, Any]] | None, name: str) -> list[float]:
     """The values of exactly one range-vector series (a subquery), oldest first."""
+    return [v for _, v in parse_series_points(result, name)]
+
+
+def parse_series_points(result: Sequence[Mapping[str, Any]] | None, name: str) -> list[tuple[float, float]]:
+    """The (time, value) points of exactly one range-vector series (a subquery), oldest first."""
     if not result:
         raise MetricError(name, "missing", "empty result")
     if len(result) > 1:
@@ -925,10 +956,36 @@ def parse_series(result: Sequence[Mapping[str, Any]] | None, name: str) -> list[
     values = result[0].get("values")
     if not isinstance(values, list) or not values:
         raise MetricError(name, "missing", "a series without values")
-    out: list[float] = []
+    out: list[tuple[float, float]] = []
     for v in values:
-        out.append(_value({"value": v}, name))
+        value = _value({"value": v}, name)
+        try:
+            at = float(v[0])
+        except (IndexError, TypeError, ValueError):
+            raise MetricError(name, "invalid", f"a point without a time: {v!r}") from None
+        out.append((at, value))
     return out
+
+
+def growth_over_steps(
+    times: Sequence[float], gauge: Sequence[tuple[float, float]], step_s: float
+) -> tuple[float | None, ...]:
+    """Per time t of `times`, the gauge's change over the step that ends there: its value at t
+    minus its value at t - `step_s` (points of a subquery with that step: both on its grid),
+    None where either is missing (a scrape gap is unknown, never no change)."""
+    at = {round(t * 1000.0): v for t, v in gauge}
+    step_ms = round(step_s * 1000.0)
+    out: list[float | None] = []
+    for t in times:
+        end, start = at.get(round(t * 1000.0)), at.get(round(t * 1000.0) - step_ms)
+        out.append(None if end is None or start is None else end - start)
+    return tuple(out)
+
+
+def values_at(times: Sequence[float], points: Sequence[tuple[float, float]]) -> tuple[float | None, ...]:
+    """Per time of `times`, the value of `points` at that time (None where it has none)."""
+    at = {round(t * 1000.0): v for t, v in points}
+    return tuple(at.get(round(t * 1000.0)) for t in times)
 
 
 def size_distribution(
@@ -961,6 +1018,8 @@ def size_distribution(
 
 #: The fleet series of the front door's counter (`names.METRIC_FRONT_DOOR_REJECTED`), per object.
 _SHED_ROLE = "front_door_shed"
+# fleet series "shed_counts.<span s>.<step s>.<scrape s>": the same counter per sub-window, per object
+_SHED_COUNTS_ROLE = "shed_counts"
 #: Per-object query name -> (how its value is made, the fleet series it is made of).
 _RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "arrival_rps": ("sum", ("prompt_count",)),
@@ -998,6 +1057,9 @@ _ROUTER_ROLE = "router_in_flight"  # fleet series "router_in_flight.<pool>", per
 # fleet series "arrival_counts.<span s>.<step s>.<scrape s>": arrivals per pod per step over the span, a
 # subquery (sizing_queries' arrival counts, the burstiness and automatic headroom inputs)
 _COUNTS_ROLE = "arrival_counts"
+# fleet series "in_system.<span s>.<step s>": waiting + running per pod at every step over the span
+# (sizing_queries' arrival_in_system_horizon: the growth that turns the counts into arrivals)
+_IN_SYSTEM_ROLE = "in_system"
 FLEET_PREFIX = "fleet."
 
 
@@ -1005,6 +1067,10 @@ def _recipe(q: Query) -> tuple[str, tuple[str, ...]] | None:
     name = q.name
     if q.series_window is not None:
         span, step, scrape = q.series_window
+        if name == IN_SYSTEM_SERIES:
+            return ("series", (f"{_IN_SYSTEM_ROLE}.{span}.{step}",))
+        if name == SHED_SERIES:  # the front door's counter: this object's own series
+            return ("deployment_series", (f"{_SHED_COUNTS_ROLE}.{span}.{step}.{scrape}",))
         return ("series", (f"{_COUNTS_ROLE}.{span}.{step}.{scrape}",))
     if name in _RECIPES:
         return _RECIPES[name]
@@ -1073,6 +1139,9 @@ def _fleet_promql(p: Preset, role: str, ns: str, window_s: int, short_window_s: 
             f"{p.prompt_tokens}_count{{{ns}}}", " by (namespace, pod)", step, scrape
         )
         return f"({counts})[{span}s:{step}s]"
+    if base == _IN_SYSTEM_ROLE:
+        span, step = (int(x) for x in window.split("."))
+        return f"({table['waiting']} + {table['running']})[{span}s:{step}s]"
     return table.get(role)
 
 
@@ -1100,22 +1169,26 @@ def fleet_queries(
     if not namespaces:
         raise ValueError("fleet queries need at least one namespace")
     p = preset(engine)
-    selector = 'namespace=~"' + "|".join(sorted(set(namespaces))) + '"'
+    in_namespaces = 'namespace=~"' + "|".join(sorted(set(namespaces))) + '"'
+    # the pods' series are selected by pod name; the front door's counter, one per
+    # DisaggDeployment, by its `deployment` label
+    selector = by_object = in_namespaces
     if deployments:
         selector += f',pod=~"{owners_pod_regex(deployments)}"'
-    # the front door's counter is per DisaggDeployment: selected by its `deployment` label
-    by_object = 'namespace=~"' + "|".join(sorted(set(namespaces))) + '"'
-    if deployments:
         by_object += ',deployment=~"' + "|".join(sorted({_escape(d) for d in deployments})) + '"'
     out = []
     for role in sorted(roles):
-        if role.startswith(_SHED_ROLE):
+        if role.startswith(_SHED_COUNTS_ROLE + "."):
+            span, step, scrape = (int(x) for x in role.split(".")[1:])
+            counted = arrival_counts_promql(
+                f"{METRIC_FRONT_DOOR_REJECTED}{{{by_object}}}", " by (namespace, deployment)", step, scrape
+            )
+            promql: str | None = f"({counted})[{span}s:{step}s]"
+        elif role.startswith(_SHED_ROLE):
             window = short_window_s if role.endswith("_short") else window_s
             if not window:
                 continue
-            promql: str | None = (
-                f"sum by (namespace, deployment) (rate({METRIC_FRONT_DOOR_REJECTED}{{{by_object}}}[{int(window)}s]))"
-            )
+            promql = f"sum by (namespace, deployment) (rate({METRIC_FRONT_DOOR_REJECTED}{{{by_object}}}[{int(window)}s]))"
         else:
             promql = _fleet_promql(p, role, selector, window_s, short_window_s)
         if promql is not None:
@@ -1306,6 +1379,17 @@ def fleet_split(
     def total(series: Sequence[Mapping[str, Any]]) -> float:
         return math.fsum(v for s in series if (v := num(s)) is not None)
 
+    def per_step(series: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Range-vector series summed per step into one (none without a point)."""
+        at: dict[Any, list[float]] = {}
+        for s in series:
+            for point in s.get("values") or []:
+                try:
+                    at.setdefault(point[0], []).append(float(point[1]))
+                except (IndexError, TypeError, ValueError):
+                    continue  # a malformed point is left out
+        return [{"metric": {}, "values": [[t, _fmt(math.fsum(at[t]))] for t in sorted(at)]}] if at else []
+
     for q in queries:
         recipe = _recipe(q)
         if recipe is None or q.name in own:
@@ -1313,10 +1397,12 @@ def fleet_split(
         how, roles = recipe
         if how == "by_worker" and not router_deployment:
             continue
-        if how == "deployment_sum":  # this object's own series, summed
+        if how in ("deployment_sum", "deployment_series"):  # this object's own series, summed
             mine = answers.of_object(roles[0], namespace, deployment)
             if isinstance(mine, Exception) or not mine:
                 out[q.name] = mine
+            elif how == "deployment_series":
+                out[q.name] = per_step(mine)
             else:
                 out[q.name] = [{"metric": {}, "value": [stamp(mine), _fmt(total(mine))]}]
             continue
@@ -1351,16 +1437,7 @@ def fleet_split(
                 {"metric": {"worker": w}, "value": [stamp(first), _fmt(v)]} for w, v in workers.items()
             ]
         elif how == "series":  # a subquery's points summed per step over the pods, as `sum`
-            at: dict[Any, list[float]] = {}
-            for s in first:
-                for point in s.get("values") or []:
-                    try:
-                        at.setdefault(point[0], []).append(float(point[1]))
-                    except (IndexError, TypeError, ValueError):
-                        continue  # a malformed point is left out
-            out[q.name] = (
-                [{"metric": {}, "values": [[t, _fmt(math.fsum(at[t]))] for t in sorted(at)]}] if at else []
-            )
+            out[q.name] = per_step(first)
         elif how == "by_pod":
             pods = {s["metric"]["pod"]: v for s in first if (v := num(s)) is not None}  # one per pod
             out[q.name] = [

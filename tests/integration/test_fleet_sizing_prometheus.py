@@ -28,6 +28,7 @@ PROMPT_LE = (256.0, 1024.0, 4096.0)
 OUTPUT_LE = (64.0, 256.0)
 WINDOW_S, STEP_S, SPAN_S = 6, 2, 10
 SCRAPE_S = 1  # prometheus_factory's scrape interval
+SHED_RPS = {"a": 2.0, "b": 9.0}  # requests each object's front door sheds per second
 
 
 def exposition(elapsed_s: float) -> str:
@@ -56,6 +57,14 @@ def exposition(elapsed_s: float) -> str:
             queue = "vllm:request_queue_time_seconds"
             for le, c in (("0.3", 3 * n // 4), ("+Inf", n)):
                 lines.append(f'{queue}_bucket{{{labels},le="{le}"}} {c}')
+            # the requests it holds: a queue that grows by one a second and empties every 5 s
+            lines.append(f"vllm:num_requests_waiting{{{labels}}} {int(elapsed_s) % 5}")
+            lines.append(f"vllm:num_requests_running{{{labels}}} {rps:g}")
+    for obj, shed_rps in SHED_RPS.items():  # the front doors' counters, one per object
+        labels = f'namespace="{NS}",deployment="{obj}"'
+        lines.append(
+            f"disagg_front_door_rejected_requests_total{{{labels}}} {1000 + int(shed_rps * elapsed_s)}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -113,11 +122,24 @@ def test_fleet_split_sizing_readings_equal_the_objects_own_in_real_prometheus(pr
         )
         assert got.arrival_counts == pytest.approx(want.arrival_counts, rel=1e-12)
         assert got.count_interval_s == want.count_interval_s
+        # the prefill pool's waiting + running at the counts' steps: each count's growth
+        assert want.arrival_counts_growth is not None
+        assert len(want.arrival_counts_growth) == len(want.arrival_counts)
+        # (the first count's start may precede the first scrape of the gauge: unknown, not zero)
+        assert all(g is not None for g in want.arrival_counts_growth[1:]), want.arrival_counts_growth
+        assert got.arrival_counts_growth == want.arrival_counts_growth
+        # "a"'s front door sheds 2 a second (not "b"'s 9): about 4 per 2 s step
+        assert want.arrival_counts_shed is not None and got.arrival_counts_shed == want.arrival_counts_shed
+        shed = [x for x in want.arrival_counts_shed if x is not None]
+        assert shed and 3.0 <= sum(shed) / len(shed) <= 5.0, shed
         # Asked for "a"'s pods only (the tick's due objects), Prometheus answers those alone, and
         # the split is the same.
         only_a = asyncio.run(source.run(metrics.fleet_queries("vllm", [NS], WINDOW_S, None, roles, ["a"])))
-        pods = {s["metric"]["pod"] for answer in only_a.values() for s in answer}
+        pods = {s["metric"]["pod"] for answer in only_a.values() for s in answer if "pod" in s["metric"]}
         assert pods and all(p.startswith("a-") for p in pods), pods
+        # the front door's counter is selected by the object's name (its series carry no pod)
+        objects = {s["metric"].get("deployment") for answer in only_a.values() for s in answer}
+        assert objects == {None, "a"}, objects
         split_a = metrics.fleet_split(only_a, queries, NS, "a", 0.9)
         assert loop.sizing_readings(split_a, STEP_S) == got
     finally:

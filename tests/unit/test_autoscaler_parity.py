@@ -12,6 +12,7 @@ moment as its `Obs`. The scaler state carries over from row to row on both paths
 from __future__ import annotations
 
 import asyncio
+import itertools
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -45,6 +46,11 @@ class Row:
     prompt_buckets: list[tuple[float, float]] | None = None
     output_buckets: list[tuple[float, float]] | None = None
     counts: list[float] | None = None
+    # the counted pool's waiting + running at each count's end, from one count earlier (one
+    # more than the counts; None: the query answers nothing)
+    in_system: list[float] | None = None
+    # the requests the front door shed per count (None: no series)
+    shed_counts: list[float] | None = None
     # the back pool's engines: running sequences per pod now, and KV usage and running
     # sequences summed over its pods, each averaged over the window (None: no answer)
     running: float = 1.0
@@ -121,6 +127,10 @@ def _row_cluster(kube: FakeKube, prom: FakePrometheus, row: Row, now: float, poo
             (float("inf"), row.finished),
         ]
     prom.series = {} if row.counts is None else {"arrival_counts_horizon": row.counts}
+    if row.in_system is not None:
+        prom.series[metrics.IN_SYSTEM_SERIES] = row.in_system
+    if row.shed_counts is not None:
+        prom.series[metrics.SHED_SERIES] = row.shed_counts
 
 
 def _sizes(row: Row) -> SizeDistribution | None:
@@ -162,6 +172,12 @@ def _obs(row: Row, now: float, pools: tuple[str, ...], placement: str = "disaggr
         metrics_ok=not row.stale and row.rate is not None,
         sizes=_sizes(row),
         arrival_counts=None if row.counts is None else tuple(row.counts),
+        arrival_counts_growth=(
+            None
+            if row.counts is None or row.in_system is None
+            else tuple(b - a for a, b in itertools.pairwise(row.in_system))
+        ),
+        arrival_counts_shed=None if row.counts is None or row.shed_counts is None else tuple(row.shed_counts),
         count_interval_s=None if row.counts is None else autoscaler.COUNT_SCRAPES * SETTINGS.scrape_s,
         back_running=row.running * (row.replicas[pools[-1]] - row.pending.get(pools[-1], 0)),
         kv_usage_sum=row.kv_used,
@@ -312,6 +328,34 @@ SHEDDING = [
     Row(9.0, {"prefill": 2, "decode": 4}, short=9.0, shed=7.0),
     Row(8.0, {"prefill": 2, "decode": 4}, shed=0.0, shed_short=0.0),
 ]
+
+
+def _queued_bursts() -> tuple[list[float], list[float]]:
+    """An hour of 30 s counts of a pool that queues bursts: 60 arrivals per count, 120 for two
+    minutes every 20; the capacity (60 per count) triples a minute into each burst. The counts
+    are its throughput (flat, then a drain at 3x); the second list is its queue at each count's
+    end, from one count earlier."""
+    counts, queue = [], [0.0]
+    for k in range(120):
+        arrived = 120.0 if 30 <= k % 40 < 34 else 60.0
+        capacity = 180.0 if 32 <= k % 40 < 36 else 60.0
+        counts.append(min(capacity, queue[-1] + arrived))
+        queue.append(queue[-1] + arrived - counts[-1])
+    return counts, queue
+
+
+DRAINED, QUEUE = _queued_bursts()
+# The same counts read with and without the queue's growth: the headroom stands for the 2x rise
+# the traffic made, not the 3x the drain shows (a row without the gauge reads the counts alone);
+# then with 300 requests the front door shed at each burst's start, arrivals too (a 6x rise)
+SHED_AT_BURSTS = [300.0 if k % 40 == 30 else 0.0 for k in range(len(DRAINED))]
+QUEUED_BURSTS = [
+    Row(2.0, PD, counts=DRAINED, in_system=QUEUE),
+    Row(2.0, {"prefill": 2, "decode": 2}, counts=DRAINED, in_system=QUEUE),
+    Row(2.0, {"prefill": 2, "decode": 2}, counts=DRAINED),
+    Row(2.0, {"prefill": 3, "decode": 3}, counts=DRAINED, in_system=QUEUE),
+    Row(2.0, {"prefill": 3, "decode": 3}, counts=DRAINED, in_system=QUEUE, shed_counts=SHED_AT_BURSTS),
+]
 ALL_SIZING = {"requestSizes": True, "burstiness": True, "autoHeadroom": True}
 NO_SIZING = {"requestSizes": False, "burstiness": False, "autoHeadroom": False, "frontLoadGain": False}
 
@@ -326,6 +370,7 @@ CASES = {
     "lasting TTFT misses at plan": (MISSES, SETTINGS),
     "output lengths as requests finish": (STRAGGLERS, SETTINGS),
     "requests shed at the front door": (SHEDDING, replace(SETTINGS, gpu_budget=6)),
+    "counts with their queue's growth": (QUEUED_BURSTS, SETTINGS),
 }
 
 

@@ -112,6 +112,25 @@ def test_flow_conservation_gives_the_decision_the_arrivals_back() -> None:
     assert any("growth of the requests waiting" in n for n in rec.notes)
 
 
+def test_each_count_with_its_growth_is_what_arrived() -> None:
+    """The burst profile's counts are the pool's throughput under the flood (a few a second,
+    then the drain); each with the growth over its sub-window of the requests arrived and not
+    counted yet, they are the arrivals per sub-window, exactly, as the operator's in-system
+    gauge gives them at its scrapes."""
+    w = _flood()
+    o = next(o for o in _seen(w, ev.DisaggPolicy) if o.now == FLOOD_START + 300.0)
+    step = o.count_interval_s
+    assert step is not None and o.arrival_counts is not None and o.arrival_counts_growth is not None
+    end = o.now - STARTUP.scrape_s
+    start = max(0.0, end - autoscaler.BURST_HORIZON_S)
+    arrived = ev.arrival_counts(w.arrival_s, step, start, end)
+    corrected = autoscaler.burstiness.arrivals_from_counts(o.arrival_counts, o.arrival_counts_growth)
+    assert corrected == tuple(arrived)
+    assert max(o.arrival_counts) < 0.5 * max(arrived)  # the counts alone: throughput, not the flood
+    # the queue grew under the flood and fell as it drained
+    assert min(o.arrival_counts_growth) < -50 and max(o.arrival_counts_growth) > 500
+
+
 def test_arrivals_in_system_reads_the_growth_over_the_span() -> None:
     samples = ((0.0, 10.0), (30.0, 40.0), (60.0, 100.0))
     # over the window (60 s): from the sample at least that old

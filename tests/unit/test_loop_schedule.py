@@ -160,7 +160,7 @@ class FleetProm:
         for q in queries:
             role = q.name.removeprefix(metrics.FLEET_PREFIX)
             series = []
-            if role.startswith("front_door_shed"):  # a per-object counter: no front door sheds here
+            if role.startswith(("front_door_shed", "shed_counts.")):  # per-object counters: none sheds here
                 out[q.name] = series
                 continue
             for p in self.pods(q.promql):

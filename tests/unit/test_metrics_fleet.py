@@ -201,6 +201,17 @@ def test_the_sizing_inputs_are_fleet_series_split_like_the_objects_own():
         "[3600s:30s]"
     )
     assert "fleet.arrival_counts.60.30.15" in fleet_q  # the window's counts, a series of its own
+    # each pod's waiting + running at the same steps, one step further back (each count's growth)
+    assert fleet_q["fleet.in_system.3630.30"] == (
+        '(sum by (namespace, pod) (vllm:num_requests_waiting{namespace=~"ns"}) + '
+        'sum by (namespace, pod) (vllm:num_requests_running{namespace=~"ns"}))[3630s:30s]'
+    )
+    # the front door's shed requests per sub-window, one series per object (its counter has no pod)
+    assert fleet_q["fleet.shed_counts.3600.30.15"] == (
+        "(sum_over_time((sum by (namespace, deployment) "
+        '(increase(disagg_front_door_rejected_requests_total{namespace=~"ns"}[30s])))[22500ms:15s]) / 2)'
+        "[3600s:30s]"
+    )
     a_pre, a_dec, b_pre = pods("a", "prefill", 2), pods("a", "decode", 1), pods("b", "prefill", 1)
     values = {a_pre[0]: 1.0, a_pre[1]: 3.0, a_dec[0]: 5.0, b_pre[0]: 100.0}
     res = fleet(values)
@@ -214,9 +225,24 @@ def test_the_sizing_inputs_are_fleet_series_split_like_the_objects_own():
         counts(a_dec[0], {T - 30: 50.0, T: 50.0}),  # decode pods are not the arrival pool
         counts(b_pre[0], {T - 30: 70.0, T: 70.0}),  # another object
     ]
+    res["fleet.in_system.3630.30"] = [
+        counts(a_pre[0], {T - 90: 1.0, T - 60: 5.0, T - 30: 2.0, T: 0.0}),
+        counts(a_pre[1], {T - 30: 4.0, T: 1.0}),
+        counts(a_dec[0], {T - 30: 9.0, T: 9.0}),
+        counts(b_pre[0], {T - 30: 70.0, T: 70.0}),
+    ]
+    res["fleet.shed_counts.3600.30.15"] = [
+        {"metric": {"namespace": NS, "deployment": "a"}, "values": [[T - 30, "3"], [T, "0"]]},
+        {"metric": {"namespace": NS, "deployment": "b"}, "values": [[T, "50"]]},
+    ]
     got = metrics.fleet_split(res, qs, NS, "a", 0.9)
+    assert got["arrival_shed_horizon"] == [{"metric": {}, "values": [[T - 30, "3.0"], [T, "0.0"]]}]
+    assert metrics.fleet_split(res, qs, NS, "c", 0.9)["arrival_shed_horizon"] == []  # none shed: no series
     assert got["arrival_counts_horizon"] == [
         {"metric": {}, "values": [[T - 60, "2.0"], [T - 30, "10.0"], [T, "1.0"]]}
+    ]
+    assert got["arrival_in_system_horizon"] == [
+        {"metric": {}, "values": [[T - 90, "1.0"], [T - 60, "5.0"], [T - 30, "6.0"], [T, "1.0"]]}
     ]
     assert got["arrival_counts"] == []  # its series was not answered: missing, never zero
     assert {s["metric"]["le"]: float(s["value"][1]) for s in got["prompt_tokens_histogram"]} == {
@@ -246,9 +272,15 @@ def test_the_sizing_inputs_are_fleet_series_split_like_the_objects_own():
             {"metric": {"le": "+Inf"}, "value": [T, "4.0"]},
         ],
         "arrival_counts_horizon": [{"metric": {}, "values": [[T - 60, "2"], [T - 30, "10"], [T, "1"]]}],
+        "arrival_in_system_horizon": [
+            {"metric": {}, "values": [[T - 90, "1"], [T - 60, "5"], [T - 30, "6"], [T, "1"]]}
+        ],
+        "arrival_shed_horizon": [{"metric": {}, "values": [[T - 30, "3"], [T, "0"]]}],
     }
     assert loop.sizing_readings(got, 30.0) == loop.sizing_readings(own, 30.0)
     assert loop.sizing_readings(got, 30.0).arrival_counts == (2.0, 10.0, 1.0)
+    assert loop.sizing_readings(got, 30.0).arrival_counts_growth == (4.0, 1.0, -5.0)
+    assert loop.sizing_readings(got, 30.0).arrival_counts_shed == (None, 3.0, 0.0)
     assert loop.sizing_readings(got, 30.0).ttft_buckets == ((0.5, 2.5), (math.inf, 5.0))  # the decode pod's
     assert loop.sizing_readings(got, 30.0).prefill_wait_buckets == ((0.5, 2.0), (math.inf, 4.0))  # prefill's
 

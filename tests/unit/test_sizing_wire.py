@@ -58,6 +58,8 @@ def test_queries_follow_the_switches() -> None:
         "ttft_histogram",
         "prefill_queue_histogram",
         "arrival_counts_horizon",
+        "arrival_in_system_horizon",
+        "arrival_shed_horizon",
     }
     # the front pool's queue waits (whether the prefill queue is what misses)
     assert qs["prefill_queue_histogram"].promql.startswith(
@@ -78,8 +80,17 @@ def test_queries_follow_the_switches() -> None:
         )
     )
     assert "ttft_histogram" not in {q.name for q in loop.sizing_query_list(headroom_only, "ns", "x")}
-    # counts per two scrapes (30 s) over the automatic headroom's hour
+    # counts per two scrapes (30 s) over the automatic headroom's hour, and the counted (front)
+    # pool's waiting + running requests at the same steps from one step earlier (each count's growth)
     assert qs["arrival_counts_horizon"].promql.endswith("[3600s:30s]")
+    in_system = qs["arrival_in_system_horizon"]
+    assert in_system.promql.startswith("(sum(vllm:num_requests_waiting{")
+    assert "+ sum(vllm:num_requests_running{" in in_system.promql
+    assert in_system.promql.endswith("[3630s:30s]") and in_system.pool == "prefill"
+    # and what this object's front door shed per sub-window, counted as the arrivals are
+    shed = qs["arrival_shed_horizon"].promql
+    assert 'disagg_front_door_rejected_requests_total{namespace="ns",deployment="x"}' in shed
+    assert shed.startswith("(sum_over_time((sum (increase(") and shed.endswith("[3600s:30s]")
     assert all(not q.required for q in qs.values())
 
 
@@ -139,6 +150,79 @@ def test_readings_parse_and_failures_are_missing() -> None:
     assert broken.sizes is None and broken.arrival_counts is None and len(broken.problems) == 2
 
 
+def test_each_count_gets_the_growth_of_the_requests_held_over_its_sub_window() -> None:
+    """The in-system gauge is read at the counts' steps from one step before the first: each
+    count has the gauge's change over its own sub-window; a step the gauge lacks is unknown."""
+    got = loop.sizing_readings(
+        {
+            "arrival_counts_horizon": _series([3, 4, 5, 6]),  # at 0, 30, 60, 90 s
+            # at -30, 0, 30 and 90 s: the one at 60 s is missing
+            "arrival_in_system_horizon": [
+                {"metric": {}, "values": [[-30.0, "2"], [0.0, "7"], [30.0, "4"], [90.0, "1"]]}
+            ],
+        },
+        30.0,
+    )
+    assert got.arrival_counts == (3.0, 4.0, 5.0, 6.0)
+    assert got.arrival_counts_growth == (5.0, -3.0, None, None)
+    assert got.arrival_counts_shed is None  # no series: the front door shed nothing
+    assert autoscaler.burstiness.arrivals_from_counts(got.arrival_counts, got.arrival_counts_growth) == (
+        8.0,
+        1.0,
+        5.0,
+        6.0,
+    )
+    # the front door's shed requests per sub-window are arrivals too (a step without a point: unknown)
+    shed = loop.sizing_readings(
+        {
+            "arrival_counts_horizon": _series([3, 4, 5, 6]),
+            "arrival_shed_horizon": [{"metric": {}, "values": [[0.0, "2"], [60.0, "7"], [90.0, "0"]]}],
+        },
+        30.0,
+    )
+    assert shed.arrival_counts_shed == (2.0, None, 7.0, 0.0) and shed.arrival_counts_growth is None
+    assert autoscaler.burstiness.arrivals_from_counts(
+        got.arrival_counts, got.arrival_counts_growth, shed.arrival_counts_shed
+    ) == (10.0, 1.0, 12.0, 6.0)
+    # a failed gauge query: the counts as they are, the problem said
+    failed = loop.sizing_readings(
+        {"arrival_counts_horizon": _series([3, 4]), "arrival_in_system_horizon": RuntimeError("down")}, 30.0
+    )
+    assert failed.arrival_counts == (3.0, 4.0) and failed.arrival_counts_growth is None
+    assert any("down" in p for p in failed.problems)
+
+
+def test_the_burst_profile_reads_the_arrivals_not_the_drain() -> None:
+    """A burst that doubles the traffic queues at the counted pool until capacity arrives a
+    start-up later, and then drains: the engines count the pool's throughput (flat, then three
+    times the level while the queue drains). Read as arrivals, the drain is a rise of 3x the
+    level within a start-up; with each count's growth of the queue, the decision reads the
+    rise the traffic made (2x) and stands ready for that."""
+    base, hour = 60.0, 120  # 30 s counts
+    arrived, counted, growth = [], [], []
+    queue = 0.0
+    for k in range(hour):
+        phase = k % 40  # a burst of four sub-windows every 20 minutes
+        a = 2 * base if 30 <= phase < 34 else base
+        capacity = 3 * base if 32 <= phase < 36 else base  # added a minute into the burst
+        done = min(capacity, queue + a)
+        arrived.append(a)
+        counted.append(done)
+        growth.append(a - done)
+        queue += a - done
+    config = _config(ALL)
+    raw = autoscaler.sizing_inputs(config, _obs(arrival_counts=tuple(counted), count_interval_s=30.0), 60.0)
+    flow = autoscaler.sizing_inputs(
+        config,
+        _obs(arrival_counts=tuple(counted), arrival_counts_growth=tuple(growth), count_interval_s=30.0),
+        60.0,
+    )
+    truth = autoscaler.sizing_inputs(config, _obs(arrival_counts=tuple(arrived), count_interval_s=30.0), 60.0)
+    assert flow == truth
+    assert truth.auto_headroom is not None and raw.auto_headroom is not None
+    assert truth.auto_headroom < raw.auto_headroom
+
+
 def test_inputs_follow_switches_and_never_read_missing_as_smooth() -> None:
     sizes = SizeDistribution.from_buckets(PROMPT, OUTPUT)
     bursty = tuple([10.0, 10.0, 90.0, 90.0] * 30)  # 2 h of 30 s counts, on/off
@@ -193,6 +277,8 @@ def test_by_default_the_loop_reads_the_counts_and_what_the_front_gain_judges_by(
     spec = evaluate.spec_for(SETTINGS)
     assert sorted(q.name for q in loop.sizing_query_list(spec, "ns", "x")) == [
         "arrival_counts_horizon",
+        "arrival_in_system_horizon",
+        "arrival_shed_horizon",
         "output_tokens_histogram",
         "output_tokens_sum_rate",
         "prefill_queue_histogram",
