@@ -1319,7 +1319,6 @@ def run_policy(
             ttft_window = [x for x in ttft_window if x[0] >= lo]
             finished_outputs = [x for x in finished_outputs if x[0] >= lo]
             cnt, pm, ps, om, os_ = pre.stats(lo, ts)
-            cnt_short = pre.stats(ts - short_s, ts)[0]
             in_system = shed_rps = shed_rps_short = None
             if pol.reads_engine_counts:  # the requests the engines counted, not the arrivals
                 cnt, pm, ps = cl.engine_counts.prompt_stats(lo, ts)
@@ -1331,6 +1330,8 @@ def run_policy(
                     shed_rps_short = (upto - bisect_left(shed_at, ts - short_s)) / min(
                         short_s, max(ts, s.scrape_s)
                     )
+            else:  # a front-door counter: the arrivals
+                cnt_short = pre.stats(ts - short_s, ts)[0]
             done_outputs = [x[1] for x in finished_outputs if x[0] < ts]
             if done_outputs:
                 held_outputs = done_outputs
