@@ -942,11 +942,6 @@ def parse_histogram(result: Sequence[Mapping[str, Any]] | None, name: str) -> li
     return pts
 
 
-def parse_series(result: Sequence[Mapping[str, Any]] | None, name: str) -> list[float]:
-    """The values of exactly one range-vector series (a subquery), oldest first."""
-    return [v for _, v in parse_series_points(result, name)]
-
-
 def parse_series_points(result: Sequence[Mapping[str, Any]] | None, name: str) -> list[tuple[float, float]]:
     """The (time, value) points of exactly one range-vector series (a subquery), oldest first."""
     if not result:

@@ -77,14 +77,15 @@ def test_bad_histograms_are_missing_not_zero(result, kind) -> None:
 
 def test_series_parsing() -> None:
     ok = [{"metric": {}, "values": [[0, "3"], [30, "5.5"], [60, "0"]]}]
-    assert m.parse_series(ok, "arrival_counts") == [3.0, 5.5, 0.0]
+    assert m.parse_series_points(ok, "arrival_counts") == [(0.0, 3.0), (30.0, 5.5), (60.0, 0.0)]
     for bad, kind in (
         ([], "missing"),
         ([ok[0], ok[0]], "multiple"),
         ([{"metric": {}, "values": [[0, "-1"]]}], "negative"),
         ([{"metric": {}, "values": [[0, "NaN"]]}], "nan"),
         ([{"metric": {}}], "missing"),
+        ([{"metric": {}, "values": [["later", "1"]]}], "invalid"),
     ):
         with pytest.raises(m.MetricError) as err:
-            m.parse_series(bad, "arrival_counts")
+            m.parse_series_points(bad, "arrival_counts")
         assert err.value.kind == kind
