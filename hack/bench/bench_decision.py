@@ -9,7 +9,8 @@ API server have answered, on the same code path (`disagg.loop`, no cluster, no n
   parse     `metrics.build_snapshot` over the answers to `metrics.build_queries` (per-pod
             running/waiting/sample-time series for every pod, histogram buckets, scalars)
             and `loop.sizing_readings` over the sizing queries (token histograms with
-            vLLM's 1-2-5 buckets, the arrival-count series over the burst horizon)
+            vLLM's 1-2-5 buckets, the arrival-count, in-system and shed series over the burst
+            horizon)
   observe   `loop.observation`: the pools' Deployments and pods (gates, start-ups) and
             the snapshot as an `autoscaler.Observation`
   decide    `autoscaler.decide` with the scaler state carried from tick to tick
@@ -133,9 +134,18 @@ def answers(
                 rng, rate, prompt_median if prompt else output_median, 0.9 if prompt else 0.7
             )
         elif q.kind == "series":
-            # arrivals per count sub-window over the burst horizon, oldest first
-            step = 60.0
-            vals = [max(0.0, rate * step * rng.lognormvariate(0.0, 0.3)) for _ in range(30)]
+            # per count sub-window over the burst horizon, oldest first: arrivals, the requests
+            # the counted pool holds (a gauge, one point more), or the front door's shed
+            assert q.series_window is not None
+            span, step_s, _ = q.series_window
+            step = float(step_s)
+            n = int(span // step_s)
+            if q.name == metrics.IN_SYSTEM_SERIES:
+                vals = [rng.uniform(0.0, 2.0 * rate) for _ in range(n)]
+            elif q.name == metrics.SHED_SERIES:
+                vals = [0.0] * n
+            else:
+                vals = [max(0.0, rate * step * rng.lognormvariate(0.0, 0.3)) for _ in range(n)]
             out[q.name] = [
                 {
                     "metric": {},
