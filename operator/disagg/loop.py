@@ -308,6 +308,7 @@ def sizing_query_list(spec: api.DisaggDeploymentSpec, namespace: str, name: str)
         count_s,
         horizon_s=int(horizon),
         scrape_s=a.scrape_interval_seconds,
+        placement=spec.placement.mode,
     )
     keep = set()
     if sz.request_sizes or sz.front_load_gain:  # the gain judges its misses by them

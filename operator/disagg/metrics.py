@@ -785,6 +785,7 @@ def sizing_queries(
     horizon_s: int | None = None,
     *,
     scrape_s: int,
+    placement: str = "disaggregated",
 ) -> list[Query]:
     """Histogram buckets of prompt/output tokens, and arrival counts per sub-window.
 
@@ -809,6 +810,10 @@ def sizing_queries(
     * ``arrival_shed_horizon`` (kind ``series``, with ``horizon_s``): the requests the front
       door shed per sub-window over the horizon (its counter, counted like the arrivals; no
       series where nothing was shed), which no engine counts.
+
+    The prompt lengths, the counts and the gauge are the arrival pool's (`arrival_pool`: the
+    one that counts every request, the decode pool under the conditional placement), as the
+    arrival rate is.
     """
     if sub_window_s <= 0 or window_s <= 0:
         raise ValueError("window_s and sub_window_s must be > 0")
@@ -816,22 +821,23 @@ def sizing_queries(
         raise ValueError("sub_window_s must be a multiple of scrape_s, at least two scrapes")
     p = preset(engine)
     w, sub = f"{int(window_s)}s", f"{int(sub_window_s)}s"
-    front, back = front_pool(pools), back_pool(pools)
+    front, back, arr = front_pool(pools), back_pool(pools), arrival_pool(pools, placement)
     fs, bs = pool_selector(namespace, deployment, front), pool_selector(namespace, deployment, back)
+    as_ = pool_selector(namespace, deployment, arr)
     q = [
         Query(
             "prompt_tokens_histogram",
-            f"sum by (le) (rate({p.prompt_tokens}_bucket{{{fs}}}[{w}]))",
+            f"sum by (le) (rate({p.prompt_tokens}_bucket{{{as_}}}[{w}]))",
             "histogram",
             required=False,
-            pool=front,
+            pool=arr,
         ),
         Query(
             "prompt_tokens_sum_rate",
-            f"sum(rate({p.prompt_tokens}_sum{{{fs}}}[{w}]))",
+            f"sum(rate({p.prompt_tokens}_sum{{{as_}}}[{w}]))",
             "scalar",
             required=False,
-            pool=front,
+            pool=arr,
         ),
         Query(
             "output_tokens_histogram",
@@ -865,7 +871,7 @@ def sizing_queries(
                 pool=front,
             )
         )
-    counts = arrival_counts_promql(f"{p.prompt_tokens}_count{{{fs}}}", "", int(sub_window_s), int(scrape_s))
+    counts = arrival_counts_promql(f"{p.prompt_tokens}_count{{{as_}}}", "", int(sub_window_s), int(scrape_s))
     spans = [("arrival_counts", int(window_s))]
     if horizon_s:
         spans.append(("arrival_counts_horizon", int(horizon_s)))
@@ -873,7 +879,7 @@ def sizing_queries(
     if horizon_s:
         # one sub-window longer: the first count's growth needs the gauge at its start too
         spans.append((IN_SYSTEM_SERIES, int(horizon_s) + int(sub_window_s)))
-        inner[IN_SYSTEM_SERIES] = f"sum({p.waiting}{{{fs}}}) + sum({p.running}{{{fs}}})"
+        inner[IN_SYSTEM_SERIES] = f"sum({p.waiting}{{{as_}}}) + sum({p.running}{{{as_}}})"
         spans.append((SHED_SERIES, int(horizon_s)))
         inner[SHED_SERIES] = arrival_counts_promql(
             f'{METRIC_FRONT_DOOR_REJECTED}{{namespace="{namespace}",deployment="{deployment}"}}',
@@ -888,7 +894,7 @@ def sizing_queries(
                 f"({inner[name]})[{span}s:{sub}]",
                 "series",
                 required=False,
-                pool=front,
+                pool=arr,
                 series_window=(span, int(sub_window_s), int(scrape_s)),
             )
         )

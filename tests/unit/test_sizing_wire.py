@@ -94,6 +94,28 @@ def test_queries_follow_the_switches() -> None:
     assert all(not q.required for q in qs.values())
 
 
+def test_under_the_conditional_placement_the_decode_pool_counts_and_holds_the_arrivals() -> None:
+    """Short prompts never reach the prefill pool there: the prompt lengths, the counts and the
+    requests held uncounted are the decode pool's, where the arrival rate is read."""
+    cond = evaluate.spec_for(replace(SETTINGS, sizing=ALL), "conditional")
+    qs = {q.name: q for q in loop.sizing_query_list(cond, "ns", "x")}
+    for name in (
+        "prompt_tokens_histogram",
+        "prompt_tokens_sum_rate",
+        "arrival_counts_horizon",
+        "arrival_in_system_horizon",
+    ):
+        assert qs[name].pool == "decode", name
+        assert 'pod=~"x-decode-' in qs[name].promql and "x-prefill" not in qs[name].promql, name
+    assert qs["prefill_queue_histogram"].pool == "prefill"  # the prefill queue stays the prefill pool's
+    rate = next(q for q in loop.object_queries(cond, "ns", "x") if q.name == "arrival_rps")
+    assert rate.pool == qs["arrival_counts_horizon"].pool
+    disagg = {
+        q.name: q for q in loop.sizing_query_list(evaluate.spec_for(replace(SETTINGS, sizing=ALL)), "ns", "x")
+    }
+    assert disagg["arrival_counts_horizon"].pool == "prefill"
+
+
 def test_readings_parse_and_failures_are_missing() -> None:
     good = loop.sizing_readings(
         {
