@@ -400,6 +400,17 @@ def test_colocated_decisions_are_identical(case: str) -> None:
     assert {p for t, _, _ in ops for p in t} == {"colocated"}
 
 
+@pytest.mark.parametrize(
+    "case", ["load steps", "sizes and bursty counts", "counts with their queue's growth"]
+)
+def test_conditional_decisions_are_identical(case: str) -> None:
+    """Under the conditional placement the decode pool counts every request: the operator reads
+    the rate, the counts and the requests held from it, as the evaluation counts them."""
+    rows, settings = CASES[case]
+    ops, evs = run_both(rows, settings, placement="conditional")
+    assert ops == evs
+
+
 def test_lasting_misses_at_plan_grow_the_prefill_pool_alone() -> None:
     """The misses row by row: the operator's gain (kept in status.scalerState between
     decisions) and the evaluator's grow alike; only prefill grows; without the switch nothing."""
