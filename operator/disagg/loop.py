@@ -373,6 +373,7 @@ def sizing_readings(results: Mapping[str, Any], count_interval_s: float) -> Sizi
     if raw is not None:
         try:
             points = metrics.parse_series_points(raw, "arrival_counts_horizon")
+            times = [t for t, _ in points]
             counts = tuple(v for _, v in points) or None
         except metrics.MetricError as exc:
             problems.append(str(exc))
@@ -380,16 +381,14 @@ def sizing_readings(results: Mapping[str, Any], count_interval_s: float) -> Sizi
     if raw is not None:
         try:
             in_system = metrics.parse_series_points(raw, metrics.IN_SYSTEM_SERIES)
-            growth = metrics.growth_over_steps([t for t, _ in points], in_system, count_interval_s)
+            growth = metrics.growth_over_steps(times, in_system, count_interval_s)
         except metrics.MetricError as exc:
             problems.append(str(exc))
     shed = None
     raw = ok(metrics.SHED_SERIES) if counts else None
     if raw:  # no series: the front door has shed nothing
         try:
-            shed = metrics.values_at(
-                [t for t, _ in points], metrics.parse_series_points(raw, metrics.SHED_SERIES)
-            )
+            shed = metrics.values_at(times, metrics.parse_series_points(raw, metrics.SHED_SERIES))
         except metrics.MetricError as exc:
             problems.append(str(exc))
     return SizingReadings(

@@ -873,10 +873,10 @@ def sizing_queries(
         )
     counts = arrival_counts_promql(f"{p.prompt_tokens}_count{{{as_}}}", "", int(sub_window_s), int(scrape_s))
     spans = [("arrival_counts", int(window_s))]
+    inner = {"arrival_counts": counts}
     if horizon_s:
         spans.append(("arrival_counts_horizon", int(horizon_s)))
-    inner = {name: counts for name, _ in spans}
-    if horizon_s:
+        inner["arrival_counts_horizon"] = counts
         # one sub-window longer: the first count's growth needs the gauge at its start too
         spans.append((IN_SYSTEM_SERIES, int(horizon_s) + int(sub_window_s)))
         inner[IN_SYSTEM_SERIES] = f"sum({p.waiting}{{{as_}}}) + sum({p.running}{{{as_}}})"
@@ -974,13 +974,9 @@ def growth_over_steps(
     """Per time t of `times`, the gauge's change over the step that ends there: its value at t
     minus its value at t - `step_s` (points of a subquery with that step: both on its grid),
     None where either is missing (a scrape gap is unknown, never no change)."""
-    at = {round(t * 1000.0): v for t, v in gauge}
-    step_ms = round(step_s * 1000.0)
-    out: list[float | None] = []
-    for t in times:
-        end, start = at.get(round(t * 1000.0)), at.get(round(t * 1000.0) - step_ms)
-        out.append(None if end is None or start is None else end - start)
-    return tuple(out)
+    ends = values_at(times, gauge)
+    starts = values_at([t - step_s for t in times], gauge)
+    return tuple(None if e is None or s is None else e - s for e, s in zip(ends, starts, strict=True))
 
 
 def values_at(times: Sequence[float], points: Sequence[tuple[float, float]]) -> tuple[float | None, ...]:
