@@ -232,7 +232,9 @@ def observe_rate(state: PolicyState, now: float, rate: float, config: PolicyConf
     return replace(state, rate_samples=tuple(samples[-keep:]))
 
 
-def forecast_rate(state: PolicyState, now: float, config: PolicyConfig) -> float | None:
+def forecast_rate(
+    state: PolicyState, now: float, config: PolicyConfig, window_s: float | None = None
+) -> float | None:
     """Arrival rate expected one lead time (``forecast_horizon_s``) ahead.
 
     Least-squares line through the last ``forecast_samples`` samples. When the
@@ -240,7 +242,12 @@ def forecast_rate(state: PolicyState, now: float, config: PolicyConfig) -> float
     ``forecast_max_growth`` x the latest observation); when it falls, the latest
     observation is kept: scale-down is the stabilization window's job, and a
     pool sized for a forecast drop would be short if the drop does not come.
-    None when there is no sample.
+    With ``window_s`` (the window each rate sample is measured over), the projection
+    also rises no faster than the rate rose since the newest sample whose window does
+    not overlap the latest one's (the oldest kept sample when none is that old): a line
+    through a step (a level that rose and stays) is a ramp, and projected a start-up
+    ahead it asks for a rise that has stopped; with no rise since, the latest
+    observation is kept. None when there is no sample.
     """
     s = state.rate_samples
     if not s:
@@ -260,7 +267,13 @@ def forecast_rate(state: PolicyState, now: float, config: PolicyConfig) -> float
         return last
     # project from the fitted line's value at the latest sample, never below the observation
     fitted_now = mr + slope * (last_t - mt)
-    proj = fitted_now + slope * (now - last_t + config.forecast_horizon_s)
+    ahead = now - last_t + config.forecast_horizon_s
+    proj = fitted_now + slope * ahead
+    if window_s is not None:
+        older = [(t, r) for t, r in pts[:-1] if last_t - t >= window_s - 1e-9]
+        since_t, since = older[-1] if older else pts[0]
+        recent = (last - since) / (last_t - since_t)
+        proj = min(proj, last + max(0.0, recent) * ahead)
     return min(max(last, proj), last * config.forecast_max_growth if last > 0 else proj)
 
 
@@ -329,7 +342,7 @@ def sizing_rate(
         lcb = rate_short - z * math.sqrt(rate_short / short_window_s)
         r = max(r, lcb)
     state = observe_rate(state, now, r, config)
-    f = forecast_rate(state, now, config) or 0.0
+    f = forecast_rate(state, now, config, window_s) or 0.0
     disp = 1.0
     if dispersion is not None and math.isfinite(dispersion) and dispersion > 0:
         disp = float(dispersion)

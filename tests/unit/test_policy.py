@@ -286,6 +286,46 @@ def test_forecast_rising_falling_flat():
     assert observe_rate(st3, 120, float("nan"), cfg) == st3
 
 
+def _rates(points: list[tuple[float, float]], cfg: PolicyConfig) -> PolicyState:
+    st_ = PolicyState()
+    for t, r in points:
+        st_ = observe_rate(st_, t, r, cfg)
+    return st_
+
+
+def test_forecast_does_not_project_a_step_that_stays():
+    """A level that rose once and stays: the line through it is a ramp, but the rate has not
+    risen since the newest sample whose 60 s window does not overlap the latest one's."""
+    cfg = PolicyConfig(forecast_horizon_s=60, forecast_samples=4)
+    step = _rates([(0, 10.0), (30, 20.0), (60, 20.0), (90, 20.0)], cfg)
+    assert forecast_rate(step, 90, cfg) > 25.0  # the fitted line projects the step as a ramp
+    assert forecast_rate(step, 90, cfg, window_s=60.0) == 20.0
+    # a rise slowing down: projected at the rate it still rises (4 req/s over the last minute)
+    slowing = _rates([(0, 10.0), (30, 16.0), (60, 18.0), (90, 20.0)], cfg)
+    assert forecast_rate(slowing, 90, cfg) == pytest.approx(27.2)
+    assert forecast_rate(slowing, 90, cfg, window_s=60.0) == pytest.approx(24.0)
+    # a rise speeding up: the line is the bound, as before
+    rising = _rates([(0, 10.0), (30, 10.0), (60, 14.0), (90, 20.0)], cfg)
+    assert forecast_rate(rising, 90, cfg, window_s=60.0) == pytest.approx(forecast_rate(rising, 90, cfg))
+    # a steady ramp rises as fast as its line: the projection is the line's
+    ramp = _rates([(0, 10.0), (30, 12.0), (60, 14.0), (90, 16.0)], cfg)
+    assert forecast_rate(ramp, 90, cfg, window_s=60.0) == pytest.approx(forecast_rate(ramp, 90, cfg))
+    # with only samples inside one window the oldest kept one is the reference
+    short = _rates([(0, 10.0), (30, 10.0)], cfg)
+    assert forecast_rate(short, 30, cfg, window_s=60.0) == 10.0
+
+
+def test_sizing_rate_plans_a_stopped_rise_at_its_level():
+    """The rate the decision plans for after a step: the level plus its counting noise, not the
+    step projected a start-up ahead."""
+    cfg = PolicyConfig(forecast_horizon_s=60, forecast_samples=4)
+    st_ = PolicyState()
+    for t, r in [(0, 10.0), (30, 20.0), (60, 20.0)]:
+        _, st_ = sizing_rate(st_, t, cfg, r, window_s=60.0, z=0.0)
+    planned, _ = sizing_rate(st_, 90, cfg, 20.0, window_s=60.0, z=0.0)
+    assert planned == pytest.approx(20.0)
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="min_replicas"):
         PolicyConfig(min_replicas={"decode": 5}, max_replicas={"decode": 2})
