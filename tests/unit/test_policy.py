@@ -310,9 +310,11 @@ def test_forecast_does_not_project_a_step_that_stays():
     # a steady ramp rises as fast as its line: the projection is the line's
     ramp = _rates([(0, 10.0), (30, 12.0), (60, 14.0), (90, 16.0)], cfg)
     assert forecast_rate(ramp, 90, cfg, window_s=60.0) == pytest.approx(forecast_rate(ramp, 90, cfg))
-    # with only samples inside one window the oldest kept one is the reference
-    short = _rates([(0, 10.0), (30, 10.0)], cfg)
-    assert forecast_rate(short, 30, cfg, window_s=60.0) == 10.0
+    # with no sample a window older the oldest kept one is the reference (here: the line's)
+    short = _rates([(0, 10.0), (30, 12.0)], cfg)
+    fitted = forecast_rate(short, 30, cfg)
+    assert fitted is not None and fitted > 12.0
+    assert forecast_rate(short, 30, cfg, window_s=60.0) == pytest.approx(fitted)
 
 
 def test_sizing_rate_plans_a_stopped_rise_at_its_level():
