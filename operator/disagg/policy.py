@@ -300,8 +300,9 @@ def sizing_rate(
 ) -> tuple[float, PolicyState]:
     """The arrival rate to plan for, shared by the operator's loop and `disagg evaluate`.
 
-    * fast attack: a short-window rate whose lower confidence bound is above the
-      window's rate is a real step up, not noise, and is taken at once;
+    * fast attack: a short-window rate whose lower confidence bound (``z`` standard
+      deviations of the same counting noise as below, over ``short_window_s``) is above
+      the window's rate is a real step up, not noise, and is taken at once;
     * the rate one lead time ahead (`forecast_rate`), never below the observation;
     * plus ``z`` standard deviations of the counting noise of a rate measured over
       ``window_s``: var = dispersion x rate / window, where ``dispersion`` is the
@@ -338,14 +339,14 @@ def sizing_rate(
     Returns the rate and the state with this observation recorded.
     """
     r = rate
-    if rate_short is not None and short_window_s and math.isfinite(rate_short) and rate_short >= 0:
-        lcb = rate_short - z * math.sqrt(rate_short / short_window_s)
-        r = max(r, lcb)
-    state = observe_rate(state, now, r, config)
-    f = forecast_rate(state, now, config, window_s) or 0.0
     disp = 1.0
     if dispersion is not None and math.isfinite(dispersion) and dispersion > 0:
         disp = float(dispersion)
+    if rate_short is not None and short_window_s and math.isfinite(rate_short) and rate_short >= 0:
+        lcb = rate_short - z * math.sqrt(disp * rate_short / short_window_s)
+        r = max(r, lcb)
+    state = observe_rate(state, now, r, config)
+    f = forecast_rate(state, now, config, window_s) or 0.0
     noise = z * math.sqrt(disp * max(f, 0.0) / window_s)
     backlog = 0.0
     q = float(queued) if queued is not None and math.isfinite(queued) and queued > 0 else 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -326,6 +327,35 @@ def test_sizing_rate_plans_a_stopped_rise_at_its_level():
         _, st_ = sizing_rate(st_, t, cfg, r, window_s=60.0, z=0.0)
     planned, _ = sizing_rate(st_, 90, cfg, 20.0, window_s=60.0, z=0.0)
     assert planned == pytest.approx(20.0)
+
+
+def test_fast_attack_reads_the_short_window_with_the_measured_dispersion():
+    """A short window 50 % above the window's rate is a step under Poisson counting noise, and
+    within the noise of traffic whose counts vary ten times as much: then it is not taken."""
+    cfg = PolicyConfig(forecast_horizon_s=60, forecast_samples=4)
+
+    def planned(dispersion: float | None) -> float:
+        got, _ = sizing_rate(
+            PolicyState(),
+            0.0,
+            cfg,
+            20.0,
+            window_s=60.0,
+            rate_short=30.0,
+            short_window_s=45.0,
+            z=1.645,
+            dispersion=dispersion,
+        )
+        return got
+
+    noise = 1.645 * math.sqrt(20.0 / 60.0)  # the window's own counting noise at Poisson
+    poisson_lcb = 30.0 - 1.645 * math.sqrt(30.0 / 45.0)
+    assert planned(None) == pytest.approx(poisson_lcb + 1.645 * math.sqrt(poisson_lcb / 60.0))
+    assert planned(None) > 20.0 + noise
+    # dispersion 10: the short window's bound (30 - 1.645 x sqrt(10 x 30 / 45) = 25.8) is still
+    # above 20, but by less; at dispersion 80 (18.0) it is below 20 and the window's rate stands
+    assert planned(10.0) < planned(None)
+    assert planned(80.0) == pytest.approx(20.0 + 1.645 * math.sqrt(80.0 * 20.0 / 60.0))
 
 
 def test_config_validation():
