@@ -18,7 +18,10 @@ equal sub-window (per scrape from Prometheus, or per bin from a window's request
   began. Capacity added when a burst is seen serves one start-up later, so the
   requests that arrive during a rise larger than the standing headroom are the ones
   that miss: covering the rises of the SLO's share of requests (the autoscaler
-  passes ``slo.percentile``) keeps them within what the SLO allows to miss.
+  passes ``slo.percentile``) keeps them within what the SLO allows to miss. At a top far
+  above where the traffic usually is (`COMPARABLE_LEVELS` times the horizon's median rate),
+  only rises from comparable levels are read: at the top of an on/off burst the rises that
+  brought it there say nothing of what may come on top.
   ``spec.autoscaling.headroom`` is a floor under it.
 * `before_rise`: the rate a rise now under way began from, as a share of the current
   one (the least window mean over the last window): a burst still ramping into the
@@ -56,6 +59,12 @@ BURST_QUANTILE = 0.95  # default share of requests whose rises the standing head
 NOISE_Z = 1.645  # rises within this many standard deviations of counting noise are noise
 NOISE_SHARE = 0.5  # of the share of rises a quantile leaves uncovered, what noise may take
 MAX_AUTO_HEADROOM = 2.0  # the automatic headroom never asks for more than 3x the demand
+# Rates further apart than this factor are different levels of traffic. When the current
+# planned-for rate is that far above the horizon's median (the top of an on/off source or a
+# batch job), the burst headroom reads only the rises whose foot is within this factor of it:
+# such traffic rises from its low level, not from the top it jumped to. Elsewhere (a diurnal
+# day, bursts over a base, dips and returns) every rise is read, as a share of its foot.
+COMPARABLE_LEVELS = 3.0
 # A pair of counts whose z is this many times the dispersion is a level shift, not variance:
 # 4 standard deviations of Poisson's z (a chi-square of one degree), which pure noise passes
 # once in ~16,000 pairs (a week of 30 s counts at any rate gives about one).
@@ -199,6 +208,17 @@ def burst_headroom(
     ``cap``: with ``quantile`` the SLO's percentile, the rises larger than the
     headroom bring at most the share of requests the SLO lets miss.
 
+    When the current planned-for rate is more than `COMPARABLE_LEVELS` times the median
+    over the counts (a top far above where the traffic usually is), the rises read are
+    those whose foot is within that factor of it (all of them when none is): a rise's
+    foot is the level it began from, the least planned-for rate over the window before
+    it (a step reaches the window's mean as a ramp lasting one window, whose points are
+    no level), and a fall's is where it ends, the least over the start-up and the window
+    after it. Traffic that jumps between two such levels then stands ready, at its top,
+    for what rose from its top, not for a second jump of the same size on top of the
+    first. Below that, every rise is read (bursts whose size grows with the level, and
+    dips whose returns are bursts too, would otherwise go unread).
+
     Only windows after the first arrival in the counts are judged: before it the
     counts hold no traffic at all (a new deployment, clients not yet pointed at it, or
     no pod serving yet), and a window reaching back into that silence averages it in,
@@ -288,7 +308,12 @@ def burst_profile(
     pts = _judged(counts, sub_window_s, startup_s=startup_s, window_s=window_s, z=z, dispersion=dispersion)
     if pts is None or pts.rel.size == 0:
         return BurstProfile(None, None)
-    headroom = float(min(cap, max(floor, _weighted_quantile(pts.rel, pts.weight, quantile))))
+    rel, weight = pts.rel, pts.weight
+    if pts.current > COMPARABLE_LEVELS * pts.typical:  # a top far above the usual level
+        near = (pts.foot * COMPARABLE_LEVELS >= pts.current) & (pts.foot <= pts.current * COMPARABLE_LEVELS)
+        if near.any():
+            rel, weight = rel[near], weight[near]
+    headroom = float(min(cap, max(floor, _weighted_quantile(rel, weight, quantile))))
     return BurstProfile(headroom, _silence_floor(pts, quantile))
 
 
@@ -323,8 +348,11 @@ class _Judged(NamedTuple):
 
     rel: np.ndarray  # rises from a rate above zero, relative to it (beyond noise, >= 0)
     weight: np.ndarray  # the rate each rises to (the requests it would leave unserved)
+    foot: np.ndarray  # the level each of `rel` rises from (a step's ramp read as its foot)
     from_silence: np.ndarray  # rises from a silent window (or falls into one): the rate, beyond noise
     silence_weight: np.ndarray  # the rate each rises to (or falls from)
+    current: float  # the latest planned-for rate (the window ending with the counts)
+    typical: float  # the median planned-for rate over the counts
 
 
 def _judged(
@@ -371,13 +399,25 @@ def _judged(
     # From (or into) a silent window the rise has no size relative to its foot: it is kept
     # apart, as the rate it reaches
     up, down = ~ok_rise & (rise > 0), ok_rise & ~ok_fall & (fall > 0)
+    # The level each point stands at is the least rate over the window before it: a step reaches
+    # the window's mean as a ramp lasting one window, whose points are no level. A rise began
+    # from that level; a fall ends at the least rate over the start-up and the window after it
+    # (where its ramp ends); a point that does not fall stands at its own level.
+    level = np.lib.stride_tricks.sliding_window_view(np.concatenate((np.full(k, m[0]), m)), k + 1)
+    level = level[:n].min(axis=1)
+    after = np.concatenate((m[1:], np.full(lead + k, np.inf)))
+    fall_end = np.lib.stride_tricks.sliding_window_view(after, lead + k)[:n].min(axis=1)
+    fall_foot = np.where(fall > 0, fall_end, level)
     return _Judged(
         np.concatenate(
             (np.maximum(rise[ok_rise], 0.0) / now[ok_rise], np.maximum(fall[ok_fall], 0.0) / low[ok_fall])
         ),
         np.concatenate((ahead[ok_rise], now[ok_fall])),
+        np.concatenate((level[ok_rise], fall_foot[ok_fall])),
         np.concatenate((rise[up], fall[down])),
         np.concatenate((ahead[up], now[down])),
+        float(m[-1]),
+        float(np.median(m)),
     )
 
 
