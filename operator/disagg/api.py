@@ -756,7 +756,9 @@ class Sizing(_Model):
         SIZING_AUTO_HEADROOM_DEFAULT,
         description="Standing spare capacity derived from the observed burst profile (how far load rose "
         "within one decision lead, start-up + interval + scrape, over the last hour); a burst still ramping "
-        "into the metric window uses its share of it; `headroom` is then a floor under it. Over a silence, "
+        "into the metric window uses its share of it; at a rate more than 3x the hour's median only rises from "
+        "comparable levels count (the top of an on/off source is not a foot for another jump); `headroom` is "
+        "then a floor under it. Over a silence, "
         "the rate traffic stopped from (or came back at) within the last hour, when its requests are more "
         "than the SLO percentile lets miss.",
     )

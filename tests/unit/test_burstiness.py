@@ -266,7 +266,7 @@ def test_at_the_top_of_an_on_off_burst_the_rise_from_its_low_level_is_spent() ->
     assert burst_headroom(dips[: (1200 + 400) // 15], 15, **kw) == MAX_AUTO_HEADROOM
 
 
-def test_an_on_off_source_at_its_top_costs_about_its_best_fixed_fleet() -> None:
+def test_an_on_off_source_does_not_stand_ready_at_its_top_for_another_jump() -> None:
     """The on/off stress workload (`hack/bench/stress_sizing.py`), start-up 60 s: 3 prefill + 2
     decode for the hour reach 99.3 % (the best fixed fleet in hindsight, 5.02 GPU-h). Standing
     ready at each burst's top for another jump of the burst's size held 6 + 6 replicas through
