@@ -2,7 +2,7 @@
 """Stress workloads for issue 14's sizing inputs: what each one does under autoscaling.
 
 Usage: PYTHONPATH=operator python hack/bench/stress_sizing.py [--minutes 60] [--startup 60]
-       PYTHONPATH=operator python hack/bench/stress_sizing.py --trace FILE [--rate-scale K] [--diurnal]
+       PYTHONPATH=operator python hack/bench/stress_sizing.py --trace FILE [--thin K] [--rate-scale K] [--diurnal]
 
 Replays synthetic workloads none of the constants were tuned on -- smooth Poisson (what
 each input costs), on/off bursts, heavy-tailed prompt lengths, a sudden shift from short
@@ -50,6 +50,7 @@ from disagg.workload import (
     piecewise_poisson,
     poisson,
     spikes,
+    thinned,
     with_coarse_timestamps,
 )
 
@@ -162,6 +163,9 @@ def main() -> None:
     ap.add_argument(
         "--trace", help="replay this trace (Azure CSV or Mooncake JSONL) instead of the synthetic set"
     )
+    ap.add_argument(
+        "--thin", type=int, default=1, help="with --trace: keep one request in K at random, before the rest"
+    )
     ap.add_argument("--rate-scale", type=int, default=1, help="with --trace: superpose K copies")
     ap.add_argument("--diurnal", action="store_true", help="with --trace: its diurnal day (evaluate.diurnal)")
     ap.add_argument(
@@ -176,7 +180,7 @@ def main() -> None:
         ap.error("--curves and --out go with --yardstick")
     s = ev.with_startup(ev.EvalSettings(), args.startup)
     if args.trace:
-        w = load_trace(args.trace)
+        w = thinned(load_trace(args.trace), args.thin)
         if args.diurnal:
             w = ev.diurnal(w, args.rate_scale)
         elif args.rate_scale > 1:

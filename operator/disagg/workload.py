@@ -256,6 +256,34 @@ def with_coarse_timestamps(w: Workload, quantum_s: float) -> Workload:
     )
 
 
+def thinned(w: Workload, k: int, seed: int = 0) -> Workload:
+    """`w` with each request kept with probability 1 / `k` (seeded): the same arrival pattern at
+    a k-th of its rate, as a deployment with a k-th of the traffic sees it.
+
+    Independent thinning keeps every burst where it was, k times smaller, and the mix of
+    prompt and output lengths; a burst of batched requests stays a burst of smaller batches.
+    ``k`` = 1 is `w` itself. Refuses (ValueError) a `k` below 1 or not whole, and a thinning
+    that leaves fewer than two requests (nothing to replay).
+    """
+    if not (isinstance(k, int | np.integer) and k >= 1):
+        raise ValueError(f"thinning keeps one request in k: k must be a whole number >= 1, got {k!r}")
+    if k == 1:
+        return w
+    keep = np.flatnonzero(np.random.default_rng(seed).random(len(w)) < 1.0 / k)
+    if keep.size < 2:
+        raise ValueError(
+            f"one request in {k} of {len(w):,} leaves {keep.size} (at least two are needed to replay)"
+        )
+    return Workload(
+        w.arrival_s[keep],
+        w.prompt_tokens[keep],
+        w.output_tokens[keep],
+        w.media_items[keep],
+        None if w.hash_ids is None else [w.hash_ids[i] for i in keep.tolist()],
+        name=f"{w.name} (one request in {k})",
+    )
+
+
 def _build(
     arrivals: np.ndarray,
     rng: np.random.Generator,

@@ -20,7 +20,7 @@ from disagg.evaluate import (
     rate_scaled,
     run_policy,
 )
-from disagg.workload import Workload, burst, poisson, with_coarse_timestamps
+from disagg.workload import Workload, burst, poisson, thinned, with_coarse_timestamps
 
 SHORT = EvalSettings(startup_s=30.0, stabilization_s=120.0, timeline_points=50)
 
@@ -215,6 +215,8 @@ def test_cli_json(small_trace: str, capsys) -> None:
         (["--rate-scale", "0"], "--rate-scale"),
         (["--headroom", "-0.2"], "--headroom"),
         (["--coarse-timestamps", "0"], "--coarse-timestamps"),
+        (["--thin", "0"], "--thin keeps one request in K"),
+        (["--thin", "100000"], "leaves"),
     ],
 )
 def test_cli_bad_input_exit_2(small_trace: str, capsys, extra: list[str], msg: str) -> None:
@@ -234,6 +236,40 @@ def test_coarse_timestamps_replay_each_quantums_requests_together() -> None:
     assert len(np.unique(c.arrival_s)) < len(w) / 5  # about 12 requests at each instant
     with pytest.raises(ValueError, match="quantum_s"):
         with_coarse_timestamps(w, 0.0)
+
+
+def test_thinning_keeps_a_seeded_kth_of_the_requests_where_they_were() -> None:
+    # bursts of 40 requests within a second, every 30 s: thinned, the bursts stay where they
+    # were with a tenth of their requests, and nothing arrives between them
+    w = burst(0.0, 40.0, 30.0, 600.0, duty=1 / 30, seed=2)
+    t = thinned(w, 10, seed=4)
+    assert 0.06 * len(w) < len(t) < 0.14 * len(w)
+    kept = np.isin(w.arrival_s, t.arrival_s)
+    assert kept.sum() == len(t)  # a subset of the requests, each with its own lengths
+    assert np.array_equal(t.prompt_tokens, w.prompt_tokens[kept])
+    assert np.array_equal(t.output_tokens, w.output_tokens[kept])
+    assert np.all(np.diff(t.arrival_s) >= 0)
+    assert np.all(t.arrival_s % 30.0 < 1.0)  # inside the bursts only
+    assert np.array_equal(thinned(w, 10, seed=4).arrival_s, t.arrival_s)  # seeded
+    assert not np.array_equal(thinned(w, 10, seed=5).arrival_s, t.arrival_s)
+    assert thinned(w, 1) is w
+    with pytest.raises(ValueError, match="whole number >= 1"):
+        thinned(w, 0)
+    with pytest.raises(ValueError, match="whole number >= 1"):
+        thinned(w, 2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="leaves"):
+        thinned(w.head(3), 1000)
+
+
+def test_cli_thin_replays_a_kth_of_the_trace(small_trace: str, capsys) -> None:
+    args = ["evaluate", "--trace", small_trace, "--policy", "disagg", "--output", "json"]
+    assert main(args) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert main([*args, "--thin", "2", "--seed", "3"]) == 0
+    half = json.loads(capsys.readouterr().out)
+    assert half["settings"]["thin"] == 2 and whole["settings"]["thin"] == 1
+    n, m = whole["workload"]["requests"], half["workload"]["requests"]
+    assert 0.25 * n < m < 0.75 * n
 
 
 def test_cli_missing_file(capsys) -> None:

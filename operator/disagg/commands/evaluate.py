@@ -69,12 +69,20 @@ def register(subparsers: Any) -> None:
     f("--startup-seconds", type=float, default=60.0, help="worker start-up time (default 60)")
     f("--interval", type=float, default=30.0, help="seconds between autoscaling decisions (default 30)")
     f("--rate-scale", type=int, default=1, help="superpose K time-shifted copies of the trace (default 1)")
+    f(
+        "--thin",
+        type=int,
+        default=1,
+        metavar="K",
+        help="keep one request in K at random (seeded by --seed), before --workload and --rate-scale: "
+        "the trace's bursts at a K-th of its rate, as a smaller deployment sees them (default 1)",
+    )
     f("--workload", default="trace", help="trace (replay) or diurnal (synthetic 2 h day; default trace)")
     f(
         "--seed",
         type=int,
         default=0,
-        help="seed for the rate-scale offsets and the diurnal workload (default 0)",
+        help="seed for --thin, the rate-scale offsets and the diurnal workload (default 0)",
     )
     f(
         "--coarse-timestamps",
@@ -361,11 +369,18 @@ def plot(doc: dict[str, Any], path: str) -> None:
         ax.legend(loc="upper left", fontsize=7)
     axes[-1, 0].set_xlabel("minutes")
     st = doc["settings"]
-    title = f"{os.path.basename(doc['trace'])}: {st.get('workload', 'trace')} x{st.get('rate_scale', 1)}"
+    title = f"{os.path.basename(doc['trace'])}: {workload_label(st)}"
     fig.suptitle(f"{title}, start-up {st['startup_s']:g} s", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def workload_label(settings: dict[str, Any]) -> str:
+    """What was replayed, for a figure's title: "trace x10", "diurnal x1, one request in 10"."""
+    label = f"{settings.get('workload', 'trace')} x{settings.get('rate_scale', 1)}"
+    thin = settings.get("thin", 1)
+    return f"{label}, one request in {thin}" if thin and thin > 1 else label
 
 
 def curves_path(plot_path: str) -> str:
@@ -405,8 +420,7 @@ def plot_curves(doc: dict[str, Any], path: str) -> None:
     ax.set_ylim(max(0.0, ax.get_ylim()[0]), 100.5)
     st = doc["settings"]
     ax.set_title(
-        f"{os.path.basename(doc['trace'])}: {st.get('workload', 'trace')} x{st.get('rate_scale', 1)}, "
-        f"start-up {st['startup_s']:g} s",
+        f"{os.path.basename(doc['trace'])}: {workload_label(st)}, start-up {st['startup_s']:g} s",
         fontsize=10,
     )
     ax.legend(fontsize=8, loc="lower right")
@@ -430,6 +444,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown output {args.output!r}; choose from table, json")
     if args.rate_scale < 1:
         raise UsageError(f"--rate-scale must be >= 1, got {args.rate_scale}")
+    if args.thin < 1:
+        raise UsageError(f"--thin keeps one request in K: K must be >= 1, got {args.thin}")
     if args.coarse_timestamps is not None and not args.coarse_timestamps > 0:
         raise UsageError(f"--coarse-timestamps must be > 0 seconds, got {args.coarse_timestamps}")
     if args.plot and not args.plot.lower().endswith(".png"):
@@ -455,11 +471,15 @@ def run(args: argparse.Namespace) -> int:
     settings = checked_settings(args)
 
     from disagg.evaluate import ReferencesMismatch, diurnal, evaluate, rate_scaled
-    from disagg.workload import with_coarse_timestamps, with_media
+    from disagg.workload import thinned, with_coarse_timestamps, with_media
 
     w = traceflags.read_trace(args, fmt=args.format, limit=args.limit)
     if len(w) < 2:
         raise UsageError(f"{args.trace}: needs at least two requests")
+    try:
+        w = thinned(w, args.thin, seed=args.seed)
+    except ValueError as exc:
+        raise UsageError(f"--thin {args.thin}: {exc}") from None
     try:  # both refuse, before drawing anything, a workload too large for one run
         if args.workload == "diurnal":
             w = diurnal(w, args.rate_scale, seed=args.seed)
@@ -499,6 +519,7 @@ def run(args: argparse.Namespace) -> int:
     if args.references:
         doc["references"]["source"] = args.references
     doc["settings"]["rate_scale"] = args.rate_scale
+    doc["settings"]["thin"] = args.thin
     doc["settings"]["workload"] = args.workload
     doc["settings"]["seed"] = args.seed
     doc["settings"]["media_fraction"] = args.media_fraction
