@@ -58,10 +58,13 @@ ENGINES = ["vllm", "sglang"]
 #: begins: the request fails at once and never reaches an engine. The client sees the close
 #: itself (ServerDisconnectedError) or, when its request reached the socket after the server
 #: stopped reading, the reset the kernel answers unread data with (ClientOSError: ECONNRESET
-#: on the read, EPIPE on a later write). Error type -> texts one of which its message holds.
+#: on the read, EPIPE on a later write), or, when the close came while aiohttp was still
+#: writing the request, its own refusal to write to a closing transport (ClientOSError with
+#: no errno: "Can not write request body", from its "Cannot write to closing transport").
+#: Error type -> texts one of which its message holds.
 KEEPALIVE_RACE = {
     "ServerDisconnectedError": ("",),
-    "ClientOSError": ("Connection reset by peer", "Broken pipe"),
+    "ClientOSError": ("Connection reset by peer", "Broken pipe", "Can not write request body"),
 }
 
 
