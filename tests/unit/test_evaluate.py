@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from disagg.cli import main
+from disagg.commands.evaluate import workload_label
 from disagg.evaluate import (
     POLICIES,
     EvalSettings,
@@ -253,6 +254,10 @@ def test_thinning_keeps_a_seeded_kth_of_the_requests_where_they_were() -> None:
     assert np.array_equal(thinned(w, 10, seed=4).arrival_s, t.arrival_s)  # seeded
     assert not np.array_equal(thinned(w, 10, seed=5).arrival_s, t.arrival_s)
     assert thinned(w, 1) is w
+    # a trace's prefix hash ids follow their requests
+    hashed = Workload(w.arrival_s, w.prompt_tokens, w.output_tokens, hash_ids=[(i,) for i in range(len(w))])
+    h = thinned(hashed, 10, seed=4)
+    assert h.hash_ids == [(i,) for i in np.flatnonzero(kept).tolist()]
     with pytest.raises(ValueError, match="whole number >= 1"):
         thinned(w, 0)
     with pytest.raises(ValueError, match="whole number >= 1"):
@@ -270,6 +275,8 @@ def test_cli_thin_replays_a_kth_of_the_trace(small_trace: str, capsys) -> None:
     assert half["settings"]["thin"] == 2 and whole["settings"]["thin"] == 1
     n, m = whole["workload"]["requests"], half["workload"]["requests"]
     assert 0.25 * n < m < 0.75 * n
+    assert workload_label(half["settings"]) == "trace x1, one request in 2"  # the figures' titles
+    assert workload_label(whole["settings"]) == "trace x1"
 
 
 def test_cli_missing_file(capsys) -> None:
