@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from disagg.cli import main
-from disagg.commands.evaluate import workload_label
+from disagg.commands.evaluate import where_missed, workload_label
 from disagg.evaluate import (
     POLICIES,
     EvalSettings,
@@ -18,6 +18,7 @@ from disagg.evaluate import (
     _Prefix,
     diurnal,
     evaluate,
+    misses_by_minute,
     rate_scaled,
     run_policy,
 )
@@ -105,6 +106,46 @@ def test_headroom_buys_attainment_with_gpus() -> None:
     assert spare["slo_attainment"] > base["slo_attainment"]
     assert spare["slo_attainment"] >= 0.999
     assert spare["lost_requests"] == 0
+
+
+def test_misses_by_minute_place_every_miss_at_its_arrival_minute(doc: dict, wave: Workload) -> None:
+    minutes = int(wave.arrival_s.max() // 60) + 1
+    for name, m in doc["policies"].items():
+        by = m["misses_by_minute"]
+        assert len(by["feasible"]) == len(by["missed"]) == minutes, name
+        feasible = m["requests"] - m["infeasible_requests"]
+        assert sum(by["feasible"]) == feasible, name
+        # the attainment's own misses, each counted once, at most the minute's feasible requests
+        assert sum(by["missed"]) == round(feasible * (1.0 - m["slo_attainment"])), name
+        assert all(0 <= x <= f for x, f in zip(by["missed"], by["feasible"], strict=True)), name
+        per_minute = np.bincount((wave.arrival_s // 60).astype(int), minlength=minutes)
+        assert all(f <= c for f, c in zip(by["feasible"], per_minute, strict=True)), name
+    # the square wave is at 14 rps in minutes 0-4, 10-14 and 20-24 and at 2 rps between: a
+    # policy that lags its steps (hpa) misses in the high halves, hardly ever in the low ones
+    hpa = doc["policies"]["hpa"]["misses_by_minute"]["missed"]
+    high = sum(c for minute, c in enumerate(hpa) if minute % 10 < 5)
+    assert sum(hpa) > 1000 and high >= 0.95 * sum(hpa)
+
+
+def test_misses_by_minute_leave_out_requests_out_of_reach() -> None:
+    arrival = np.array([0.0, 30.0, 59.9, 61.0, 130.0, 150.0])
+    feasible = np.array([True, False, True, True, True, False])
+    good = np.array([False, False, True, True, False, False])
+    assert misses_by_minute(arrival, feasible, good) == {"feasible": [2, 1, 1], "missed": [1, 0, 1]}
+
+
+def test_where_missed_says_when_a_runs_misses_happened() -> None:
+    cold = {"missed": [30, 12, 0, 0, 2] + [0] * 15, "feasible": [100, 90, 80, 80, 80] + [80] * 15}
+    assert where_missed(cold) == (
+        "44 missed in 3 of 20 minutes; half of them in 1 minute (worst: minute 0, 30 of 100); "
+        "100 % in the first 10 minutes"
+    )
+    steady = {"missed": [1] * 20, "feasible": [50] * 20}
+    assert where_missed(steady) == (
+        "20 missed in 20 of 20 minutes; half of them in 10 minutes (worst: minute 0, 1 of 50); "
+        "50 % in the first 10 minutes"
+    )
+    assert where_missed({"missed": [0, 0], "feasible": [3, 4]}) == "none missed in 2 minutes"
 
 
 def test_static_never_scales(doc: dict) -> None:
@@ -290,7 +331,9 @@ def test_cli_plot_writes_a_png_per_run(small_trace: str, tmp_path, capsys) -> No
     assert main(args) == 0
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000  # a rendered figure, not a stub
-    assert "disagg" in capsys.readouterr().out  # the table is still printed
+    out = capsys.readouterr().out
+    assert "disagg" in out  # the table is still printed
+    assert "where the misses were" in out and "  hpa: " in out
     assert main(["evaluate", "--trace", small_trace, "--plot", str(tmp_path / "run.svg")]) == 2
     assert "--plot writes a PNG" in capsys.readouterr().err
 

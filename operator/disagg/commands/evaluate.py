@@ -269,7 +269,41 @@ def print_table(doc: dict[str, Any], out: Any = None) -> None:
             + ", ".join(beyond)
             + "\n"
         )
+    lines = [
+        f"  {name}: {where_missed(m['misses_by_minute'])}"
+        for name, m in doc["policies"].items()
+        if m.get("misses_by_minute")
+    ]
+    if lines:
+        out.write("where the misses were (feasible requests that missed, by minute of arrival):\n")
+        out.write("\n".join(lines) + "\n")
     print_equal_attainment(doc, out)
+
+
+#: A run's first minutes, whose misses `where_missed` counts apart (a cold start's).
+FIRST_MINUTES = 10
+
+
+def where_missed(by_minute: dict[str, list[int]]) -> str:
+    """One line on when a run's misses happened: how many minutes had any, how few hold
+    half of them, the worst minute, and the share in the first `FIRST_MINUTES` minutes."""
+    missed, feasible = by_minute["missed"], by_minute["feasible"]
+    total = sum(missed)
+    if total == 0:
+        return f"none missed in {len(missed)} minutes"
+    worst = max(range(len(missed)), key=missed.__getitem__)
+    running = half = 0
+    for count in sorted(missed, reverse=True):
+        running += count
+        half += 1
+        if 2 * running >= total:
+            break
+    first = sum(missed[:FIRST_MINUTES]) / total
+    return (
+        f"{total:,} missed in {sum(1 for c in missed if c)} of {len(missed)} minutes; half of them in "
+        f"{half} minute{'s' if half > 1 else ''} (worst: minute {worst}, {missed[worst]:,} of "
+        f"{feasible[worst]:,}); {100 * first:.0f} % in the first {FIRST_MINUTES} minutes"
+    )
 
 
 def _hours(h: Any, ref: Any) -> str:
