@@ -54,9 +54,12 @@ __all__ = [
     "silence_rate",
 ]
 
-MIN_COUNTS = 4  # sub-windows needed before a dispersion means anything
+MIN_COUNTS = 4  # sub-windows (three pairs) from which level shifts are screened out
 BURST_QUANTILE = 0.95  # default share of requests whose rises the standing headroom covers
 NOISE_Z = 1.645  # rises within this many standard deviations of counting noise are noise
+# From fewer pairs than level shifts can be screened from, the dispersion taken is the one
+# the pairs show at this one-sided confidence: the level at which NOISE_Z tells a rise from noise.
+EARLY_CONFIDENCE = NormalDist().cdf(NOISE_Z)
 NOISE_SHARE = 0.5  # of the share of rises a quantile leaves uncovered, what noise may take
 MAX_AUTO_HEADROOM = 2.0  # the automatic headroom never asks for more than 3x the demand
 # Rates further apart than this factor are different levels of traffic. When the current
@@ -124,6 +127,15 @@ def arrivals_from_counts(
     return tuple(out)
 
 
+def _chi2_quantile(q: float, dof: int) -> float:
+    """The q-quantile of a chi-square of 1 or 2 degrees of freedom (closed forms)."""
+    if dof == 1:
+        return NormalDist().inv_cdf((1.0 + q) / 2.0) ** 2
+    if dof == 2:
+        return -2.0 * math.log(1.0 - q)
+    raise ValueError(f"dof must be 1 or 2, got {dof!r}")
+
+
 def index_of_dispersion(counts: Sequence[float] | np.ndarray, *, detrend: bool = True) -> float | None:
     """Variance / mean of arrival counts per equal sub-window, within a level; None without enough data.
 
@@ -138,23 +150,35 @@ def index_of_dispersion(counts: Sequence[float] | np.ndarray, *, detrend: bool =
     starting from the median (a mean would be pulled up by the very shifts to leave
     out) and repeating with the mean of the pairs kept until they no longer change
     (with a median of 0, most pairs equal, the plain mean). Pairs without arrivals
-    say nothing and are skipped. Otherwise the plain sample variance (ddof 1) over
-    the mean. None when there are fewer than `MIN_COUNTS` sub-windows or no arrival
-    at all: the caller keeps its default (Poisson, 1), it never reads a missing value
-    as smooth.
+    say nothing and are skipped.
+
+    With fewer than ``MIN_COUNTS - 1`` such pairs (a deployment's first minute or two, or
+    traffic that comes and goes) there are too few to screen a shift out, but the pairs
+    there are still measure the dispersion: the estimate is then its one-sided lower
+    confidence bound at `EARLY_CONFIDENCE` from the pairs with arrivals on both sides
+    (a pair with an empty side is traffic starting or stopping). Their z sum to the
+    dispersion times a chi-square of as many degrees, so the bound is that sum over the
+    chi-square's `EARLY_CONFIDENCE` quantile: what a shift alone would rarely show, not
+    the point estimate a single shift would inflate. Assuming Poisson until more counts
+    exist sized the first minutes of bursty traffic for smooth arrivals (docs/planner.md,
+    "The first pairs of counts").
+
+    Otherwise (``detrend`` False) the plain sample variance (ddof 1) over the mean, from
+    `MIN_COUNTS` sub-windows on. None without such data or with no arrival at all: the
+    caller keeps its default (Poisson, 1), it never reads a missing value as smooth.
     """
     c = _counts(counts)
-    if c.size < MIN_COUNTS:
-        return None
-    mean = float(c.mean())
-    if mean <= 0:
-        return None
     if not detrend:
-        return float(c.var(ddof=1)) / mean
+        mean = float(c.mean()) if c.size else 0.0
+        return float(c.var(ddof=1)) / mean if c.size >= MIN_COUNTS and mean > 0 else None
     total = c[1:] + c[:-1]
     seen = total > 0
     if int(seen.sum()) < MIN_COUNTS - 1:
-        return None
+        both = (c[1:] > 0) & (c[:-1] > 0)
+        if not both.any():
+            return None
+        z = np.diff(c)[both] ** 2 / total[both]
+        return float(z.sum()) / _chi2_quantile(EARLY_CONFIDENCE, z.size)
     z = np.diff(c)[seen] ** 2 / total[seen]
     est = float(np.median(z)) / _CHI2_1_MEDIAN
     if est <= 0.0:  # most pairs equal (a few arrivals a sub-window): no scale to tell shifts by

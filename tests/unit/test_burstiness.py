@@ -82,8 +82,33 @@ def test_a_burst_slower_than_a_sub_window_is_a_level_not_dispersion() -> None:
     assert index_of_dispersion([1, 1, 1, 1, 1, 3, 1]) == pytest.approx((4 / 4 + 4 / 4) / 6)
 
 
+def test_the_first_pairs_of_counts_measure_the_dispersion() -> None:
+    # fewer than three pairs with arrivals: the one-sided 95 % lower confidence bound from those
+    # with arrivals on both sides, sum(z) over the chi-square quantile of as many degrees
+    chi2_1, chi2_2 = 3.8415, 5.9915  # chi-square 0.95 quantiles, 1 and 2 degrees of freedom
+    assert index_of_dispersion([3, 4, 5]) == pytest.approx((1 / 7 + 1 / 9) / chi2_2, rel=1e-3)
+    assert index_of_dispersion([10, 200]) == pytest.approx(190**2 / 210 / chi2_1, rel=1e-3)
+    # a start of traffic (0 -> 30) says nothing; the pair after it does
+    assert index_of_dispersion([0, 0, 30, 90]) == pytest.approx(60**2 / 120 / chi2_1, rel=1e-3)
+    # the bound: on Poisson counts it is above 1 about once in 20 pairs (a Poisson pair's z is a
+    # chi-square of one degree), on pairs of clustered counts far more often
+    rng = np.random.default_rng(9)
+    above = [index_of_dispersion(rng.poisson(150, 2)) > 1 for _ in range(4000)]
+    assert 0.03 < np.mean(above) < 0.07
+    # the first minute of clustered arrivals (clusters of 20-60 requests) reads far above
+    # Poisson's 1, and the first minute of Poisson traffic near it
+    rng = np.random.default_rng(8)
+    clustered = [rng.integers(20, 60, rng.poisson(3)).sum() for _ in range(3)]
+    poisson_counts = rng.poisson(120, 3)
+    assert index_of_dispersion(clustered) > 5
+    assert index_of_dispersion(poisson_counts) < 5
+
+
 def test_missing_or_empty_counts_give_none_and_bad_counts_raise() -> None:
-    assert index_of_dispersion([3, 4, 5]) is None  # too few sub-windows
+    assert index_of_dispersion([5]) is None and index_of_dispersion([]) is None  # no pair
+    assert index_of_dispersion([0, 40]) is None  # traffic starting is no variance
+    assert index_of_dispersion([40, 0, 0, 0, 0]) is None  # nor traffic stopping
+    assert index_of_dispersion([3, 4, 5], detrend=False) is None  # too few sub-windows
     assert index_of_dispersion([0, 0, 0, 0, 0]) is None  # no arrival: nothing measured
     with pytest.raises(ValueError, match="finite"):
         index_of_dispersion([1, 2, float("nan"), 3])

@@ -263,8 +263,15 @@ def test_inputs_follow_switches_and_never_read_missing_as_smooth() -> None:
     # counts at another resolution than the decision's sub-window, or too few: missing
     other = autoscaler.sizing_inputs(_config(ALL), _obs(arrival_counts=bursty, count_interval_s=15.0), 60.0)
     assert other.dispersion is None and other.auto_headroom is None
+    one = autoscaler.sizing_inputs(_config(ALL), _obs(arrival_counts=(5.0,), count_interval_s=30.0), 60.0)
+    assert one.dispersion is None and one.auto_headroom is None
+    # two counts are one pair: the dispersion is measured (at least Poisson), not the headroom
     few = autoscaler.sizing_inputs(_config(ALL), _obs(arrival_counts=(5.0, 7.0), count_interval_s=30.0), 60.0)
-    assert few.dispersion is None and few.auto_headroom is None
+    assert few.dispersion == pytest.approx(1.0) and few.auto_headroom is None
+    first = autoscaler.sizing_inputs(
+        _config(ALL), _obs(arrival_counts=(10.0, 200.0), count_interval_s=30.0), 60.0
+    )
+    assert first.dispersion == pytest.approx(190**2 / 210 / 3.8415, rel=1e-3)  # the 95 % bound
     # a sub-Poisson reading (perfectly regular counts) is planned as Poisson, not as smooth
     regular = autoscaler.sizing_inputs(
         _config(ALL), _obs(arrival_counts=(30.0,) * 40, count_interval_s=30.0), 60.0
@@ -355,3 +362,29 @@ def test_the_decision_record_shows_the_inputs_it_used() -> None:
     ).record.to_status()["inputs"]
     assert 2.5 < quiet["silenceRps"] <= 4.0  # less its counting noise
     assert quiet["plannedRps"] >= quiet["silenceRps"]
+
+
+def test_a_deployments_first_pair_of_bursty_counts_raises_its_plan() -> None:
+    """Two counts (one minute) of clustered arrivals plan more prefill than as many smooth ones."""
+    cfg = autoscaler.config_from_spec(evaluate.spec_for(SETTINGS))  # the spec's defaults
+
+    def prefill(counts: tuple[float, ...]) -> tuple[int, float | None]:
+        obs = autoscaler.Observation(
+            now=0.0,
+            metrics_ok=True,
+            pools={},
+            arrival_rps=sum(counts) / 60.0,
+            prompt_tokens_mean=3000.0,
+            output_tokens_mean=100.0,
+            arrival_counts=counts,
+            count_interval_s=30.0,
+        )
+        out = autoscaler.decide(cfg, obs, autoscaler.ScalerState())
+        return out.targets["prefill"], out.record.arrival_dispersion
+
+    smooth, smooth_disp = prefill((235.0, 245.0))
+    clustered, clustered_disp = prefill((60.0, 420.0))
+    assert smooth_disp == pytest.approx(1.0) and clustered_disp == pytest.approx(
+        360**2 / 480 / 3.8415, rel=1e-3
+    )
+    assert clustered > smooth
