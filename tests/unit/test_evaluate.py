@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from disagg.cli import main
-from disagg.commands.evaluate import where_missed, workload_label
+from disagg.commands.evaluate import missed_minutes, where_missed, workload_label
 from disagg.evaluate import (
     POLICIES,
     EvalSettings,
@@ -146,6 +146,10 @@ def test_where_missed_says_when_a_runs_misses_happened() -> None:
         "50 % in the first 10 minutes"
     )
     assert where_missed({"missed": [0, 0], "feasible": [3, 4]}) == "none missed in 2 minutes"
+    # the plot shades the minutes where over 1 % missed: 0 (30 %), 1 (13 %) and 4 (2.5 %); a minute
+    # with 0.5 % missed is not, nor one without requests
+    assert missed_minutes(cold) == [(0, 0.3), (1, 12 / 90), (4, 2 / 80)]
+    assert missed_minutes({"missed": [1, 0], "feasible": [200, 0]}) == [] and missed_minutes(None) == []
 
 
 def test_static_never_scales(doc: dict) -> None:

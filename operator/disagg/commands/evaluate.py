@@ -373,6 +373,18 @@ def _frontier_note(frontier: dict[str, Any] | None) -> str:
     return f"; the sweep for a cheaper fixed fleet ran out of trials (not checked {where})"
 
 
+#: The plot shades the minutes in which more than this share of the feasible requests missed.
+SHADED_MISS_SHARE = 0.01
+
+
+def missed_minutes(by_minute: dict[str, list[int]] | None) -> list[tuple[int, float]]:
+    """(minute, share of its feasible requests that missed) for each minute above `SHADED_MISS_SHARE`."""
+    if not by_minute:
+        return []
+    pairs = zip(by_minute["missed"], by_minute["feasible"], strict=True)
+    return [(i, x / f) for i, (x, f) in enumerate(pairs) if f and x / f > SHADED_MISS_SHARE]
+
+
 def plot(doc: dict[str, Any], path: str) -> None:
     import matplotlib
 
@@ -395,8 +407,11 @@ def plot(doc: dict[str, Any], path: str) -> None:
             if tl and pool in tl[0]["replicas"]:
                 ax.step(t, [x["replicas"][pool] for x in tl], where="post", color=color, label=pool)
         m = doc["policies"][name]
+        for minute, share in missed_minutes(m.get("misses_by_minute")):
+            ax.axvspan(minute, minute + 1, color="tab:red", alpha=min(0.45, 0.1 + 0.35 * share), lw=0)
         ax.set_title(
-            f"{name}: attainment {100 * (m['slo_attainment'] or 0):.2f}%, {m['gpu_hours']:.2f} GPU-h",
+            f"{name}: attainment {100 * (m['slo_attainment'] or 0):.2f}%, {m['gpu_hours']:.2f} GPU-h"
+            f" (red: minutes where over {100 * SHADED_MISS_SHARE:g} % of the requests missed)",
             fontsize=9,
         )
         ax.set_ylabel("replicas")
