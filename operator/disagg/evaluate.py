@@ -1546,7 +1546,7 @@ def _metrics(jobs: list[Job], w: Workload, s: EvalSettings, lp: _Loop, end: floa
         "slo_attainment_all": float(good.sum() / n) if n else None,
         "marginal_requests": nf - n_clear,
         "slo_attainment_beyond_marginal": float(good[clear].sum() / n_clear) if n_clear else None,
-        "misses_by_minute": misses_by_minute(np.array([j.arrival for j in jobs]), feas, good),
+        "misses_by_minute": misses_by_minute(w.arrival_s[:n], feas, good),
         "ttft_p50_s": _pct(td, 50),
         "ttft_p90_s": _pct(td, 90),
         "ttft_p99_s": _pct(td, 99),

@@ -110,6 +110,7 @@ def test_headroom_buys_attainment_with_gpus() -> None:
 
 def test_misses_by_minute_place_every_miss_at_its_arrival_minute(doc: dict, wave: Workload) -> None:
     minutes = int(wave.arrival_s.max() // 60) + 1
+    per_minute = np.bincount((wave.arrival_s // 60).astype(int), minlength=minutes)
     for name, m in doc["policies"].items():
         by = m["misses_by_minute"]
         assert len(by["feasible"]) == len(by["missed"]) == minutes, name
@@ -118,7 +119,6 @@ def test_misses_by_minute_place_every_miss_at_its_arrival_minute(doc: dict, wave
         # the attainment's own misses, each counted once, at most the minute's feasible requests
         assert sum(by["missed"]) == round(feasible * (1.0 - m["slo_attainment"])), name
         assert all(0 <= x <= f for x, f in zip(by["missed"], by["feasible"], strict=True)), name
-        per_minute = np.bincount((wave.arrival_s // 60).astype(int), minlength=minutes)
         assert all(f <= c for f, c in zip(by["feasible"], per_minute, strict=True)), name
     # the square wave is at 14 rps in minutes 0-4, 10-14 and 20-24 and at 2 rps between: a
     # policy that lags its steps (hpa) misses in the high halves, hardly ever in the low ones
