@@ -17,7 +17,8 @@ policy fed, one at a time and together, by
             10 min (disagg.burstiness) in Allen-Cunneen and the counting noise,
   headroom  the automatic burst headroom (last hour of counts, start-up, window),
   front     the front load gain learnt from lasting TTFT misses at plan
-            (autoscaler.learnt_front_gain); `default` is the spec's defaults.
+            (autoscaler.learnt_front_gain),
+  budget    the error budget (autoscaler.budget_percentile); `default` is the spec's defaults.
 
 Prints attainment and GPU-hours per variant. No assertion: this prints numbers. The
 variants are the operator's own switches, `spec.autoscaling.sizing` (EvalSettings.sizing),
@@ -129,29 +130,37 @@ def later_workloads(dur: float) -> dict[str, Workload]:
     }
 
 
-def settings(base: ev.EvalSettings, flags: tuple[bool, bool, bool, bool]) -> ev.EvalSettings:
+def settings(base: ev.EvalSettings, flags: tuple[bool, bool, bool, bool, bool]) -> ev.EvalSettings:
     """The `disagg` policy with some of the issue-14 inputs switched on (spec.autoscaling.sizing)."""
-    sizes, ca2, headroom, front = flags
+    sizes, ca2, headroom, front, budget = flags
     return replace(
         base,
-        sizing={"requestSizes": sizes, "burstiness": ca2, "autoHeadroom": headroom, "frontLoadGain": front},
+        sizing={
+            "requestSizes": sizes,
+            "burstiness": ca2,
+            "autoHeadroom": headroom,
+            "frontLoadGain": front,
+            "errorBudget": budget,
+        },
     )
 
 
 VARIANTS = {
-    "disagg": (False, False, False, False),
-    "+sizes": (True, False, False, False),
-    "+ca2": (False, True, False, False),
-    "+headroom": (False, False, True, False),
-    "+ca2+headroom": (False, True, True, False),
-    "+front": (False, False, False, True),
+    "disagg": (False, False, False, False, False),
+    "+sizes": (True, False, False, False, False),
+    "+ca2": (False, True, False, False, False),
+    "+headroom": (False, False, True, False, False),
+    "+ca2+headroom": (False, True, True, False, False),
+    "+front": (False, False, False, True, False),
+    "+budget": (False, False, False, False, True),
     "default": (
         api.SIZING_REQUEST_SIZES_DEFAULT,
         api.SIZING_BURSTINESS_DEFAULT,
         api.SIZING_AUTO_HEADROOM_DEFAULT,
         api.SIZING_FRONT_LOAD_GAIN_DEFAULT,
+        api.SIZING_ERROR_BUDGET_DEFAULT,
     ),
-    "+all": (True, True, True, True),
+    "+all": (True, True, True, True, True),
 }
 
 

@@ -54,6 +54,7 @@ SIZING_REQUEST_SIZES_DEFAULT = False
 SIZING_BURSTINESS_DEFAULT = True
 SIZING_AUTO_HEADROOM_DEFAULT = True
 SIZING_FRONT_LOAD_GAIN_DEFAULT = True
+SIZING_ERROR_BUDGET_DEFAULT = True
 
 
 # ---------------------------------------------------------------------------
@@ -769,6 +770,13 @@ class Sizing(_Model):
         "over the target), e.g. requests that arrive together within a scrape; it falls back to 1 while TTFT "
         "is comfortably within the target. Flat TTFT targets only.",
     )
+    error_budget: bool = Field(
+        SIZING_ERROR_BUDGET_DEFAULT,
+        description="Spend the error budget: while the requests since the deployment started met TTFT more "
+        "often than the SLO percentile asks (the engines' TTFT histogram), plan at a lower percentile (at most "
+        "twice the SLO's share of misses, the surplus spread over at least the next 30 minutes of requests); "
+        "it may hold back growth, never shrink a pool the SLO percentile would keep. Flat TTFT targets only.",
+    )
 
 
 class Autoscaling(_Model):
@@ -961,8 +969,8 @@ class DisaggDeploymentStatus(_Status):
     scaler_state: FreeForm | None = Field(
         None,
         description="The autoscaler's memory (stabilization window, rate samples, calibration samples, "
-        "token shape, start-up times, front load gain, the arrival pool's uncounted requests), bounded in "
-        "size: a restarted operator resumes from it.",
+        "token shape, start-up times, front load gain, the arrival pool's uncounted requests, the error "
+        "budget's counts), bounded in size: a restarted operator resumes from it.",
     )
 
 

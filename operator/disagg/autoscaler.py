@@ -22,6 +22,11 @@ One decision:
    budget now (the rest deferred while drained pods still hold GPUs), drains to
    start on the way down (victims with the least work).
 
+The error budget (`budget_percentile`): while the requests judged since the deployment
+started have met TTFT more often than the SLO asks, the decision is made a second time
+at a lower planning percentile, and that one is kept unless it would take a pool below
+both what it holds and what the SLO percentile asks for.
+
 Missing, stale or invalid metrics, or a plan the planner refuses, hold every pool.
 `ScalerState` is everything remembered between decisions; it round-trips through
 a bounded plain dict so the operator persists it in `status.scalerState`.
@@ -48,6 +53,7 @@ __all__ = [
     "COUNT_SCRAPES",
     "DEFAULT_LEAD_S",
     "DISPERSION_SPAN_S",
+    "ERROR_BUDGET_SPREAD_S",
     "SHORT_WINDOW_SCRAPES",
     "Config",
     "DecisionRecord",
@@ -57,6 +63,7 @@ __all__ = [
     "PoolObservation",
     "ScalerState",
     "Tuning",
+    "budget_percentile",
     "config_from_spec",
     "decide",
     "lead_time",
@@ -90,6 +97,9 @@ FRONT_GAIN_MAX = 8.0
 FRONT_GAIN_HALF_LIFE_S = 1800.0
 #: Pools that queue requests for their first token: the front load gain sizes them.
 FRONT_POOLS = (names.POOL_ENCODER, names.POOL_PREFILL)
+#: The error budget (`budget_percentile`): the misses the SLO still lets through are spread
+#: over at least the requests this many seconds bring at the current rate.
+ERROR_BUDGET_SPREAD_S = 1800.0
 #: Token-shape keys remembered between windows that show no finished request.
 SHAPE_KEYS = (
     "prompt_tokens_mean",
@@ -351,6 +361,11 @@ class ScalerState:
     miss_since: float | None = None
     # (time, `Observation.arrival_pool_in_system`) of recent decisions, oldest first
     in_system: tuple[tuple[float, float], ...] = ()
+    # the error budget (`counted_slo`): requests judged against the TTFT target since the
+    # deployment started, how many of them missed it, and when they were last counted
+    slo_judged: float = 0.0
+    slo_missed: float = 0.0
+    slo_counted_at: float | None = None
 
     def calibrator(self) -> Calibrator:
         c = Calibrator(max_samples=MAX_CALIBRATION_SAMPLES)
@@ -376,6 +391,13 @@ class ScalerState:
                 {"gain": round(self.front_gain, 4), "at": self.front_gain_at, "missSince": self.miss_since}
             ),
             "inSystem": [[round(t, 3), round(n, 3)] for t, n in self.in_system],
+            "errorBudget": _without_none(
+                {
+                    "judged": round(self.slo_judged, 3),
+                    "missed": round(self.slo_missed, 3),
+                    "at": self.slo_counted_at,
+                }
+            ),
         }
 
     @classmethod
@@ -414,6 +436,14 @@ class ScalerState:
             in_system = tuple((t, n) for t, n in _pairs(d.get("inSystem"), MAX_IN_SYSTEM_SAMPLES) if n >= 0)
         except (TypeError, ValueError, IndexError, AttributeError):
             in_system = ()
+        judged, missed, counted_at = 0.0, 0.0, None
+        try:
+            eb = d.get("errorBudget") or {}
+            j, m = float(eb.get("judged", 0.0)), float(eb.get("missed", 0.0))
+            if math.isfinite(j) and math.isfinite(m) and 0.0 <= m <= j:
+                judged, missed, counted_at = j, m, _time_or_none(eb.get("at"))
+        except (TypeError, ValueError, AttributeError):
+            judged, missed, counted_at = 0.0, 0.0, None
         pol = d.get("policy")
         return cls(
             policy=policy.PolicyState.from_dict(pol if isinstance(pol, dict) else None),
@@ -425,6 +455,9 @@ class ScalerState:
             front_gain_at=gain_at,
             miss_since=miss_since,
             in_system=in_system,
+            slo_judged=judged,
+            slo_missed=missed,
+            slo_counted_at=counted_at,
         )
 
 
@@ -532,6 +565,7 @@ class DecisionRecord:
     silence_rps: float | None = None  # rate stood ready for over a silence (None: none needed)
     front_gain: float | None = None  # learnt multiplier on the front pools' load (None: switched off)
     size_classes: int | None = None  # prompt size classes planned over (None: the mean request)
+    planning_percentile: float | None = None  # the percentile the plan was made at (None: not planned)
 
     @classmethod
     def without_decision(cls, time: float, reason: str, note: str) -> DecisionRecord:
@@ -586,6 +620,7 @@ class DecisionRecord:
                 "silenceRps": _r(self.silence_rps),
                 "frontLoadGain": _r(self.front_gain),
                 "sizeClasses": self.size_classes,
+                "planningPercentile": _r(self.planning_percentile, 5),
                 "custom": {k: _r(v) for k, v in self.custom.items()},
                 "leadTimeSeconds": _r(self.lead_time_s, 1),
                 "promptTokensMean": _r(self.prompt_tokens_mean),
@@ -1089,8 +1124,97 @@ def front_sized(
     return out
 
 
+def counted_slo(config: Config, obs: Observation, state: ScalerState) -> tuple[float, float, float | None]:
+    """The error budget's counts with this observation's: (requests judged, of them missed, when).
+
+    The TTFT histogram over the metric window (`Observation.ttft_buckets`, per second as
+    rate() gives it) tells the share of the window's requests within the target and the
+    rate they finished at; the requests since the last count are that rate times the time
+    since (at most a window: the requests of a gap in the metrics are not counted either
+    way). A target between bucket bounds is judged at the bound below it, so the share met
+    is a lower bound. The counts are held as they were with the budget switched off, stale
+    metrics, no histogram, or a target that grows with the prompt (one bound cannot judge it).
+    """
+    judged, missed, at = state.slo_judged, state.slo_missed, state.slo_counted_at
+    slo = config.planning.slo
+    if not (config.sizing.error_budget and obs.metrics_ok and obs.ttft_buckets) or slo.ttft_s_per_1k_tokens:
+        return judged, missed, at
+    got = metrics.count_within(slo.ttft_s, obs.ttft_buckets)
+    if got is None or not math.isfinite(got[1]) or got[1] <= 0:
+        return judged, missed, at
+    within, total = got
+    span = config.interval_s if at is None else min(max(obs.now - at, 0.0), config.window_s)
+    n = total * span
+    return judged + n, missed + n * max(0.0, 1.0 - within / total), obs.now
+
+
+def budget_percentile(p: float, judged: float, missed: float, rate: float | None) -> float:
+    """The percentile to plan at while the requests judged so far left misses unspent (`p` otherwise).
+
+    The surplus is the misses the SLO still lets through, (1 - p) x judged - missed. Spread
+    over the requests to come, at least as many as were judged and as `rate` brings in
+    `ERROR_BUDGET_SPREAD_S`, it lets a decision plan for a share of misses of (1 - p) +
+    surplus / that: at most twice the SLO's (the surplus is at most (1 - p) x judged).
+    Spread so, a surplus is never spent at once: a deployment that has served few requests,
+    or whose load has just risen, plans at nearly `p`.
+    """
+    surplus = (1.0 - p) * judged - missed
+    if surplus <= 0 or rate is None or not math.isfinite(rate) or rate < 0:
+        return p
+    spread = max(judged, rate * ERROR_BUDGET_SPREAD_S)
+    return p - surplus / spread
+
+
+def _at_percentile(config: Config, p: float) -> Config:
+    pl = config.planning
+    return replace(config, planning=replace(pl, slo=replace(pl.slo, percentile=p)))
+
+
+def _with_note(out: Outcome, note: str) -> Outcome:
+    notes = (*out.notes, note)
+    return replace(out, notes=notes, record=replace(out.record, notes=notes))
+
+
 def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
-    """One autoscaling decision. See the module docstring."""
+    """One autoscaling decision. See the module docstring.
+
+    With a surplus in the error budget (`budget_percentile`) the decision is also made at
+    the lower percentile, and that one is kept unless it takes a pool below both what the
+    pool holds and what the decision at the SLO percentile wants: an unspent budget may
+    hold back growth, never shrink a pool the SLO percentile would keep (a budget earned in
+    quiet minutes would otherwise be spent by the standing capacity of the next burst).
+    """
+    judged, missed, counted_at = counted_slo(config, obs, state)
+    p = config.planning.slo.percentile
+    out = _decide(config, obs, state)
+    lowered = p
+    if config.sizing.error_budget and out.plan is not None:
+        lowered = budget_percentile(p, judged, missed, obs.arrival_rps)
+    if lowered < p:
+        low = _decide(_at_percentile(config, lowered), obs, state)
+        cut = [
+            q
+            for q in config.pools
+            if low.next_step.get(q, 0) < min(out.current[q], out.next_step.get(q, out.current[q]))
+        ]
+        said = (
+            f"error budget: {missed:.0f} of {judged:.0f} requests judged since the start missed TTFT "
+            f"(the SLO lets {(1.0 - p) * judged:.0f})"
+        )
+        if low.plan is not None and not cut:
+            out = _with_note(low, f"{said}: planned at p{100.0 * lowered:.3g}")
+        else:
+            out = _with_note(
+                out,
+                f"{said}: p{100.0 * lowered:.3g} would shrink {', '.join(cut)}, planned at p{100.0 * p:.3g}",
+            )
+    return replace(
+        out, state=replace(out.state, slo_judged=judged, slo_missed=missed, slo_counted_at=counted_at)
+    )
+
+
+def _decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
+    """`decide` at the spec's planning percentile (`config.planning.slo.percentile`)."""
     pools = config.pools
     now = obs.now
     empty = PoolObservation(replicas=0)
@@ -1326,6 +1450,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         silence_rps=inputs.silence_rps,
         front_gain=gain if config.sizing.front_load_gain else None,
         size_classes=len(inputs.sizes.prompt_tokens) if inputs.sizes is not None else None,
+        planning_percentile=config.planning.slo.percentile if plan is not None else None,
     )
     return Outcome(
         targets=dict(d.targets),

@@ -433,8 +433,12 @@ class Obs:
     arrival_counts_growth: tuple[float | None, ...] | None = None
     # per count, the requests shed at the front door in its sub-window (None: no series: none shed yet)
     arrival_counts_shed: tuple[float | None, ...] | None = None
-    ttft_buckets: tuple[tuple[float, float], ...] | None = None  # the window's TTFTs, with the sizes
-    prefill_wait_buckets: tuple[tuple[float, float], ...] | None = None  # and its prefill queue waits
+    ttft_buckets: tuple[tuple[float, float], ...] | None = (
+        None  # the window's TTFTs per second, with the sizes
+    )
+    prefill_wait_buckets: tuple[tuple[float, float], ...] | None = (
+        None  # and its prefill queue waits, per second
+    )
     # The back pool's running sequences now (num_requests_running), and its KV usage summed
     # over its workers (kv_cache_usage_perc) and running sequences, both averaged over the
     # metric window as the operator's avg_over_time queries read them; None where not read
@@ -779,12 +783,13 @@ class DisaggPolicy(Policy):
         sz = self.config.sizing
         self.sizing_interval_s = (
             self.config.count_interval_s
-            if sz.request_sizes or sz.burstiness or sz.auto_headroom or sz.front_load_gain
+            if sz.request_sizes or sz.burstiness or sz.auto_headroom or sz.front_load_gain or sz.error_budget
             else None
         )
         # as the operator reads them: the front load gain judges by the sizes and the TTFT and
-        # queue-time histograms also when the plan keeps the means
-        self.sizing_sizes = sz.request_sizes or sz.front_load_gain
+        # queue-time histograms also when the plan keeps the means, and the error budget counts
+        # the TTFT histogram read beside the sizes
+        self.sizing_sizes = sz.request_sizes or sz.front_load_gain or sz.error_budget
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
         out = autoscaler.decide(
@@ -1342,8 +1347,12 @@ def run_policy(
             covered = min(s.window_s, max(ts, s.scrape_s))
             media_fraction, items_per_request = pre.media(lo, ts)
             seen = [x for x in ttft_window if x[0] < ts]
-            # the engines' TTFT histogram over the window; its SLO percentile is what the loop reads
-            ttft_buckets = ttft_histogram([x[1] for x in seen]) if seen else None
+            # the engines' TTFT histogram over the window, per second as the operator's rate() reads
+            # it (the error budget counts its requests; the queue-time histogram below likewise);
+            # its SLO percentile is what the loop reads
+            ttft_buckets = (
+                tuple((le, c / covered) for le, c in ttft_histogram([x[1] for x in seen])) if seen else None
+            )
             obs = Obs(
                 now=t,
                 rate=cnt / covered,
@@ -1391,7 +1400,10 @@ def run_policy(
                     # the TTFT and queue-time histograms the operator reads beside the token histograms
                     ttft_buckets=ttft_buckets if sizes is not None else None,
                     prefill_wait_buckets=(
-                        cumulative_histogram([x[2] for x in seen], QUEUE_TIME_BUCKETS)
+                        tuple(
+                            (le, c / covered)
+                            for le, c in cumulative_histogram([x[2] for x in seen], QUEUE_TIME_BUCKETS)
+                        )
                         if sizes is not None and seen
                         else None
                     ),

@@ -1258,6 +1258,25 @@ def histogram_quantile_past_first(q: float, buckets: Sequence[tuple[float, float
     return 0.0 if q * counts[-1] <= counts[0] else histogram_quantile(q, buckets)
 
 
+def count_within(bound: float, buckets: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """(count at or below `bound`, total count) of cumulative (upper bound, count) buckets; None
+    when they are unreadable (no +Inf bucket, no count).
+
+    The count is the bucket at the largest upper bound not above `bound`: exact when `bound`
+    is a bucket bound, otherwise a lower bound (nothing is interpolated), and 0 below the first
+    bucket. Counts or rates alike: a rate() of the buckets gives (rate within, total rate)."""
+    cum = _cumulative(buckets)
+    if cum is None or math.isnan(bound):
+        return None
+    bounds, counts = cum
+    within = 0.0
+    for le, c in zip(bounds, counts, strict=True):
+        if le > bound * (1.0 + 1e-9):
+            break
+        within = c
+    return within, counts[-1]
+
+
 def _le(text: str) -> float:
     return math.inf if text in ("+Inf", "Inf", "inf") else float(text)
 

@@ -357,7 +357,13 @@ QUEUED_BURSTS = [
     Row(2.0, {"prefill": 3, "decode": 3}, counts=DRAINED, in_system=QUEUE, shed_counts=SHED_AT_BURSTS),
 ]
 ALL_SIZING = {"requestSizes": True, "burstiness": True, "autoHeadroom": True}
-NO_SIZING = {"requestSizes": False, "burstiness": False, "autoHeadroom": False, "frontLoadGain": False}
+NO_SIZING = {
+    "requestSizes": False,
+    "burstiness": False,
+    "autoHeadroom": False,
+    "frontLoadGain": False,
+    "errorBudget": False,
+}
 
 CASES = {
     "load steps": (LOAD_STEPS, SETTINGS),
@@ -508,6 +514,8 @@ def test_the_evaluator_fills_sizes_and_counts_from_the_window(monkeypatch) -> No
     counts = [c for _, c in at.ttft_buckets]
     assert counts == sorted(counts) and counts[-1] > 0
     assert metrics.histogram_quantile(SETTINGS.slo.percentile, at.ttft_buckets) == pytest.approx(at.ttft_p)
+    # per second, as the operator's rate() of the engines' buckets: the window's 1 request/s
+    assert counts[-1] == pytest.approx(1.0, rel=0.05)
     # and the prefill queue waits of the same requests, over the emulator's queue-time buckets
     assert at.prefill_wait_buckets is not None
     assert [le for le, _ in at.prefill_wait_buckets] == [*metrics.QUEUE_TIME_BUCKETS, float("inf")]
@@ -520,6 +528,13 @@ def test_the_evaluator_fills_sizes_and_counts_from_the_window(monkeypatch) -> No
     gained = next(o for o in seen if o.now == 240.0)
     assert gained.sizes == at.sizes and gained.ttft_buckets == at.ttft_buckets
     assert gained.prefill_wait_buckets == at.prefill_wait_buckets
+    seen.clear()
+    # the error budget alone (on by default too): the TTFT histogram it counts, beside the sizes
+    evaluate.run_policy(
+        "disagg", w, replace(SETTINGS, interval_s=30.0, sizing={**NO_SIZING, "errorBudget": True})
+    )
+    budgeted = next(o for o in seen if o.now == 240.0)
+    assert budgeted.sizes == at.sizes and budgeted.ttft_buckets == at.ttft_buckets
     seen.clear()
     evaluate.run_policy("disagg", w, replace(SETTINGS, interval_s=30.0, sizing=NO_SIZING))
     assert all(

@@ -38,7 +38,7 @@ def _obs(**kw) -> autoscaler.Observation:
     return autoscaler.Observation(now=0.0, metrics_ok=True, pools={}, arrival_rps=1.0, **kw)
 
 
-NO_GAIN = {"frontLoadGain": False}
+NO_GAIN = {"frontLoadGain": False, "errorBudget": False}
 
 
 def test_queries_follow_the_switches() -> None:
@@ -80,6 +80,21 @@ def test_queries_follow_the_switches() -> None:
         )
     )
     assert "ttft_histogram" not in {q.name for q in loop.sizing_query_list(headroom_only, "ns", "x")}
+    # the error budget alone counts the TTFT histogram, read beside the token histograms
+    budget_only = evaluate.spec_for(
+        replace(
+            SETTINGS,
+            sizing={
+                "requestSizes": False,
+                "burstiness": False,
+                "autoHeadroom": False,
+                **NO_GAIN,
+                "errorBudget": True,
+            },
+        )
+    )
+    budget_reads = {q.name for q in loop.sizing_query_list(budget_only, "ns", "x")}
+    assert {"ttft_histogram", "prompt_tokens_histogram", "output_tokens_histogram"} <= budget_reads
     # counts per two scrapes (30 s) over the automatic headroom's hour, and the counted (front)
     # pool's waiting + running requests at the same steps from one step earlier (each count's growth)
     assert qs["arrival_counts_horizon"].promql.endswith("[3600s:30s]")
