@@ -13,7 +13,9 @@ API server have answered, on the same code path (`disagg.loop`, no cluster, no n
             horizon)
   observe   `loop.observation`: the pools' Deployments and pods (gates, start-ups) and
             the snapshot as an `autoscaler.Observation`
-  decide    `autoscaler.decide` with the scaler state carried from tick to tick
+  decide    `autoscaler.decide` with the scaler state carried from tick to tick (the
+            TTFT histogram's first tokens mostly within the target: the error budget has
+            misses to spare, and the decision is made at both percentiles)
   persist   the state and the decision record as the status patch holds them
             (`ScalerState.to_dict`, `DecisionRecord.to_status`)
 
@@ -48,6 +50,9 @@ WARMUP = 5
 NAMESPACE, NAME = "bench", "llm"
 T0 = 1_800_000_000.0  # a fixed epoch for pod timestamps
 VLLM_EDGES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+# vLLM's TTFT and queue-time bucket bounds (seconds)
+VLLM_TTFT_EDGES = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+VLLM_QUEUE_EDGES = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 
 
 def iso(t: float) -> str:
@@ -95,12 +100,14 @@ def deployment(pool: str, replicas: int) -> dict[str, Any]:
     }
 
 
-def histogram(rng: random.Random, n: float, median: float, sigma: float) -> list[dict[str, Any]]:
-    """Cumulative bucket rates of `n` log-normal sizes as Prometheus answers `rate(..._bucket[w])`."""
+def histogram(
+    rng: random.Random, n: float, median: float, sigma: float, edges: tuple[float, ...] = VLLM_EDGES
+) -> list[dict[str, Any]]:
+    """Cumulative bucket rates of `n` log-normal values as Prometheus answers `rate(..._bucket[w])`."""
     xs = [rng.lognormvariate(math.log(median), sigma) for _ in range(200)]
     out = [
         {"metric": {"le": str(float(e))}, "value": [0, repr(n * sum(x <= e for x in xs) / len(xs))]}
-        for e in VLLM_EDGES
+        for e in edges
     ]
     out.append({"metric": {"le": "+Inf"}, "value": [0, repr(float(n))]})
     return out
@@ -128,6 +135,12 @@ def answers(
         if q.kind == "scalar":
             v = scalars.get(q.name, rng.uniform(0.0, 5.0))
             out[q.name] = [{"metric": {}, "value": [now, repr(v)]}]
+        elif q.name == "ttft_histogram":
+            # first tokens mostly within the sample's target: the error budget has misses to
+            # spare, so every decision is also made at the lower percentile (the dearer path)
+            out[q.name] = histogram(rng, rate, 0.15, 0.5, VLLM_TTFT_EDGES)
+        elif q.name == "prefill_queue_histogram":
+            out[q.name] = histogram(rng, rate, 0.05, 1.0, VLLM_QUEUE_EDGES)
         elif q.kind in ("buckets", "histogram"):
             prompt = q.name.startswith("prompt")
             out[q.name] = histogram(
@@ -194,7 +207,7 @@ def run(
     state = autoscaler.ScalerState()
     totals: list[float] = []
     parts: dict[str, list[float]] = {k: [] for k in ("parse", "observe", "decide", "persist")}
-    seen = {"with_sizes": 0, "with_counts": 0, "changed": 0, "targets": {}}
+    seen = {"with_sizes": 0, "with_counts": 0, "changed": 0, "lowered": 0, "targets": {}}
     for tick in range(decisions + WARMUP):
         now = T0 + 3600.0 + tick * float(a.interval_seconds)
         rate = max(0.2, 6.0 + 4.0 * math.sin(tick / 15.0) + rng.gauss(0.0, 0.8))
@@ -223,6 +236,7 @@ def run(
             seen["with_sizes"] += obs.sizes is not None
             seen["with_counts"] += obs.arrival_counts is not None
             seen["changed"] += outcome.changed
+            seen["lowered"] += any(n.startswith("error budget") for n in outcome.notes)
             seen["targets"] = dict(outcome.targets)
             totals.append((c4 - c0) * 1000.0)
             for k, dt in zip(parts, (c1 - c0, c2 - c1, c3 - c2, c4 - c3), strict=True):
@@ -264,7 +278,8 @@ def main() -> None:
         )
         print(
             f"    median by part: {split}; observations with sizes {seen['with_sizes']}, with arrival "
-            f"counts {seen['with_counts']}; {seen['changed']} decisions changed targets; last {seen['targets']}"
+            f"counts {seen['with_counts']}; {seen['changed']} decisions changed targets; {seen['lowered']} also "
+            f"decided at the error budget's lower percentile; last {seen['targets']}"
         )
 
 

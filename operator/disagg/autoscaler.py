@@ -1203,7 +1203,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         )
         if low.plan is not None and not cut:
             out = _with_note(low, f"{said}: planned at p{100.0 * lowered:.3g}")
-        else:
+        elif cut:
             out = _with_note(
                 out,
                 f"{said}: p{100.0 * lowered:.3g} would shrink {', '.join(cut)}, planned at p{100.0 * p:.3g}",

@@ -98,6 +98,11 @@ def test_load_step_grows_then_shrinks_through_drains_without_loss(stack):
     assert summary["requests"]["completed"] > 0
     reasons = [e["reason"] for e in stack.events()]
     assert "DrainStarted" in reasons and "DrainCompleted" in reasons, reasons
+    # The error budget counted the engines' first tokens off Prometheus' TTFT histogram (the
+    # decisions' windows, not every request: at least some of those served, never more than all)
+    budget = (stack.dd()["status"].get("scalerState") or {}).get("errorBudget") or {}
+    assert 0 < budget.get("judged", 0) <= 1.5 * summary["requests"]["completed"], (budget, summary)
+    assert 0 <= budget.get("missed", -1) <= budget["judged"], budget
     # Every pod left is routable: no drain was abandoned half-way. A drain that started just
     # before the load generator stopped loses its pod's metrics with it: its work is unknown,
     # so it ends only at its deadline (120 s, then readmit), never by reading the gap as zero.
