@@ -772,7 +772,8 @@ class Sizing(_Model):
     )
     error_budget: bool = Field(
         SIZING_ERROR_BUDGET_DEFAULT,
-        description="Spend the error budget: while the requests since the deployment started met TTFT more "
+        description="Spend the error budget: while the requests of about the last week (counts fading with a "
+        "7-day time constant) met TTFT more "
         "often than the SLO percentile asks (the engines' TTFT histogram), plan at a lower percentile (at most "
         "twice the SLO's share of misses, the surplus spread over at least the next 30 minutes of requests); "
         "it may hold back growth, never shrink a pool the SLO percentile would keep. Flat TTFT targets only.",

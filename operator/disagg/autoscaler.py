@@ -22,8 +22,8 @@ One decision:
    budget now (the rest deferred while drained pods still hold GPUs), drains to
    start on the way down (victims with the least work).
 
-The error budget (`budget_percentile`): while the requests judged since the deployment
-started have met TTFT more often than the SLO asks, the decision is made a second time
+The error budget (`budget_percentile`): while the requests judged over about the last
+week have met TTFT more often than the SLO asks, the decision is made a second time
 at a lower planning percentile, and that one is kept unless it would take a pool below
 both what it holds and what the SLO percentile asks for.
 
@@ -53,6 +53,7 @@ __all__ = [
     "COUNT_SCRAPES",
     "DEFAULT_LEAD_S",
     "DISPERSION_SPAN_S",
+    "ERROR_BUDGET_MEMORY_S",
     "ERROR_BUDGET_SPREAD_S",
     "SHORT_WINDOW_SCRAPES",
     "Config",
@@ -100,6 +101,9 @@ FRONT_POOLS = (names.POOL_ENCODER, names.POOL_PREFILL)
 #: The error budget (`budget_percentile`): the misses the SLO still lets through are spread
 #: over at least the requests this many seconds bring at the current rate.
 ERROR_BUDGET_SPREAD_S = 1800.0
+#: Its counts fade with this time constant (`counted_slo`): the budget is about the last
+#: week's, as an SLO is judged over days, not over every request since the deployment started.
+ERROR_BUDGET_MEMORY_S = 7 * 86400.0
 #: Token-shape keys remembered between windows that show no finished request.
 SHAPE_KEYS = (
     "prompt_tokens_mean",
@@ -361,8 +365,8 @@ class ScalerState:
     miss_since: float | None = None
     # (time, `Observation.arrival_pool_in_system`) of recent decisions, oldest first
     in_system: tuple[tuple[float, float], ...] = ()
-    # the error budget (`counted_slo`): requests judged against the TTFT target since the
-    # deployment started, how many of them missed it, and when they were last counted
+    # the error budget (`counted_slo`): requests judged against the TTFT target (fading over
+    # about a week), how many of them missed it, and when they were last counted
     slo_judged: float = 0.0
     slo_missed: float = 0.0
     slo_counted_at: float | None = None
@@ -1132,8 +1136,9 @@ def counted_slo(config: Config, obs: Observation, state: ScalerState) -> tuple[f
     rate they finished at; the requests since the last count are that rate times the time
     since (at most a window: the requests of a gap in the metrics are not counted either
     way). A target between bucket bounds is judged at the bound below it, so the share met
-    is a lower bound. The counts are held as they were with the budget switched off, stale
-    metrics, no histogram, or a target that grows with the prompt (one bound cannot judge it).
+    is a lower bound. The earlier counts fade by exp(-time since / `ERROR_BUDGET_MEMORY_S`).
+    The counts are held as they were with the budget switched off, stale metrics, no
+    histogram, or a target that grows with the prompt (one bound cannot judge it).
     """
     judged, missed, at = state.slo_judged, state.slo_missed, state.slo_counted_at
     slo = config.planning.slo
@@ -1143,9 +1148,10 @@ def counted_slo(config: Config, obs: Observation, state: ScalerState) -> tuple[f
     if got is None or not math.isfinite(got[1]) or got[1] <= 0:
         return judged, missed, at
     within, total = got
-    span = config.interval_s if at is None else min(max(obs.now - at, 0.0), config.window_s)
-    n = total * span
-    return judged + n, missed + n * max(0.0, 1.0 - within / total), obs.now
+    since = config.interval_s if at is None else max(obs.now - at, 0.0)
+    n = total * min(since, config.window_s)
+    kept = 1.0 if at is None else math.exp(-since / ERROR_BUDGET_MEMORY_S)
+    return judged * kept + n, missed * kept + n * max(0.0, 1.0 - within / total), obs.now
 
 
 def budget_percentile(p: float, judged: float, missed: float, rate: float | None) -> float:
@@ -1198,7 +1204,7 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
             if low.next_step.get(q, 0) < min(out.current[q], out.next_step.get(q, out.current[q]))
         ]
         said = (
-            f"error budget: {missed:.0f} of {judged:.0f} requests judged since the start missed TTFT "
+            f"error budget: {missed:.0f} of {judged:.0f} requests judged (over about a week) missed TTFT "
             f"(the SLO lets {(1.0 - p) * judged:.0f})"
         )
         if low.plan is not None and not cut:

@@ -433,12 +433,10 @@ class Obs:
     arrival_counts_growth: tuple[float | None, ...] | None = None
     # per count, the requests shed at the front door in its sub-window (None: no series: none shed yet)
     arrival_counts_shed: tuple[float | None, ...] | None = None
-    ttft_buckets: tuple[tuple[float, float], ...] | None = (
-        None  # the window's TTFTs per second, with the sizes
-    )
-    prefill_wait_buckets: tuple[tuple[float, float], ...] | None = (
-        None  # and its prefill queue waits, per second
-    )
+    # the window's TTFTs and its prefill queue waits, per second (as rate() of the engines'
+    # buckets), with the sizes
+    ttft_buckets: tuple[tuple[float, float], ...] | None = None
+    prefill_wait_buckets: tuple[tuple[float, float], ...] | None = None
     # The back pool's running sequences now (num_requests_running), and its KV usage summed
     # over its workers (kv_cache_usage_perc) and running sequences, both averaged over the
     # metric window as the operator's avg_over_time queries read them; None where not read

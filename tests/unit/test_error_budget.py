@@ -8,8 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from disagg import autoscaler, evaluate, policy
+from disagg import autoscaler, evaluate, metrics, policy
 from disagg.autoscaler import (
+    ERROR_BUDGET_MEMORY_S,
     ERROR_BUDGET_SPREAD_S,
     Observation,
     PoolObservation,
@@ -26,6 +27,11 @@ T0 = 10_000.0
 BUCKETS = ((0.3, 8.0), (0.6, 9.9), (1.0, 9.95), (math.inf, 10.0))
 
 
+def faded(count: float, seconds: float) -> float:
+    """An earlier count `seconds` later (the budget's memory of about a week)."""
+    return count * math.exp(-seconds / ERROR_BUDGET_MEMORY_S)
+
+
 def obs(now: float = T0, rate: float = 5.5, pools: tuple[int, int] = (1, 2), **kw) -> Observation:
     fields = dict(arrival_rps=rate, prompt_tokens_mean=1000.0, output_tokens_mean=200.0, ttft_observed_s=0.3)
     fields.update(kw)
@@ -40,6 +46,14 @@ def obs(now: float = T0, rate: float = 5.5, pools: tuple[int, int] = (1, 2), **k
 def state(judged: float = 0.0, missed: float = 0.0, at: float | None = None) -> ScalerState:
     steady = policy.PolicyState(first_seen=0.0, last_action=0.0)
     return ScalerState(policy=steady, slo_judged=judged, slo_missed=missed, slo_counted_at=at)
+
+
+def test_the_share_met_is_read_at_the_bucket_bound_at_or_below_the_target() -> None:
+    assert metrics.count_within(0.6, BUCKETS) == (9.9, 10.0)  # on a bound: exact
+    assert metrics.count_within(0.7, BUCKETS) == (9.9, 10.0)  # between bounds: the one below
+    assert metrics.count_within(0.2, BUCKETS) == (0.0, 10.0)  # below the first bound: none known
+    assert metrics.count_within(0.6, ((0.6, 3.0), (1.0, 4.0))) is None  # no +Inf bucket
+    assert metrics.count_within(0.6, ((0.6, 0.0), (math.inf, 0.0))) is None  # nothing counted
 
 
 def test_without_a_surplus_the_slo_percentile_is_planned() -> None:
@@ -67,10 +81,23 @@ def test_the_histogram_counts_the_requests_since_the_last_count() -> None:
     # the first count covers one decision interval: 10 req/s for 30 s, 1 % of them late
     assert (judged, missed, at) == (pytest.approx(300.0), pytest.approx(3.0), T0)
     judged, missed, at = counted_slo(CONFIG, obs(T0 + 30, ttft_buckets=BUCKETS), state(300.0, 3.0, T0))
-    assert (judged, missed, at) == (pytest.approx(600.0), pytest.approx(6.0), T0 + 30)
+    assert (judged, missed, at) == (
+        pytest.approx(faded(300.0, 30) + 300.0),
+        pytest.approx(faded(3.0, 30) + 3.0),
+        T0 + 30,
+    )
     # after a gap in the metrics only a window's requests are counted (the gap's are not known)
     judged, _, _ = counted_slo(CONFIG, obs(T0 + 600, ttft_buckets=BUCKETS), state(300.0, 3.0, T0))
-    assert judged == pytest.approx(300.0 + 10.0 * SETTINGS.window_s)
+    assert judged == pytest.approx(faded(300.0, 600) + 10.0 * SETTINGS.window_s)
+
+
+def test_the_counts_fade_over_about_a_week() -> None:
+    """A week-old record weighs 1/e: the budget is about the last week's, as an SLO is judged."""
+    judged, missed, _ = counted_slo(
+        CONFIG, obs(T0 + ERROR_BUDGET_MEMORY_S, ttft_buckets=BUCKETS), state(30_000.0, 30.0, T0)
+    )
+    assert judged == pytest.approx(30_000.0 / math.e + 10.0 * SETTINGS.window_s)
+    assert missed == pytest.approx(30.0 / math.e + 0.1 * SETTINGS.window_s)
 
 
 def test_a_target_between_bucket_bounds_is_judged_at_the_bound_below() -> None:
@@ -132,11 +159,14 @@ def test_an_unspent_budget_never_shrinks_a_pool_the_slo_percentile_keeps() -> No
 
 def test_the_decision_counts_and_keeps_the_budget_in_its_state() -> None:
     out = autoscaler.decide(CONFIG, obs(ttft_buckets=BUCKETS), state(1_000.0, 2.0, T0 - 30))
-    assert out.state.slo_judged == pytest.approx(1_300.0)
-    assert out.state.slo_missed == pytest.approx(5.0)
+    assert out.state.slo_judged == pytest.approx(faded(1_000.0, 30) + 300.0)
+    assert out.state.slo_missed == pytest.approx(faded(2.0, 30) + 3.0)
     assert out.state.slo_counted_at == T0
     back = ScalerState.from_dict(out.state.to_dict())
-    assert (back.slo_judged, back.slo_missed, back.slo_counted_at) == pytest.approx((1_300.0, 5.0, T0))
+    assert back.slo_counted_at == T0
+    assert (back.slo_judged, back.slo_missed) == pytest.approx(
+        (out.state.slo_judged, out.state.slo_missed), abs=1e-3
+    )
 
 
 @pytest.mark.parametrize(
