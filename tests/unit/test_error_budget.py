@@ -37,7 +37,7 @@ def obs(now: float = T0, rate: float = 5.5, pools: tuple[int, int] = (1, 2), **k
     fields.update(kw)
     return Observation(
         now=now,
-        metrics_ok=kw.pop("metrics_ok", True),
+        metrics_ok=True,
         pools={"prefill": PoolObservation(pools[0]), "decode": PoolObservation(pools[1])},
         **fields,
     )
