@@ -779,6 +779,23 @@ class Sizing(_Model):
         "it may hold back growth, never shrink a pool the SLO percentile would keep. Flat TTFT targets only.",
     )
 
+    @property
+    def reads_any(self) -> bool:
+        """Whether any switch needs the sizing readings (none are queried otherwise)."""
+        return (
+            self.request_sizes
+            or self.burstiness
+            or self.auto_headroom
+            or self.front_load_gain
+            or self.error_budget
+        )
+
+    @property
+    def reads_histograms(self) -> bool:
+        """Whether the token, TTFT and queue-time histograms are read: the sizes plan by them,
+        the front load gain judges its misses by them, the error budget counts the TTFTs."""
+        return self.request_sizes or self.front_load_gain or self.error_budget
+
 
 class Autoscaling(_Model):
     """Autoscaler settings."""

@@ -779,15 +779,10 @@ class DisaggPolicy(Policy):
         self.state = autoscaler.ScalerState()
         self.last: autoscaler.Outcome | None = None
         sz = self.config.sizing
-        self.sizing_interval_s = (
-            self.config.count_interval_s
-            if sz.request_sizes or sz.burstiness or sz.auto_headroom or sz.front_load_gain or sz.error_budget
-            else None
-        )
-        # as the operator reads them: the front load gain judges by the sizes and the TTFT and
-        # queue-time histograms also when the plan keeps the means, and the error budget counts
-        # the TTFT histogram read beside the sizes
-        self.sizing_sizes = sz.request_sizes or sz.front_load_gain or sz.error_budget
+        # as the operator reads them (`loop.sizing_query_list`): the sizes and the histograms
+        # beside them also when the plan keeps the means
+        self.sizing_interval_s = self.config.count_interval_s if sz.reads_any else None
+        self.sizing_sizes = sz.reads_histograms
 
     def decide(self, o: Obs) -> tuple[dict[str, int], str]:
         out = autoscaler.decide(

@@ -295,7 +295,7 @@ class SizingReadings:
 def sizing_query_list(spec: api.DisaggDeploymentSpec, namespace: str, name: str) -> list[metrics.Query]:
     """The queries the spec's `autoscaling.sizing` switches need (none when all are off)."""
     sz, a = spec.autoscaling.sizing, spec.autoscaling
-    if not (sz.request_sizes or sz.burstiness or sz.auto_headroom or sz.front_load_gain or sz.error_budget):
+    if not sz.reads_any:
         return []
     count_s = autoscaler.COUNT_SCRAPES * a.scrape_interval_seconds
     horizon = autoscaler.BURST_HORIZON_S if sz.auto_headroom else autoscaler.DISPERSION_SPAN_S
@@ -311,8 +311,7 @@ def sizing_query_list(spec: api.DisaggDeploymentSpec, namespace: str, name: str)
         placement=spec.placement.mode,
     )
     keep = set()
-    # the gain judges its misses by them; the error budget counts TTFTs beside them
-    if sz.request_sizes or sz.front_load_gain or sz.error_budget:
+    if sz.reads_histograms:
         keep |= {
             "prompt_tokens_histogram",
             "prompt_tokens_sum_rate",
