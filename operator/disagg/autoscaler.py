@@ -957,9 +957,13 @@ def learnt_front_gain(
     1 - p of the reachable requests miss, since every unreachable one does. Without them
     only the SLO percentile's TTFT is known, and nothing is learnt while u is more than
     half the share the percentile lets go (that quantile then tells little about the
-    fleet). Nothing is learnt from a window with fewer requests than one beyond the
-    percentile (its quantile is its slowest request), nor under a target that grows with
-    the prompt, whose percentile says little about which requests missed.
+    fleet). A window with fewer reachable requests than one beyond the percentile (a strict
+    percentile on light traffic: at p99.5, under 200 requests) is judged at the highest
+    quantile with one beyond it (`judged_ttft`): a miss there is a miss of the SLO and counts;
+    a window within the target there holds the gain and the run of misses as they are (the
+    percentile itself may still miss). Without the histograms such a window teaches nothing
+    (its percentile is its slowest request), and nothing is learnt under a target that grows
+    with the prompt, whose percentile says little about which requests missed.
     With the front pool's queue-time histogram too, a miss counts only when as many requests
     waited at least the miss for a prefill worker as the reachable ones beyond the judged
     quantile (waits inside the first bucket read as none): more prefill
@@ -973,11 +977,15 @@ def learnt_front_gain(
     judged = judged_ttft(config, obs, models)
     if judged is None:
         return gain, at, since
-    ttft, reachable, judged_reachable = judged
+    ttft, reachable, q = judged.ttft_s, judged.reachable, judged.quantile
+    judged_reachable = judged.at_reachable_quantile
     now = obs.now
     p = config.planning.slo.percentile
     target = config.ttft_target_s
     if ttft <= target:
+        if q < p:
+            # judged below the percentile, in a window of few requests: no miss shown, none ruled out
+            return gain, at, since
         if ttft <= config.tuning.ttft_comfort * target and gain > 1.0 and at is not None and now > at:
             dt = min(now - at, 2.0 * config.interval_s)  # a gap in the metrics is not a met window
             gain = max(1.0, gain * 0.5 ** (dt / FRONT_GAIN_HALF_LIFE_S))
@@ -1002,7 +1010,7 @@ def learnt_front_gain(
         return gain, now, None
     if not judged_reachable and unreachable_share(config, obs, models) > (1.0 - p) / 2.0:
         return gain, now, None
-    if queue_judged and not _prefill_waits_explain(obs, reachable, p, ttft - target):
+    if queue_judged and not _prefill_waits_explain(obs, reachable, q, ttft - target):
         return gain, now, None
     if since is None:
         return gain, now, now
@@ -1015,38 +1023,50 @@ def learnt_front_gain(
 class JudgedTtft(NamedTuple):
     """The window's TTFT as the front load gain judges it (`judged_ttft`)."""
 
-    ttft_s: float  # against the target
+    ttft_s: float  # at the judged quantile: a miss of the SLO percentile when above the target
     reachable: float  # share of the requests capacity can bring within the target (1: not known)
     at_reachable_quantile: bool  # read off the TTFT histogram at the reachable requests' quantile
+    quantile: float  # of the reachable requests: the SLO percentile, or lower in a window of few
 
 
 def judged_ttft(config: Config, obs: Observation, models: StageModels) -> JudgedTtft | None:
     """The TTFT to judge the fleet by, or None when the window cannot tell.
 
     With the window's size distribution and TTFT histogram, the histogram's quantile at
-    (1 - u) x p, u the share out of reach (`unreachable_share`); else the SLO percentile's
-    TTFT. None with stale metrics, a target that grows with the prompt, no TTFT or rate, or
-    fewer requests in the window than one beyond the percentile (of the reachable ones).
+    (1 - u) x q, u the share out of reach (`unreachable_share`) and q the SLO percentile p;
+    in a window with fewer than one reachable request beyond p, q is the highest quantile
+    with one beyond it, 1 - 1/n for n reachable requests (at least two: q >= 1/2). A TTFT
+    above the target there is one above it at p too (a quantile never falls as it rises),
+    so a miss judged at q < p is a miss of the SLO; a TTFT within the target there says
+    nothing about p (`learnt_front_gain` then holds). Without the histograms, the SLO
+    percentile's TTFT, and None when fewer than one request is beyond it (its quantile is
+    then the slowest request's). None with stale metrics, a target that grows with the
+    prompt, or no TTFT or rate.
     """
     ttft, rate = obs.ttft_observed_s, obs.arrival_rps
     p = config.planning.slo.percentile
-    reachable = 1.0
-    at_reachable = isinstance(obs.sizes, SizeDistribution) and bool(obs.ttft_buckets) and obs.metrics_ok
-    if at_reachable:
-        reachable = 1.0 - unreachable_share(config, obs, models)
-        if reachable > 0.0:
-            ttft = metrics.histogram_quantile(reachable * p, obs.ttft_buckets or ())
     if (
         not obs.metrics_ok
         or config.planning.slo.ttft_s_per_1k_tokens
-        or ttft is None
-        or not math.isfinite(ttft)
         or rate is None
         or not math.isfinite(rate)
-        or rate * config.window_s * reachable * (1.0 - p) < 1.0
     ):
         return None
-    return JudgedTtft(ttft, reachable, at_reachable)
+    reachable, q = 1.0, p
+    at_reachable = isinstance(obs.sizes, SizeDistribution) and bool(obs.ttft_buckets)
+    if at_reachable:
+        reachable = 1.0 - unreachable_share(config, obs, models)
+        n = rate * config.window_s * reachable
+        if n * (1.0 - p) < 1.0:
+            if n < 2.0:
+                return None
+            q = 1.0 - 1.0 / n
+        ttft = metrics.histogram_quantile(reachable * q, obs.ttft_buckets or ())
+    elif rate * config.window_s * (1.0 - p) < 1.0:
+        return None
+    if ttft is None or not math.isfinite(ttft):
+        return None
+    return JudgedTtft(ttft, reachable, at_reachable, q)
 
 
 def _prefill_waits_explain(obs: Observation, reachable: float, p: float, miss_s: float) -> bool:
@@ -1077,8 +1097,8 @@ def prefill_queue_miss(config: Config, obs: Observation, models: StageModels) ->
     target = config.ttft_target_s
     if judged is None or not judged.at_reachable_quantile or judged.ttft_s <= target:
         return None
-    p = config.planning.slo.percentile
-    return judged.ttft_s if _prefill_waits_explain(obs, judged.reachable, p, judged.ttft_s - target) else None
+    explained = _prefill_waits_explain(obs, judged.reachable, judged.quantile, judged.ttft_s - target)
+    return judged.ttft_s if explained else None
 
 
 def unreachable_share(config: Config, obs: Observation, models: StageModels) -> float:

@@ -327,3 +327,46 @@ def test_front_pools_are_not_planned_below_what_they_hold_while_the_prefill_queu
         autoscaler.decide(off, replace(late, prefill_wait_buckets=queued), state()).record.planned["prefill"]
         == elsewhere.record.planned["prefill"]
     )
+
+
+# p99.5: a window of 2 req/s holds 72 reachable requests (of MIXED), 0.36 beyond the percentile
+STRICT = replace(SETTINGS, slo=replace(SETTINGS.slo, percentile=0.995))
+STRICT_CONFIG = autoscaler.config_from_spec(evaluate.spec_for(STRICT, "disaggregated"))
+
+
+def test_in_a_window_of_few_requests_a_miss_below_the_percentile_still_teaches() -> None:
+    """With fewer than one reachable request beyond the SLO percentile, the window is judged at
+    the highest quantile with one beyond it, 1 - 1/72: a TTFT above the target there is above it
+    at p99.5 too. A window within the target there neither ends a run of misses nor lowers a
+    learnt gain (the percentile itself may still miss); under two reachable requests nothing is
+    judged."""
+    late = obs(T0 + 60, ttft=5.0, arrival_rps=2.0, sizes=MIXED, ttft_buckets=ttft_histogram(0.1))
+    judged = autoscaler.judged_ttft(STRICT_CONFIG, late, MODELS)
+    assert judged is not None and judged.quantile == pytest.approx(1.0 - 1.0 / 72.0)
+    assert judged.ttft_s > 0.6
+    assert learn(late, state(miss_since=T0), config=STRICT_CONFIG)[0] == FRONT_GAIN_STEP
+    on_time = replace(late, ttft_buckets=ttft_histogram(0.0))
+    assert learn(on_time, state(miss_since=T0), config=STRICT_CONFIG) == (1.0, None, T0)
+    learnt = state(front_gain=4.0, front_gain_at=T0 - 30)
+    assert learn(on_time, learnt, config=STRICT_CONFIG) == (4.0, T0 - 30, None)
+    # with enough requests the percentile itself is judged, and a comfortable window lowers the gain
+    busy = replace(on_time, arrival_rps=20.0)
+    assert autoscaler.judged_ttft(STRICT_CONFIG, busy, MODELS).quantile == 0.995
+    assert learn(busy, learnt, config=STRICT_CONFIG)[0] < 4.0
+    trickle = replace(late, arrival_rps=0.05)  # 1.8 reachable requests
+    assert autoscaler.judged_ttft(STRICT_CONFIG, trickle, MODELS) is None
+    assert learn(trickle, state(miss_since=T0), config=STRICT_CONFIG) == (1.0, None, T0)
+
+
+def test_a_stricter_percentile_learns_the_gain_on_light_batched_traffic() -> None:
+    """2.5 req/s floored to 3 s: at p99.5 a 60 s window holds fewer than one request beyond the
+    percentile. The gain is learnt there as at p99, and the stricter SLO ends with at least the
+    attainment of the looser one (before, the gain never grew at p99.5 and it ended below)."""
+    batched = with_coarse_timestamps(
+        poisson(2.5, 2400, prompt_tokens=(3, 2000), output_tokens=(20, 200), seed=5), 3.0
+    )
+    strict = evaluate.run_policy("disagg", batched, STRICT)
+    loose = evaluate.run_policy("disagg", batched, SETTINGS)
+    off = evaluate.run_policy("disagg", batched, replace(STRICT, sizing={"frontLoadGain": False}))
+    assert strict.metrics["slo_attainment"] >= loose.metrics["slo_attainment"]
+    assert strict.metrics["slo_attainment"] > off.metrics["slo_attainment"] + 0.05
