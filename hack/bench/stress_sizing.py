@@ -6,9 +6,11 @@ Usage: PYTHONPATH=operator python hack/bench/stress_sizing.py [--minutes 60] [--
 
 Replays synthetic workloads none of the constants were tuned on -- smooth Poisson (what
 each input costs), on/off bursts, heavy-tailed prompt lengths, a sudden shift from short
-to long prompts, arrivals in batches, spikes shorter than a start-up; and, added after
-the decision's constants were set: the shift back to short prompts, a shift to long
-outputs, a steady ramp, and traffic that stops and comes back -- through
+to long prompts, arrivals in batches, spikes shorter than a start-up; added after the
+decision's constants were set: the shift back to short prompts, a shift to long outputs,
+a steady ramp, and traffic that stops and comes back; and six probes written after all of
+that was measured (an evening peak, tenants in turn, microbursts, long and heavy-tailed
+outputs, a trickle) -- through
 `disagg evaluate`'s virtual-time harness with the `disagg` policy, and with the same
 policy fed, one at a time and together, by
 
@@ -91,6 +93,7 @@ def workloads(minutes: float) -> dict[str, Workload]:
             3, 12, 300, 30, dur, prompt_tokens=(3, 4000), output_tokens=(20, 300), seed=3
         ),
         **later_workloads(dur),
+        **probe_workloads(dur),
     }
 
 
@@ -127,6 +130,60 @@ def later_workloads(dur: float) -> dict[str, Workload]:
         "silence: 6 rps, nothing for a third of the time, then 6 rps again": Workload(
             gap, rng.integers(3, 4000, gap.size), rng.integers(20, 300, gap.size), name="silence"
         ),
+    }
+
+
+def probe_workloads(dur: float) -> dict[str, Workload]:
+    """Six workloads written after everything above was measured, each run once to find where
+    the decision breaks (docs/evaluation.md, "Six probes"): an evening peak far above the day's
+    level, two tenants taking turns, batches at one instant minutes apart, long and
+    heavy-tailed outputs, and a trickle."""
+    rng = np.random.default_rng(77)
+    minutes = dur / 60.0
+    # the evening: a sixth of the time at 1 req/s, a ramp to 15 over a sixth (10 s steps), a third
+    # at 15, the ramp down, the rest at 1
+    ramp = [(10.0, 1.0 + 14.0 * (i + 0.5) / round(dur / 60.0)) for i in range(round(dur / 60.0))]
+    evening = piecewise_poisson(
+        [(dur / 6, 1.0), *ramp, (dur / 3, 15.0), *reversed(ramp), (dur / 6, 1.0)], rng
+    )
+    # two tenants in turn, 5 minutes each: chat (8 req/s of short prompts) and retrieval (2 req/s
+    # of long ones)
+    turns = max(1, round(minutes / 5.0))
+    tenants = piecewise_poisson([(dur / turns, 8.0 if i % 2 == 0 else 2.0) for i in range(turns)], rng)
+    chat = (tenants // (dur / turns)).astype(int) % 2 == 0
+    burst_times = np.repeat(np.arange(60.0, dur, 120.0), 40)  # 40 requests at one instant every 2 min
+    batches = np.sort(np.concatenate([piecewise_poisson([(dur, 3.0)], rng), burst_times]))
+    heavy_n = int(rng.poisson(4.0 * dur))
+    heavy_out = np.sort(rng.uniform(0.0, dur, heavy_n))
+    return {
+        "evening peak: 1 -> 15 req/s and back (ramps of a sixth of the time)": Workload(
+            evening,
+            rng.integers(200, 3000, evening.size),
+            rng.integers(50, 400, evening.size),
+            name="evening",
+        ),
+        "tenants in turn: 8 req/s of short prompts, then 2 req/s of long ones, 5 min each": Workload(
+            tenants,
+            np.where(chat, rng.integers(100, 500, tenants.size), rng.integers(4000, 8000, tenants.size)),
+            np.where(chat, rng.integers(50, 200, tenants.size), rng.integers(100, 300, tenants.size)),
+            name="tenants",
+        ),
+        "microbursts: 3 req/s and 40 requests at one instant every 2 min": Workload(
+            batches,
+            rng.integers(200, 3000, batches.size),
+            rng.integers(50, 300, batches.size),
+            name="microbursts",
+        ),
+        "long outputs: 2 req/s, 1,000-4,000 output tokens": poisson(
+            2, dur, prompt_tokens=(500, 2000), output_tokens=(1000, 4000), seed=8
+        ),
+        "heavy-tailed outputs (log-normal, 4 req/s)": Workload(
+            heavy_out,
+            rng.integers(200, 3000, heavy_n),
+            np.clip(rng.lognormal(np.log(200), 1.1, heavy_n), 1, 8000).astype(np.int64),
+            name="heavy-outputs",
+        ),
+        "trickle: 0.3 req/s": poisson(0.3, dur, prompt_tokens=(200, 3000), output_tokens=(50, 400), seed=9),
     }
 
 
