@@ -1088,17 +1088,20 @@ def prefill_queue_miss(config: Config, obs: Observation, models: StageModels) ->
     steady fleet); None otherwise, or when the window cannot tell.
 
     Needs what that test reads (fresh metrics, the size distribution, the TTFT and queue-time
-    histograms, enough requests beyond the percentile, a flat target) and the gain switched on
-    (`spec.autoscaling.sizing.frontLoadGain`).
+    histograms, at least one reachable request beyond the percentile, a flat target) and the
+    gain switched on (`spec.autoscaling.sizing.frontLoadGain`). A window of fewer requests,
+    which the gain judges below the percentile, holds nothing: this acts at once, without the
+    gain's steady fleet and run of misses, and a scale-down is not held on a quantile below the
+    SLO's.
     """
     if not (config.sizing.front_load_gain and obs.prefill_wait_buckets):
         return None
     judged = judged_ttft(config, obs, models)
     target = config.ttft_target_s
-    if judged is None or not judged.at_reachable_quantile or judged.ttft_s <= target:
+    p = config.planning.slo.percentile
+    if judged is None or not judged.at_reachable_quantile or judged.quantile < p or judged.ttft_s <= target:
         return None
-    explained = _prefill_waits_explain(obs, judged.reachable, judged.quantile, judged.ttft_s - target)
-    return judged.ttft_s if explained else None
+    return judged.ttft_s if _prefill_waits_explain(obs, judged.reachable, p, judged.ttft_s - target) else None
 
 
 def unreachable_share(config: Config, obs: Observation, models: StageModels) -> float:

@@ -353,6 +353,16 @@ def test_in_a_window_of_few_requests_a_miss_below_the_percentile_still_teaches()
     busy = replace(on_time, arrival_rps=20.0)
     assert autoscaler.judged_ttft(STRICT_CONFIG, busy, MODELS).quantile == 0.995
     assert learn(busy, learnt, config=STRICT_CONFIG)[0] < 4.0
+    # the front pools' hold on a prefill-queue miss acts at once, so only at the percentile itself
+    queued = ((0.01, 500.0), (0.5, 500.0), (1.0, 1000.0), (math.inf, 1000.0))
+    assert (
+        autoscaler.prefill_queue_miss(STRICT_CONFIG, replace(late, prefill_wait_buckets=queued), MODELS)
+        is None
+    )
+    busy_late = replace(late, arrival_rps=20.0, prefill_wait_buckets=queued)
+    assert autoscaler.prefill_queue_miss(STRICT_CONFIG, busy_late, MODELS) == pytest.approx(
+        autoscaler.judged_ttft(STRICT_CONFIG, busy_late, MODELS).ttft_s
+    )
     trickle = replace(late, arrival_rps=0.05)  # 1.8 reachable requests
     assert autoscaler.judged_ttft(STRICT_CONFIG, trickle, MODELS) is None
     assert learn(trickle, state(miss_since=T0), config=STRICT_CONFIG) == (1.0, None, T0)
