@@ -124,13 +124,24 @@ def later_workloads(dur: float) -> dict[str, Workload]:
             halves((20, 200), (800, 2500), outputs),
             name="output-shift",
         ),
-        "ramp 1 -> 12 rps over the hour": Workload(
-            ramp, rng.integers(3, 4000, ramp.size), rng.integers(20, 300, ramp.size), name="ramp"
-        ),
-        "silence: 6 rps, nothing for a third of the time, then 6 rps again": Workload(
-            gap, rng.integers(3, 4000, gap.size), rng.integers(20, 300, gap.size), name="silence"
+        "ramp 1 -> 12 rps over the hour": _uniform_sizes(rng, ramp, (3, 4000), (20, 300), "ramp"),
+        "silence: 6 rps, nothing for a third of the time, then 6 rps again": _uniform_sizes(
+            rng, gap, (3, 4000), (20, 300), "silence"
         ),
     }
+
+
+def _uniform_sizes(
+    rng: np.random.Generator,
+    arrivals: np.ndarray,
+    prompt: tuple[int, int],
+    output: tuple[int, int],
+    name: str,
+) -> Workload:
+    """Requests at `arrivals` with prompt and output lengths uniform over [lo, hi) (prompts drawn first)."""
+    return Workload(
+        arrivals, rng.integers(*prompt, arrivals.size), rng.integers(*output, arrivals.size), name=name
+    )
 
 
 def probe_workloads(dur: float) -> dict[str, Workload]:
@@ -140,9 +151,10 @@ def probe_workloads(dur: float) -> dict[str, Workload]:
     heavy-tailed outputs, and a trickle."""
     rng = np.random.default_rng(77)
     minutes = dur / 60.0
-    # the evening: a sixth of the time at 1 req/s, a ramp to 15 over a sixth (10 s steps), a third
-    # at 15, the ramp down, the rest at 1
-    ramp = [(10.0, 1.0 + 14.0 * (i + 0.5) / round(dur / 60.0)) for i in range(round(dur / 60.0))]
+    # the evening: a sixth of the time at 1 req/s, a ramp to 15 over a sixth (one 10 s step per
+    # minute of the whole), a third at 15, the ramp down, the rest at 1
+    steps = round(minutes)
+    ramp = [(10.0, 1.0 + 14.0 * (i + 0.5) / steps) for i in range(steps)]
     evening = piecewise_poisson(
         [(dur / 6, 1.0), *ramp, (dur / 3, 15.0), *reversed(ramp), (dur / 6, 1.0)], rng
     )
@@ -156,11 +168,8 @@ def probe_workloads(dur: float) -> dict[str, Workload]:
     heavy_n = int(rng.poisson(4.0 * dur))
     heavy_out = np.sort(rng.uniform(0.0, dur, heavy_n))
     return {
-        "evening peak: 1 -> 15 req/s and back (ramps of a sixth of the time)": Workload(
-            evening,
-            rng.integers(200, 3000, evening.size),
-            rng.integers(50, 400, evening.size),
-            name="evening",
+        "evening peak: 1 -> 15 req/s and back (ramps of a sixth of the time)": _uniform_sizes(
+            rng, evening, (200, 3000), (50, 400), "evening"
         ),
         "tenants in turn: 8 req/s of short prompts, then 2 req/s of long ones, 5 min each": Workload(
             tenants,
@@ -168,11 +177,8 @@ def probe_workloads(dur: float) -> dict[str, Workload]:
             np.where(chat, rng.integers(50, 200, tenants.size), rng.integers(100, 300, tenants.size)),
             name="tenants",
         ),
-        "microbursts: 3 req/s and 40 requests at one instant every 2 min": Workload(
-            batches,
-            rng.integers(200, 3000, batches.size),
-            rng.integers(50, 300, batches.size),
-            name="microbursts",
+        "microbursts: 3 req/s and 40 requests at one instant every 2 min": _uniform_sizes(
+            rng, batches, (200, 3000), (50, 300), "microbursts"
         ),
         "long outputs: 2 req/s, 1,000-4,000 output tokens": poisson(
             2, dur, prompt_tokens=(500, 2000), output_tokens=(1000, 4000), seed=8
