@@ -570,6 +570,9 @@ class DecisionRecord:
     front_gain: float | None = None  # learnt multiplier on the front pools' load (None: switched off)
     size_classes: int | None = None  # prompt size classes planned over (None: the mean request)
     planning_percentile: float | None = None  # the percentile the plan was made at (None: not planned)
+    # share of the window's requests that miss TTFT whatever the fleet (`out_of_reach_share`;
+    # None: not planned, or no prompt lengths read)
+    out_of_reach: float | None = None
 
     @classmethod
     def without_decision(cls, time: float, reason: str, note: str) -> DecisionRecord:
@@ -654,6 +657,7 @@ class DecisionRecord:
                 "feasible": self.feasible,
                 "budgetLimited": self.budget_limited,
                 "admittedFraction": _r(self.admitted_fraction),
+                "outOfReachFraction": _r(self.out_of_reach),
                 "notes": list(self.notes),
             },
         }
@@ -1132,6 +1136,72 @@ def unreachable_share(config: Config, obs: Observation, models: StageModels) -> 
     return cov.idle_miss_fraction
 
 
+def out_of_reach_share(config: Config, obs: Observation, models: StageModels) -> float | None:
+    """`unreachable_share` of the observed requests; None when their prompt lengths were not read."""
+    pm = obs.prompt_tokens_mean
+    if not isinstance(obs.sizes, SizeDistribution) and (pm is None or not math.isfinite(pm) or pm <= 0):
+        return None
+    return unreachable_share(config, obs, models)
+
+
+#: A `RequestsOutOfReach` condition clears only once the share out of reach falls to this
+#: fraction of what the SLO lets miss: a share at the edge does not flap the condition.
+OUT_OF_REACH_CLEAR = 0.8
+
+
+class SloReach(NamedTuple):
+    """The `SloReachable` condition of a decision, and the Event that announces a False one."""
+
+    reachable: bool
+    reason: str
+    message: str  # the condition's: the same from decision to decision while the cause lasts
+    event: str  # the Event's: the figures of this decision too
+
+
+def slo_reach(
+    config: Config, record: DecisionRecord, plan: planner.Plan | None, was: str | None = None
+) -> SloReach | None:
+    """Whether some fleet can meet the SLO on the observed requests; None without a plan.
+
+    Not reachable when the ITL target is below one decode step at batch 1 (the stage model
+    the plan used, calibrated or the spec's), or when more of the requests are out of reach
+    of the TTFT target (`out_of_reach_share`: slower than the target on an idle system, or
+    with less slack than one decode step) than the SLO percentile lets miss. The pools are
+    sized all the same (the decode pool at the shortest step, the front pools for the
+    requests in reach); the condition says that attainment cannot reach the SLO and which
+    field to change. `was`: the condition's reason so far (`OUT_OF_REACH_CLEAR`).
+    """
+    if plan is None:
+        return None
+    slo = config.planning.slo
+    if plan.best_itl_s - slo.itl_s > 1e-9:  # the planner's own test, to its tolerance
+        message = (
+            f"spec.slo.itlSeconds {slo.itl_s:g} s is below one decode step at batch 1 by the decode "
+            "model: no decode pool meets it; the decode pool is sized at batch 1, the shortest step"
+        )
+        return SloReach(False, "ItlBelowOneStep", message, f"{message} ({plan.best_itl_s:.3g} s)")
+    share = record.out_of_reach
+    allowed = 1.0 - slo.percentile
+    target = f"spec.slo.ttftSeconds {slo.ttft_s:g} s"
+    if slo.ttft_s_per_1k_tokens:
+        target += (
+            f" + spec.slo.ttftSecondsPerThousandTokens {slo.ttft_s_per_1k_tokens:g} s per 1,000 prompt tokens"
+        )
+    limit = allowed * OUT_OF_REACH_CLEAR if was == "RequestsOutOfReach" else allowed
+    if share is not None and share > limit:
+        message = (
+            f"more of the requests than the {allowed:.2%} the SLO percentile {slo.percentile:g} lets "
+            f"miss are out of reach of {target}: their own prefill, KV transfer and first decode "
+            "step take longer, or leave less than one step of slack, on an idle system; attainment "
+            "cannot reach the SLO (the share: status.lastDecision.outputs.outOfReachFraction). A "
+            "target that grows with the prompt (spec.slo.ttftSecondsPerThousandTokens) judges long "
+            "prompts by their length"
+        )
+        return SloReach(False, "RequestsOutOfReach", message, f"{share:.1%} of the requests: {message}")
+    message = f"some fleet meets every target on the requests observed ({target})"
+    return SloReach(True, "Reachable", message, message)
+
+
 def front_sized(
     config: Config,
     plan_at: Callable[[float], planner.Plan],
@@ -1480,6 +1550,7 @@ def _decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         front_gain=gain if config.sizing.front_load_gain else None,
         size_classes=len(inputs.sizes.prompt_tokens) if inputs.sizes is not None else None,
         planning_percentile=config.planning.slo.percentile if plan is not None else None,
+        out_of_reach=out_of_reach_share(config, obs, models) if plan is not None else None,
     )
     return Outcome(
         targets=dict(d.targets),

@@ -937,6 +937,12 @@ def decision_report(
         ),
     ]
     old = {**(body.get("status") or {}), **(pending_status or {})}  # as if the reconcile had written
+    was_reason = _condition_reason(old, names.COND_SLO_REACHABLE)
+    reach = autoscaler.slo_reach(config, outcome.record, plan, was_reason)
+    if reach is not None:  # without a plan the condition is kept as it was
+        conds.append(
+            status.condition(names.COND_SLO_REACHABLE, reach.reachable, reach.reason, reach.message, gen)
+        )
     prev = old.get("lastDecision") or {}
     new_status: dict[str, Any] = {
         **(pending_status or {}),
@@ -959,7 +965,14 @@ def decision_report(
         events.append((outcome.reason, message, "Normal" if snap.ok else "Warning"))
     else:
         events.extend((reason, message, "") for reason, message in pending_events)
+    if reach is not None and not reach.reachable and reach.reason != was_reason:
+        events.append((reach.reason, reach.event[:1000], "Warning"))  # once per cause, when it begins
     return Report(new_status, events, persist)
+
+
+def _condition_reason(st: Mapping[str, Any], ctype: str) -> str | None:
+    """The reason of `st`'s condition `ctype` (None: no such condition)."""
+    return next((c.get("reason") for c in st.get("conditions") or [] if c.get("type") == ctype), None)
 
 
 async def write_decision_status(

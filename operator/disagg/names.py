@@ -78,6 +78,7 @@ COND_INVALID_SPEC = "InvalidSpec"
 COND_DRAIN_HELD = "DrainHeld"  # a timed-out drain waits: its pod's work is unknown
 COND_RECONCILE_FAILED = "ReconcileFailed"  # a child write was refused (the API server's message)
 COND_WARNING = "Warning"  # the spec has unusual values (each named with its field)
+COND_SLO_REACHABLE = "SloReachable"  # False: no fleet meets a target on the observed requests
 #: Every condition type written to status.conditions, in display order.
 CONDITION_TYPES = (
     COND_READY,
@@ -86,6 +87,7 @@ CONDITION_TYPES = (
     COND_METRICS_AVAILABLE,
     COND_DRAINING,
     COND_BUDGET_LIMITED,
+    COND_SLO_REACHABLE,
     COND_INVALID_SPEC,
     COND_DRAIN_HELD,
     COND_RECONCILE_FAILED,

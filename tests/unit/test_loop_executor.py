@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 import yaml
 from fakes import FakeKube, FakePrometheus, deployment, disagg_deployment, pod, resync, watch_cache
 
-from disagg import api, autoscaler, drain, loop, names, reconcile, status
+from disagg import api, autoscaler, drain, loop, names, planner, reconcile, status
 
 pytestmark = pytest.mark.usefixtures("fresh_loop_memory")
 
@@ -860,3 +861,84 @@ def test_a_restart_after_unwritten_steady_decisions_does_not_scale_down_early():
     for restart_at in (5, 6, 8):
         restarted = _steady_high_then_drop(restart_at)
         assert continuous <= restarted <= continuous + 30, (restart_at, continuous, restarted)
+
+
+# ---------------------------------------------------------------------------- SloReachable
+
+
+def _slo_spec(**slo: float) -> dict:
+    spec = sample_spec()
+    spec["slo"] = {**spec["slo"], **slo}
+    return spec
+
+
+def _warnings(w: World, reason: str) -> list[dict[str, str]]:
+    return [e for e in w.kube.events if e["reason"] == reason and e["type"] == "Warning"]
+
+
+def test_an_itl_target_below_one_decode_step_is_reported_once_and_names_the_field():
+    w = World(spec=_slo_spec(itlSeconds=0.03))  # the sample's decode step is 45 ms at any batch
+    w.step()
+    cond = w.condition(names.COND_SLO_REACHABLE)
+    assert cond["status"] == "False" and cond["reason"] == "ItlBelowOneStep"
+    assert "spec.slo.itlSeconds 0.03 s" in cond["message"]
+    [event] = _warnings(w, "ItlBelowOneStep")
+    assert "0.045 s" in event["message"]  # the Event carries the step itself
+    for _ in range(3):  # the first decisions record the window's start and the recommendation
+        w.step()
+    w.kube.calls.clear()
+    for _ in range(3):
+        w.step()
+    assert len(_warnings(w, "ItlBelowOneStep")) == 1  # once per cause, not once per decision
+    assert _status_writes(w.kube) == 0, w.kube.calls  # the condition's message does not move
+
+
+def test_requests_out_of_reach_turn_the_condition_false_and_a_reachable_target_clears_it():
+    # 6,000-token prompts: their prefill alone takes over 0.2 s on an idle worker
+    w = World(spec=_slo_spec(ttftSeconds=0.15))
+    w.step()
+    cond = w.condition(names.COND_SLO_REACHABLE)
+    assert cond["status"] == "False" and cond["reason"] == "RequestsOutOfReach"
+    assert "spec.slo.ttftSeconds 0.15 s" in cond["message"]
+    assert w.status()["lastDecision"]["outputs"]["outOfReachFraction"] == 1.0
+    assert len(_warnings(w, "RequestsOutOfReach")) == 1
+    body = w.body()
+    body["spec"]["slo"]["ttftSeconds"] = 0.6
+    body["metadata"]["generation"] = body["metadata"].get("generation", 1) + 1
+    w.step()
+    cond = w.condition(names.COND_SLO_REACHABLE)
+    assert cond["status"] == "True" and cond["reason"] == "Reachable"
+    assert w.status()["lastDecision"]["outputs"]["outOfReachFraction"] == 0.0
+    assert len(_warnings(w, "RequestsOutOfReach")) == 1
+
+
+def test_the_sample_at_its_own_slo_is_reachable_and_a_decision_without_metrics_keeps_the_condition():
+    w = World()
+    w.step()
+    assert w.condition(names.COND_SLO_REACHABLE)["reason"] == "Reachable"
+    w.prom.error = ConnectionError("prometheus down")
+    w.step()
+    assert w.status()["lastDecision"]["reason"] == "HoldStaleMetrics"
+    assert w.condition(names.COND_SLO_REACHABLE)["reason"] == "Reachable"
+    assert not [e for e in w.kube.events if e["type"] == "Warning" and "Reach" in e["reason"]]
+
+
+@pytest.mark.parametrize(
+    ("share", "was", "reachable"),
+    [
+        (0.0095, None, True),  # within the 1 % p99 lets miss
+        (0.0120, None, False),
+        (0.0090, "RequestsOutOfReach", False),  # above 80 % of the allowance: still out of reach
+        (0.0070, "RequestsOutOfReach", True),  # clears below it
+    ],
+)
+def test_the_out_of_reach_condition_clears_only_well_inside_the_allowance(share, was, reachable):
+    spec = api.DisaggDeploymentSpec.model_validate(_slo_spec(percentile=0.99))
+    config = autoscaler.config_from_spec(spec)
+    plan = config.planning.plan(planner.Demand(arrival_rps=2.0, prompt_tokens_mean=6000.0))
+    record = autoscaler.DecisionRecord.without_decision(T0, "Hold", "")
+    record = dataclasses.replace(record, out_of_reach=share)
+    got = autoscaler.slo_reach(config, record, plan, was)
+    assert got is not None and got.reachable is reachable
+    assert got.reason == ("Reachable" if reachable else "RequestsOutOfReach")
+    assert autoscaler.slo_reach(config, record, None, was) is None
