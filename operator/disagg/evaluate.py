@@ -162,6 +162,13 @@ class EvalSettings:
             raise ValueError(f"target_attainment must be in (0, 1), got {self.target_attainment!r}")
         if not self.capacity_scale > 0 or not self.keda_queue_per_replica > 0:
             raise ValueError("capacity_scale and keda_queue_per_replica must be > 0")
+        if self.models.decode.max_batch_for_itl(self.slo.itl_s * 1000.0) < 1:  # the planner's test
+            step_s = float(self.models.decode.step_ms(1)) / 1000.0
+            raise ValueError(
+                f"itl_s {self.slo.itl_s:g} s is below one decode step at batch 1 ({step_s:.3g} s by the "
+                "decode model): every request would miss it whatever the fleet, and no policy can be "
+                "told from another; raise the ITL target or lower the decode step"
+            )
         if self.dynamo_predictor not in PREDICTORS:
             raise ValueError(
                 f"dynamo_predictor must be one of {', '.join(PREDICTORS)}, got {self.dynamo_predictor!r}"
@@ -248,6 +255,27 @@ POLICY_ONLY_SETTINGS = frozenset(
 
 class ReferencesMismatch(ValueError):
     """Earlier references that cannot stand for this run's (another load, other settings, missing parts)."""
+
+
+class NothingToAttain(ValueError):
+    """No request of the workload can meet its TTFT target, even on an idle system."""
+
+
+def check_attainable(w: Workload, s: EvalSettings) -> None:
+    """Raise `NothingToAttain` when every request is out of reach of its TTFT target.
+
+    Attainment counts the requests that some fleet can serve on time (`infeasible_mask`);
+    with none, it is undefined and no policy can be told from another.
+    """
+    if len(w) and bool(infeasible_mask(w, s).all()):
+        target = f"{s.slo.ttft_s:g} s"
+        if s.slo.ttft_s_per_1k_tokens:
+            target += f" + {s.slo.ttft_s_per_1k_tokens:g} s per 1,000 prompt tokens"
+        raise NothingToAttain(
+            f"every one of the {len(w):,} requests misses the TTFT target ({target}) even on an idle "
+            "system (its own prefill, KV transfer and first decode step take longer): there is no "
+            "attainment to compare; raise the target or let it grow with the prompt"
+        )
 
 
 def workload_fingerprint(w: Workload) -> str:
@@ -1608,6 +1636,7 @@ def evaluate(
     for p in policies:
         if p not in classes:
             raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+    check_attainable(w, s)
     names = list(dict.fromkeys(policies))
     key = reference_key(w, s)
     refs: dict[str, Any] | None = None

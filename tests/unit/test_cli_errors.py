@@ -121,6 +121,11 @@ def cli_env() -> dict[str, str]:
         (["evaluate", "--trace", "t.csv", "--percentile", "99"], "--percentile: percentile must be < 1"),
         (["evaluate", "--trace", "t.csv", "--ttft", "0"], "--ttft: ttft_s must be > 0"),
         (["evaluate", "--trace", "t.csv", "--ttft-per-1k", "-1"], "--ttft-per-1k: ttft_s_per_1k_tokens"),
+        # a target no fleet meets: refused before the trace is read (every policy would score 0)
+        (
+            ["evaluate", "--trace", "t.csv", "--itl", "0.02"],
+            "--itl: itl_s 0.02 s is below one decode step at batch 1 (0.045 s by the decode model)",
+        ),
         (["plan", "--ttft", "-1"], "--ttft must be > 0, got -1.0"),
         (["plan", "--ttft-per-1k", "-1"], "--ttft-per-1k"),
     ],
@@ -142,6 +147,19 @@ def test_a_trace_that_is_a_directory_or_too_large_a_scale_is_refused(capsys, tmp
     )
     assert main(["evaluate", "--trace", str(trace), "--rate-scale", "2000000", "--workload", "diurnal"]) == 2
     assert "--rate-scale 2000000: that arrival process is about" in one_error_line(capsys, "evaluate")
+
+
+def test_evaluate_refuses_a_ttft_target_no_request_can_meet(capsys, tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text(AZURE_CSV)  # prompts of 300-490 tokens: 0.09-0.1 s on an idle pipeline
+    assert main(["evaluate", "--trace", str(trace), "--policy", "static", "--ttft", "0.09"]) == 2
+    line = one_error_line(capsys, "evaluate")
+    assert "--ttft / --ttft-per-1k: every one of the 20 requests misses the TTFT target (0.09 s)" in line
+    # a target that some of them meet is evaluated (those out of reach are counted apart)
+    argv = ["evaluate", "--trace", str(trace), "--policy", "static", "--no-best-static", "--ttft", "0.095"]
+    assert main([*argv, "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["policies"]["static"]["infeasible_requests"] == 13
 
 
 def test_plot_with_a_wrong_extension_is_refused_before_simulating(capsys, tmp_path):

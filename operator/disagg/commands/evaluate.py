@@ -519,7 +519,7 @@ def run(args: argparse.Namespace) -> int:
         )
     settings = checked_settings(args)
 
-    from disagg.evaluate import ReferencesMismatch, diurnal, evaluate, rate_scaled
+    from disagg.evaluate import NothingToAttain, ReferencesMismatch, diurnal, evaluate, rate_scaled
     from disagg.workload import thinned, with_coarse_timestamps, with_media
 
     w = traceflags.read_trace(args, fmt=args.format, limit=args.limit)
@@ -565,6 +565,8 @@ def run(args: argparse.Namespace) -> int:
         )
     except ReferencesMismatch as exc:
         raise UsageError(f"--references {args.references}: {exc}") from None
+    except NothingToAttain as exc:
+        raise UsageError(f"--ttft / --ttft-per-1k: {exc}") from None
     if args.references:
         doc["references"]["source"] = args.references
     doc["settings"]["rate_scale"] = args.rate_scale
