@@ -27,6 +27,7 @@ from disagg.planner import (
     predict,
     split_threshold_tokens,
 )
+from disagg.sizes import SizeDistribution, demand_with_sizes
 
 EPS = 1e-9
 
@@ -86,6 +87,34 @@ def test_chunked_transfer_lowers_floor():
     p = plan(Demand(arrival_rps=1.0), chunked=True)
     assert p.best_ttft_s == pytest.approx(0.31474, abs=1e-4)
     assert p.stages["transfer.used_ms"] == pytest.approx(39.74, abs=0.01)
+
+
+SLOW_LINK = StageModels(transfer=TransferModel(bandwidth_gibps=1.0))  # 0.3 s of link per 1,000-token prompt
+
+
+@pytest.mark.parametrize("sizes", [False, True])
+def test_a_prefill_pool_on_a_slow_link_is_sized_by_its_links(sizes):
+    """Each prefill worker's link carries every prompt's KV while the worker computes the next:
+    at 1 GiB/s a 1,000-token prompt holds it 0.31 s against 0.055 s of compute, and 6 req/s
+    need at least two links' worth of workers, whatever the compute needs (one)."""
+    rng = np.random.default_rng(3)
+    prompts = rng.uniform(500, 1500, 2000)
+    d = (
+        demand_with_sizes(6.0, SizeDistribution.from_samples(prompts, rng.uniform(50, 200, 2000)))
+        if sizes
+        else Demand(6.0, 1000.0, 290.0, 125.0, 40.0)
+    )
+    slo = SLO(1.5, 0.15, 0.9)
+    link_s = float(SLOW_LINK.transfer.wire_ms(d.prompt_tokens_mean)) / 1000.0
+    p = plan(d, SLOW_LINK, slo)
+    pre = p.pools["prefill"]
+    assert pre.service_s == pytest.approx(link_s)  # the link, not the 0.055 s of compute
+    assert p.stages["prefill.service_ms"] < 100.0  # the compute is still reported as the compute
+    assert 6.0 * link_s / pre.replicas < 0.9  # every link below saturation, with room for the wait
+    # on the models' own link the compute sets the size, as before
+    fast = plan(d, StageModels(), slo)
+    assert fast.pools["prefill"].service_s == pytest.approx(fast.stages["prefill.service_ms"] / 1000.0)
+    assert fast.pools["prefill"].replicas < pre.replicas
 
 
 def test_high_load_ratio_approaches_capacity_ratio():
