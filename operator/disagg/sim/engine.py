@@ -437,11 +437,21 @@ class Cluster:
                             break
             return best
         now = self.now
+        sends = -1  # the best's sends on its KV link, counted only when a tie needs them
         for w in self.pools[role]:
             if not w.draining:
                 lo = w.load_s - (now - w.t_start) if w.cur is not None else w.load_s  # FcfsWorker.load
                 if lo < bl:
-                    best, bl = w, lo
+                    best, bl, sends = w, lo, -1
+                elif lo == bl and w.link is not None and w.link is not best.link:
+                    # equal compute (both idle, mostly): the worker whose own link carries fewer
+                    # sends, as routers spread ties; a link slower than the compute would
+                    # otherwise pile every send on the first idle worker's link
+                    if sends < 0:
+                        sends = best.link.active_n + len(best.link.queue)
+                    mine = w.link.active_n + len(w.link.queue)
+                    if mine < sends:
+                        best, sends = w, mine
         return best
 
     # ------------------------------------------------------------------ request flow
