@@ -3,7 +3,8 @@ holds (`ServeWorker.held`), read on every pick, and a pick stops at the first id
 prefill or encoder worker's load is read inline. At every pick, over placements, chunking, KV
 limits, transfer failures, drains and removals, the count equals a recount of the worker's
 queues and the pick is the full scan's (the least loaded worker that is not draining, the
-first of equals)."""
+first of equals; for prefill, of the workers tied with it, the one whose KV link carries the
+fewest sends)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from disagg import evaluate
 from disagg.evaluate import EvalSettings
 from disagg.model import StageModels
 from disagg.sim import INF, Cluster, SimConfig, simulate
-from disagg.sim.engine import COLOCATED, DECODE
+from disagg.sim.engine import _TIE_S, COLOCATED, DECODE
 from disagg.workload import burst
 
 M = StageModels()
@@ -42,6 +43,16 @@ def checked_picks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             picks.append(1)
         open_ = [w for w in pool if not w.draining]
         want = min(open_, key=load) if open_ else None  # min: the first of equals
+        if want is not None and role not in (DECODE, COLOCATED) and want.link is not None:
+            # prefill ties: within _TIE_S of the least, the fewest sends on the worker's own
+            # link (the least loaded's first, then pool order)
+            def sends(w):
+                return w.link.active_n + len(w.link.queue)
+
+            least = load(want)
+            tied = [want] + [w for w in open_ if w is not want and load(w) - least <= _TIE_S]
+            tied = [w for w in tied if w.link is not None and (w is want or w.link is not want.link)]
+            want = min(tied, key=sends)
         assert got is want, (role, got and got.name, want and want.name)
         return got
 

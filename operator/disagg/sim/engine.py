@@ -54,6 +54,10 @@ from disagg.workload import Request, Workload
 PLACEMENTS = names.PLACEMENTS
 
 
+# Outstanding prefill work within this of the least is a tie (an idle worker's is rounding residue).
+_TIE_S = 1e-9
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """What to simulate. Pool sizes are worker counts; SLO targets are in milliseconds.
@@ -437,21 +441,30 @@ class Cluster:
                             break
             return best
         now = self.now
-        sends = -1  # the best's sends on its KV link, counted only when a tie needs them
         for w in self.pools[role]:
             if not w.draining:
                 lo = w.load_s - (now - w.t_start) if w.cur is not None else w.load_s  # FcfsWorker.load
                 if lo < bl:
-                    best, bl, sends = w, lo, -1
-                elif lo == bl and w.link is not None and w.link is not best.link:
-                    # equal compute (both idle, mostly): the worker whose own link carries fewer
-                    # sends, as routers spread ties; a link slower than the compute would
-                    # otherwise pile every send on the first idle worker's link
-                    if sends < 0:
-                        sends = best.link.active_n + len(best.link.queue)
-                    mine = w.link.active_n + len(w.link.queue)
-                    if mine < sends:
-                        best, sends = w, mine
+                    best, bl = w, lo
+        if best is None or best.link is None:
+            return best
+        # Ties (idle workers, mostly; within _TIE_S, an idle worker's load being rounding
+        # residue): the one whose own KV link carries the fewest sends, as routers spread
+        # ties. A link slower than the compute would otherwise take every send of an idle
+        # pool on the first worker's link.
+        sends = best.link.active_n + len(best.link.queue)
+        if sends == 0:
+            return best
+        for w in self.pools[role]:
+            if w is best or w.draining or w.link is None or w.link is best.link:
+                continue
+            lo = w.load_s - (now - w.t_start) if w.cur is not None else w.load_s
+            if lo - bl <= _TIE_S:
+                mine = w.link.active_n + len(w.link.queue)
+                if mine < sends:
+                    best, sends = w, mine
+                    if sends == 0:
+                        break
         return best
 
     # ------------------------------------------------------------------ request flow
