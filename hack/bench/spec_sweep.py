@@ -62,6 +62,11 @@ def _kv_cache(s: ev.EvalSettings, share: float) -> ev.EvalSettings:
     return dataclasses.replace(s, models=dataclasses.replace(s.models, decode=small))
 
 
+def _link(s: ev.EvalSettings, gibps: float) -> ev.EvalSettings:
+    slow = dataclasses.replace(s.models.transfer, bandwidth_gibps=gibps)
+    return dataclasses.replace(s, models=dataclasses.replace(s.models, transfer=slow))
+
+
 def _replicas(s: ev.EvalSettings, pool: str, gpus: int) -> ev.EvalSettings:
     return dataclasses.replace(s, gpus_per_replica={**s.gpus_per_replica, pool: gpus})
 
@@ -79,6 +84,8 @@ SPECS: dict[str, tuple[str, Callable[[ev.EvalSettings], ev.EvalSettings]]] = {
     "interval-60s": ("a decision every 60 s", lambda s: dataclasses.replace(s, interval_s=60.0)),
     "kv-quarter": ("a quarter of the decode KV cache", lambda s: _kv_cache(s, 0.25)),
     "media": (f"{MEDIA_SHARE:.0%} of requests with an image (encoder pool)", lambda s: s),
+    # 2 GiB/s (16 Gb/s, TCP without RDMA): 0.15 ms of link per token against the compute's 0.035
+    "link-2gibps": ("a KV link of 2 GiB/s, slower than the compute", lambda s: _link(s, 2.0)),
 }
 
 
