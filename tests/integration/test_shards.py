@@ -100,7 +100,9 @@ def test_two_shards_side_by_side(cluster, namespace, operator_factory, monkeypat
         )
         cluster.wait_for(
             lambda name=name: last_decision(cluster, namespace, name),
-            timeout=60,
+            # the first decision waits for the pools' pods and the loop's first due time: over
+            # 60 s once on this 2-core machine while the whole suite ran
+            timeout=120,
             what=f"the decision of {name}",
         )
         cluster.wait_for(
