@@ -458,8 +458,7 @@ class Cluster:
         for w in self.pools[role]:
             if w is best or w.draining or w.link is None or w.link is best.link:
                 continue
-            lo = w.load_s - (now - w.t_start) if w.cur is not None else w.load_s
-            if lo - bl <= _TIE_S:
+            if w.load() - bl <= _TIE_S:  # off the hot path: only when the least loaded's link is busy
                 mine = w.link.active_n + len(w.link.queue)
                 if mine < sends:
                     best, sends = w, mine
