@@ -873,6 +873,31 @@ def demand_for(
     )
 
 
+def link_bound_note(plan: planner.Plan, config: Config) -> str | None:
+    """A note when the KV link, not the compute, sets the prefill pool's size; None otherwise.
+
+    A prefill worker's link sends one prompt's KV while the worker computes the next, so the
+    slower of the two is what the pool is sized by. When it is the link, the plan for the mean
+    prompt is optimistic for the long ones (their sends take longest and share the link), and
+    with the size classes off nothing sizes for them (docs/evaluation.md, "Three remedies
+    measured, none landed": `sizing.requestSizes` is what reached the SLO there).
+    """
+    link_ms = plan.stages.get("transfer.link_busy_ms")
+    compute_ms = plan.stages.get("prefill.service_ms")
+    if link_ms is None or compute_ms is None or not link_ms > compute_ms:
+        return None
+    advice = (
+        ""
+        if config.sizing.request_sizes
+        else "; the plan is for the mean prompt, and the long prompts' sends miss first: "
+        "spec.autoscaling.sizing.requestSizes sizes for them"
+    )
+    return (
+        f"the KV link sets the prefill pool's size: {link_ms:.0f} ms of link per request against "
+        f"{compute_ms:.0f} ms of compute (spec.kvTransfer.bandwidthGiBps){advice}"
+    )
+
+
 def _pooled(plan: planner.Plan, pools: Sequence[str]) -> dict[str, int]:
     """The plan's replicas for this deployment's pools (a plan names every stage)."""
     return {k: v for k, v in plan.replicas.items() if k in pools}
@@ -1427,6 +1452,8 @@ def _decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
                 gain,
                 planned,
             )
+            if (bound := link_bound_note(plan, config)) is not None:
+                notes.append(bound)
             if planned != base:  # the record's stage figures and predictions are the base plan's
                 notes.append(
                     f"front load gain {gain:.2f}: {_format_pools(planned, FRONT_POOLS)} sized for "

@@ -1439,6 +1439,9 @@ def _plan_disagg(
         "transfer.serial_ms": st.serial_ms,
         "transfer.chunked_ms": st.chunked_ms,
         "transfer.used_ms": st.transfer_ms,
+        # the time one request's KV occupies its prefill worker's link (setup excluded): the
+        # pool is sized by the larger of it and prefill.service_ms (`_prefill_queue`)
+        "transfer.link_busy_ms": st.link_s * 1000.0,
         "decode.step_ms": st.step_cap_ms,
         "decode.batch_cap": float(st.b_eff),
         "decode.expected_batch": n_occ,
@@ -2158,6 +2161,7 @@ def _plan_conditional(
             "transfer.serial_ms": st_r.serial_ms,
             "transfer.chunked_ms": st_r.chunked_ms,
             "transfer.used_ms": st_r.transfer_ms,
+            "transfer.link_busy_ms": st_r.link_s * 1000.0,
             "decode.step_ms": st_r.step_cap_ms,
             "decode.batch_cap": float(st_r.b_eff),
             "decode.expected_batch": n_occ,
