@@ -879,8 +879,8 @@ def link_bound_note(plan: planner.Plan, config: Config) -> str | None:
     A prefill worker's link sends one prompt's KV while the worker computes the next, so the
     slower of the two is what the pool is sized by. When it is the link, the plan for the mean
     prompt is optimistic for the long ones (their sends take longest and share the link), and
-    with the size classes off nothing sizes for them (docs/evaluation.md, "Three remedies
-    measured, none landed": `sizing.requestSizes` is what reached the SLO there).
+    with the size classes off nothing sizes for them (docs/evaluation.md, "Remedies measured,
+    none landed": `sizing.requestSizes` is what reached the SLO there).
     """
     link_ms = plan.stages.get("transfer.link_busy_ms")
     compute_ms = plan.stages.get("prefill.service_ms")
