@@ -751,7 +751,9 @@ class Sizing(_Model):
     burstiness: bool = Field(
         SIZING_BURSTINESS_DEFAULT,
         description="Use the measured index of dispersion of arrival counts (per sub-window) in the "
-        "queueing formulas and the forecast's counting noise, instead of Poisson.",
+        "queueing formulas and the forecast's counting noise, instead of Poisson; and in the queueing formulas "
+        "the arrival variability the prefill queue's mean wait shows beyond it (requests that arrive together "
+        "within a scrape), when two decisions in a row read it.",
     )
     auto_headroom: bool = Field(
         SIZING_AUTO_HEADROOM_DEFAULT,
@@ -793,8 +795,9 @@ class Sizing(_Model):
     @property
     def reads_histograms(self) -> bool:
         """Whether the token, TTFT and queue-time histograms are read: the sizes plan by them,
-        the front load gain judges its misses by them, the error budget counts the TTFTs."""
-        return self.request_sizes or self.front_load_gain or self.error_budget
+        the front load gain judges its misses by them, the error budget counts the TTFTs, and
+        burstiness reads the spread of the prefill queue's waits."""
+        return self.request_sizes or self.front_load_gain or self.error_budget or self.burstiness
 
 
 class Autoscaling(_Model):

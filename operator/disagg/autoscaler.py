@@ -15,7 +15,8 @@ One decision:
    `arrivals_in_system`): fast attack from the short window
    (`SHORT_WINDOW_SCRAPES` scrapes), forecast one observed start-up ahead,
    counting noise, backlog, observed-TTFT feedback;
-4. the plan for that rate, and the floor (the plan for the observed rate: a
+4. the plan for that rate (its arrival term the counts' dispersion, or what the
+   prefill queue's waits show beyond it, `wait_arrival_term`), and the floor (the plan for the observed rate: a
    budget rebalance never shrinks a donor below it);
 5. `policy.decide`: stabilization, steps, budget;
 6. what to do: pods to re-admit first on the way up, growth that fits the GPU
@@ -42,7 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from disagg import api, burstiness, drain, metrics, names, planner, policy, status
+from disagg import api, burstiness, drain, metrics, names, planner, policy, queueing, status
 from disagg.calibration import Calibrator
 from disagg.metrics import back_pool
 from disagg.model import StageModels
@@ -299,6 +300,11 @@ class Observation:
     # the front (prefill) pool's queue waits over the window, cumulative like the TTFT buckets:
     # whether the prefill queue is what makes the reachable requests miss
     prefill_wait_buckets: tuple[tuple[float, float], ...] | None = None
+    # the front pool's mean queue wait over the window (the queue-time histogram's sum over its
+    # count, exact where its buckets are not), and the fewest of its engines reporting at any
+    # scrape of the window: the count those waits were waited at (`wait_arrival_term`)
+    prefill_wait_mean_s: float | None = None
+    prefill_serving_min: float | None = None
 
 
 def gate_condition(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -370,6 +376,10 @@ class ScalerState:
     slo_judged: float = 0.0
     slo_missed: float = 0.0
     slo_counted_at: float | None = None
+    # the last decision's reading of the arrival term off the prefill queue's waits
+    # (`wait_arrival_term`) and when it was read: a reading is used only beside the one before it
+    wait_term: float | None = None
+    wait_term_at: float | None = None
 
     def calibrator(self) -> Calibrator:
         c = Calibrator(max_samples=MAX_CALIBRATION_SAMPLES)
@@ -400,6 +410,12 @@ class ScalerState:
                     "judged": round(self.slo_judged, 3),
                     "missed": round(self.slo_missed, 3),
                     "at": self.slo_counted_at,
+                }
+            ),
+            "waitTerm": _without_none(
+                {
+                    "term": None if self.wait_term is None else round(self.wait_term, 4),
+                    "at": self.wait_term_at,
                 }
             ),
         }
@@ -448,6 +464,14 @@ class ScalerState:
                 judged, missed, counted_at = j, m, _time_or_none(eb.get("at"))
         except (TypeError, ValueError, AttributeError):
             judged, missed, counted_at = 0.0, 0.0, None
+        wait_term, wait_term_at = None, None
+        try:
+            wt = d.get("waitTerm") or {}
+            term, at = wt.get("term"), _time_or_none(wt.get("at"))
+            if term is not None and at is not None and math.isfinite(float(term)):
+                wait_term, wait_term_at = float(term), at
+        except (TypeError, ValueError, AttributeError):
+            wait_term, wait_term_at = None, None
         pol = d.get("policy")
         return cls(
             policy=policy.PolicyState.from_dict(pol if isinstance(pol, dict) else None),
@@ -462,6 +486,8 @@ class ScalerState:
             slo_judged=judged,
             slo_missed=missed,
             slo_counted_at=counted_at,
+            wait_term=wait_term,
+            wait_term_at=wait_term_at,
         )
 
 
@@ -564,6 +590,8 @@ class DecisionRecord:
     notes: tuple[str, ...]
     admitted_fraction: float | None = None  # share of the load the plan serves (the rest is shed)
     arrival_dispersion: float | None = None  # measured index of dispersion used (None: Poisson)
+    # the arrival term read off the prefill queue's waits, where it was used (None: not)
+    wait_arrival_term: float | None = None
     auto_headroom: float | None = None  # automatic headroom used (None: the spec's headroom only)
     before_rise: float | None = None  # share of the rate a rise under way began from (None: unknown)
     silence_rps: float | None = None  # rate stood ready for over a silence (None: none needed)
@@ -622,6 +650,7 @@ class DecisionRecord:
                 "arrivalRps": _r(self.arrival_rps),
                 "plannedRps": _r(self.planned_rps),
                 "arrivalDispersion": _r(self.arrival_dispersion),
+                "waitArrivalTerm": _r(self.wait_arrival_term),
                 "autoHeadroom": _r(self.auto_headroom),
                 "beforeRise": _r(self.before_rise),
                 "silenceRps": _r(self.silence_rps),
@@ -693,6 +722,8 @@ class SizingInputs:
     auto_headroom: float | None = None  # fraction of demand, from the burst profile
     before_rise: float | None = None  # where a rise under way began, share of now
     silence_rps: float | None = None  # rate to stand ready for while traffic that stopped may return
+    # arrival term read off the prefill queue's waits (`wait_arrival_term`), used where above the dispersion
+    wait_term: float | None = None
 
 
 def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInputs:
@@ -827,7 +858,8 @@ def demand_for(
     """The planner's demand at `rate` with the observed request shape.
 
     With a size distribution (`inputs.sizes`) its moments replace the mean/std and the
-    planner sizes over its classes; with a dispersion it is the arrival term `arrival_ca2`.
+    planner sizes over its classes; the arrival term `arrival_ca2` is the larger of the
+    dispersion and the term read off the prefill queue's waits (Poisson, 1, without either).
 
     A token mean the window does not show (no request finished in it) keeps its last
     measured value in `shape`, which is updated in place; with none ever measured it is
@@ -868,9 +900,91 @@ def demand_for(
         media_fraction=min(media, 1.0),
         items_per_request=max(items, 1.0),
         sizes=inputs.sizes,
-        arrival_ca2=inputs.dispersion if inputs.dispersion is not None else 1.0,
+        arrival_ca2=max(inputs.dispersion or 1.0, inputs.wait_term or 1.0),
         kv_footprint_tokens=footprint,
     )
+
+
+def wait_arrival_term(
+    config: Config,
+    obs: Observation,
+    rate: float,
+    shape: Mapping[str, float],
+    inputs: SizingInputs,
+    models: StageModels,
+) -> float | None:
+    """The arrival term (Allen-Cunneen's ca^2) that explains the prefill queue's measured waits.
+
+    Requests that arrive together inside one scrape (a client that fans out, a batch job,
+    timestamps cut to the second) queue for the prefill workers at once, and no count per
+    sub-window shows it: the counts of such traffic are as even as Poisson's. The queue's
+    waits do. The planner's mean prefill wait is Allen-Cunneen's, the M/G/c wait times
+    (ca^2 + cs^2) / 2 over that of Poisson arrivals (ca^2 = 1): the ca^2 at which the model's
+    mean wait equals the window's measured one is the window's reading, taken at the window's
+    arrival rate `rate` and at the fewest prefill engines reporting over it, or the pool's pods
+    not being drained if fewer (a scale-up inside the window serves only its end: against the
+    count of now, the waits at the count before it would read as a burst). Below 1 it says
+    nothing more than Poisson; the caller uses it only where it is above the dispersion of the
+    counts.
+
+    The model matches the simulator's least-work routing within 2-8 % at fixed pools wherever
+    the mean wait is a few milliseconds or more (`hack/bench/bench_queue_model.py`); below that
+    a window holds a handful of waits, and the mean is read at its lower noise bound
+    (`burstiness.NOISE_Z` standard errors of the queue-time histogram's spread over the
+    window's requests). None (missing) without the readings, with no arrivals, under another placement than
+    disaggregated (the prefill pool then sees only part of the arrivals, or is none), or where
+    the model's queue is unstable or never waits.
+    """
+    waited, serving = obs.prefill_wait_mean_s, obs.prefill_serving_min
+    pool = obs.pools.get(names.POOL_PREFILL)
+    if config.planning.placement != "disaggregated" or waited is None or serving is None or pool is None:
+        return None
+    # the engines reporting include pods being drained, which take no new request
+    n = min(math.floor(serving), pool.replicas - len(pool.leaving))
+    spread = metrics.histogram_spread(obs.prefill_wait_buckets) if obs.prefill_wait_buckets else None
+    if spread is None or not (math.isfinite(waited) and waited >= 0 and n >= 1 and rate > 0):
+        return None
+    # the mean's lower noise bound over the window's requests: a light queue's few waits of a
+    # millisecond read as a burst of many times Poisson, and what it says is that nothing waits
+    std, per_s = spread
+    requests = per_s * config.window_s
+    if not requests >= 1.0:
+        return None
+    waited = max(0.0, waited - burstiness.NOISE_Z * std / math.sqrt(requests))
+    demand = demand_for(obs, rate, dict(shape), replace(inputs, dispersion=None, wait_term=None))
+    service_s, cs2 = planner.prefill_queue(demand, models, config.planning.slo, config.planning.chunked)
+    # Poisson arrivals at each sub-window's own rate, the waits weighed by its arrivals: a rise
+    # or a spike inside the window is then a rate, not a burst (the forecast and the headroom
+    # answer it); one rate for the window where its counts are not read
+    rates = [(1.0, rate)]
+    step = obs.count_interval_s
+    if obs.arrival_counts and step is not None and math.isclose(step, config.count_interval_s, rel_tol=1e-6):
+        recent = burstiness.arrivals_from_counts(
+            obs.arrival_counts, obs.arrival_counts_growth, obs.arrival_counts_shed
+        )[-max(1, round(config.window_s / step)) :]
+        if sum(recent) > 0:
+            rates = [(c, c / step) for c in recent if c > 0]
+    weight = sum(w for w, _ in rates)
+    poisson_wait = (
+        sum(w * float(queueing.mgc_mean_wait(n, lam, service_s, cs2, 1.0)) for w, lam in rates) / weight
+    )
+    if not (math.isfinite(poisson_wait) and poisson_wait > 0):
+        return None
+    return (waited / poisson_wait) * (1.0 + cs2) - cs2
+
+
+def paired_wait_term(reading: float | None, state: ScalerState, now: float, window_s: float) -> float | None:
+    """The arrival term to plan with: the smaller of this reading and the last decision's, when
+    that one was read within a window before it; None otherwise.
+
+    One window's waits at the onset of a burst read as a large term (the window's mean rate
+    is below the rate they were waited at), and the next window's no longer do; clumps inside
+    every scrape read the same window after window. A missing reading breaks the pair.
+    """
+    prev, at = state.wait_term, state.wait_term_at
+    if reading is None or prev is None or at is None or not 0.0 < now - at <= window_s:
+        return None
+    return min(reading, prev)
 
 
 def link_bound_note(plan: planner.Plan, config: Config) -> str | None:
@@ -1414,6 +1528,17 @@ def _decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
     if observed is not None:
         seen, inputs = weighed_shape(obs, inputs, shape, config.window_s)
     gain, gain_at, miss_since = state.front_gain, state.front_gain_at, state.miss_since
+    wait_reading = None
+    if observed is not None and config.sizing.burstiness:
+        wait_reading = wait_arrival_term(config, seen, observed, shape, inputs, models)
+        term = paired_wait_term(wait_reading, state, now, config.window_s)
+        if term is not None and term > max(inputs.dispersion or 1.0, 1.0):
+            inputs = replace(inputs, wait_term=term)
+            notes.append(
+                f"arrival term {term:.3g} read off the prefill queue's mean wait "
+                f"{1000.0 * (obs.prefill_wait_mean_s or 0.0):.3g} ms at {math.floor(obs.prefill_serving_min or 0)} "
+                f"workers (the counts' dispersion: {inputs.dispersion or 1.0:.3g}): requests arrive together"
+            )
     if observed is not None:
         queued = sum(v for v in obs.queued.values() if v is not None and math.isfinite(v))
         rate, pstate = policy.sizing_rate(
@@ -1539,6 +1664,8 @@ def _decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         in_system=state.in_system
         if in_system is None
         else _kept_in_system(state.in_system, now, in_system, config),
+        wait_term=wait_reading,
+        wait_term_at=now if wait_reading is not None else None,
     )
     record = DecisionRecord(
         time=now,
@@ -1571,6 +1698,7 @@ def _decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         notes=tuple(n for n in notes if n),
         admitted_fraction=admitted,
         arrival_dispersion=inputs.dispersion,
+        wait_arrival_term=inputs.wait_term,
         auto_headroom=inputs.auto_headroom,
         before_rise=inputs.before_rise,
         silence_rps=inputs.silence_rps,

@@ -63,7 +63,7 @@ from pydantic import ValidationError
 from disagg import api, autoscaler, names
 from disagg.burstiness import arrival_counts
 from disagg.forecast import PREDICTORS
-from disagg.metrics import QUEUE_TIME_BUCKETS, back_pool, histogram_quantile
+from disagg.metrics import QUEUE_TIME_BUCKETS, back_pool, front_pool, histogram_quantile
 from disagg.model import StageModels
 from disagg.planner import SLO, Demand, PoolBounds, plan, split_threshold_tokens
 from disagg.sim.core import DONE, INF, REJECTED, Job
@@ -465,6 +465,8 @@ class Obs:
     # buckets), with the sizes
     ttft_buckets: tuple[tuple[float, float], ...] | None = None
     prefill_wait_buckets: tuple[tuple[float, float], ...] | None = None
+    prefill_wait_mean_s: float | None = None  # the window's mean prefill queue wait
+    prefill_serving_min: float | None = None  # the fewest front engines at the window's scrapes
     # The back pool's running sequences now (num_requests_running), and its KV usage summed
     # over its workers (kv_cache_usage_perc) and running sequences, both averaged over the
     # metric window as the operator's avg_over_time queries read them; None where not read
@@ -788,6 +790,8 @@ def observation_from(o: Obs, startup_s: float, pools: tuple[str, ...] = POOLS) -
         arrival_counts_shed=o.arrival_counts_shed,
         ttft_buckets=o.ttft_buckets,
         prefill_wait_buckets=o.prefill_wait_buckets,
+        prefill_wait_mean_s=o.prefill_wait_mean_s,
+        prefill_serving_min=o.prefill_serving_min,
     )
 
 
@@ -1066,6 +1070,8 @@ class _Loop:
         # cumulative over every worker it ever had (`kv_integrals`), for the window averages.
         self.kv_samples: list[tuple[float, float, float]] = []
         self.kv_retired = (0.0, 0.0)  # the integrals of removed back workers
+        # (scrape time, engines of the front pool reporting): `Obs.prefill_serving_min`'s samples
+        self.front_samples: list[tuple[float, int]] = []
 
     def queued(self) -> int:
         cl = self.cl
@@ -1332,6 +1338,11 @@ def run_policy(
             lp.kv_samples.append(lp.kv_integrals(t))
             if len(lp.kv_samples) > s.window_s / s.scrape_s + 4:  # a window's worth is enough
                 del lp.kv_samples[0]
+            # every engine of the front pool that serves metrics, draining ones too, as a count of
+            # its running-requests series reads them
+            lp.front_samples.append((t, len(cl.pools[front_pool(lp.pools)])))
+            if len(lp.front_samples) > s.window_s / s.scrape_s + 4:
+                del lp.front_samples[0]
             if i < n or cl.next_event_time() != INF:
                 lp.push(t + s.scrape_s, "scrape")
         elif kind == "tick":
@@ -1427,6 +1438,12 @@ def run_policy(
                         )
                         if sizes is not None and seen
                         else None
+                    ),
+                    # the queue-time histogram's sum over its count, and the fewest front engines
+                    # at the window's scrapes (the operator's min_over_time of their count)
+                    prefill_wait_mean_s=sum(x[2] for x in seen) / len(seen) if seen else None,
+                    prefill_serving_min=min(
+                        (float(k) for tk, k in lp.front_samples if lo - 1e-9 <= tk <= ts + 1e-9), default=None
                     ),
                 )
             targets, _reason = pol.decide(obs)

@@ -273,6 +273,8 @@ def observation(
         arrival_counts_shed=sz.arrival_counts_shed if sz.arrival_counts else None,
         ttft_buckets=sz.ttft_buckets,
         prefill_wait_buckets=sz.prefill_wait_buckets,
+        prefill_wait_mean_s=sz.prefill_wait_mean_s,
+        prefill_serving_min=sz.prefill_serving_min,
     )
 
 
@@ -290,6 +292,10 @@ class SizingReadings:
     arrival_counts_growth: tuple[float | None, ...] | None = None
     # per count, the requests the front door shed in its sub-window (None: unknown)
     arrival_counts_shed: tuple[float | None, ...] | None = None
+    # the front pool's mean queue wait over the window, and the fewest of its engines reporting
+    # at the window's scrapes
+    prefill_wait_mean_s: float | None = None
+    prefill_serving_min: float | None = None
 
 
 def sizing_query_list(spec: api.DisaggDeploymentSpec, namespace: str, name: str) -> list[metrics.Query]:
@@ -322,6 +328,8 @@ def sizing_query_list(spec: api.DisaggDeploymentSpec, namespace: str, name: str)
         }
     if sz.burstiness or sz.auto_headroom:
         keep |= {"arrival_counts_horizon", metrics.IN_SYSTEM_SERIES, metrics.SHED_SERIES}
+    if sz.burstiness:
+        keep |= {"prefill_queue_mean", metrics.SERVING_SERIES}
     return [q for q in qs if q.name in keep]
 
 
@@ -384,6 +392,22 @@ def sizing_readings(results: Mapping[str, Any], count_interval_s: float) -> Sizi
             growth = metrics.growth_over_steps(times, in_system, count_interval_s)
         except metrics.MetricError as exc:
             problems.append(str(exc))
+    wait_mean = serving = None
+    raw = ok("prefill_queue_mean")
+    if raw:
+        try:
+            wait_mean = metrics.parse_scalar(raw, "prefill_queue_mean")
+        except metrics.MetricError as exc:
+            if exc.kind != "nan":  # 0 / 0: no request in the window, nothing to read and no fault
+                problems.append(str(exc))
+    raw = ok(metrics.SERVING_SERIES)
+    if raw:
+        try:
+            serving = min(
+                (v for _, v in metrics.parse_series_points(raw, metrics.SERVING_SERIES)), default=None
+            )
+        except metrics.MetricError as exc:
+            problems.append(str(exc))
     shed = None
     raw = ok(metrics.SHED_SERIES) if counts else None
     if raw:  # no series: the front door has shed nothing
@@ -400,6 +424,8 @@ def sizing_readings(results: Mapping[str, Any], count_interval_s: float) -> Sizi
         wait_buckets,
         growth,
         shed,
+        wait_mean,
+        serving,
     )
 
 

@@ -773,6 +773,8 @@ def pod_in_flight_fresh(
 # and of the requests the front door shed per sub-window (sizing_queries)
 IN_SYSTEM_SERIES = "arrival_in_system_horizon"
 SHED_SERIES = "arrival_shed_horizon"
+# the sizing query of the front pool's engines reporting at every scrape of the window (sizing_queries)
+SERVING_SERIES = "prefill_serving_window"
 
 
 def sizing_queries(
@@ -797,6 +799,11 @@ def sizing_queries(
     * ``prefill_queue_histogram`` (kind ``histogram``, engines that export a queue-time
       histogram): the front pool's queue waits over the window, which tell the gain whether
       the prefill queue is what misses;
+    * ``prefill_queue_mean`` (kind ``scalar``, the same engines): the front pool's mean queue
+      wait over the window, the histogram's sum over its count, and
+      ``prefill_serving_window`` (kind ``series``): how many of its engines report at every
+      scrape of the window -- the arrival term read off the queue's waits
+      (`autoscaler.wait_arrival_term`) and the count they were waited at;
     * ``arrival_counts`` (kind ``series``): arrivals per ``sub_window_s`` (a multiple
       of the scrape interval ``scrape_s``, at least two) over the window, each arrival
       counted once (`arrival_counts_promql`) -- the index of dispersion's input;
@@ -869,6 +876,25 @@ def sizing_queries(
                 "histogram",
                 required=False,
                 pool=front,
+            )
+        )
+        q.append(
+            Query(
+                "prefill_queue_mean",
+                f"sum(rate({p.queue_time}_sum{{{fs}}}[{w}])) / sum(rate({p.queue_time}_count{{{fs}}}[{w}]))",
+                "scalar",
+                required=False,
+                pool=front,
+            )
+        )
+        q.append(
+            Query(
+                SERVING_SERIES,
+                f"(count({p.running}{{{fs}}}))[{int(window_s)}s:{int(scrape_s)}s]",
+                "series",
+                required=False,
+                pool=front,
+                series_window=(int(window_s), int(scrape_s), int(scrape_s)),
             )
         )
     counts = arrival_counts_promql(f"{p.prompt_tokens}_count{{{as_}}}", "", int(sub_window_s), int(scrape_s))
@@ -1040,6 +1066,7 @@ _RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "output_tokens_sum_rate": ("sum", ("output_sum",)),
     "ttft_histogram": ("buckets", ("ttft_bucket",)),
     "prefill_queue_histogram": ("buckets", ("queue_bucket",)),
+    "prefill_queue_mean": ("ratio", ("queue_sum", "queue_count")),
     # the front door's counter, per DisaggDeployment (its series carry no pod)
     "shed_rps": ("deployment_sum", (_SHED_ROLE,)),
     "shed_rps_short": ("deployment_sum", (_SHED_ROLE + "_short",)),
@@ -1057,6 +1084,9 @@ _COUNTS_ROLE = "arrival_counts"
 # fleet series "in_system.<span s>.<step s>": waiting + running per pod at every step over the span
 # (sizing_queries' arrival_in_system_horizon: the growth that turns the counts into arrivals)
 _IN_SYSTEM_ROLE = "in_system"
+# fleet series "serving.<span s>.<step s>": 1 per reporting pod at every step over the span
+# (sizing_queries' prefill_serving_window: summed per step, the engines reporting)
+_SERVING_ROLE = "serving"
 FLEET_PREFIX = "fleet."
 
 
@@ -1066,6 +1096,8 @@ def _recipe(q: Query) -> tuple[str, tuple[str, ...]] | None:
         span, step, scrape = q.series_window
         if name == IN_SYSTEM_SERIES:
             return ("series", (f"{_IN_SYSTEM_ROLE}.{span}.{step}",))
+        if name == SERVING_SERIES:
+            return ("series", (f"{_SERVING_ROLE}.{span}.{step}",))
         if name == SHED_SERIES:  # the front door's counter: this object's own series
             return ("deployment_series", (f"{_SHED_COUNTS_ROLE}.{span}.{step}.{scrape}",))
         return ("series", (f"{_COUNTS_ROLE}.{span}.{step}.{scrape}",))
@@ -1109,6 +1141,8 @@ def _fleet_promql(p: Preset, role: str, ns: str, window_s: int, short_window_s: 
         "output_bucket": buckets(p.output_tokens),
         "ttft_bucket": buckets(p.ttft),
         "queue_bucket": buckets(p.queue_time) if p.queue_time else None,
+        "queue_sum": rate(f"{p.queue_time}_sum" if p.queue_time else None),
+        "queue_count": rate(f"{p.queue_time}_count" if p.queue_time else None),
         "itl_sum": rate(f"{p.itl}_sum"),
         "itl_count": rate(f"{p.itl}_count"),
         "media_requests": rate(p.media_requests),
@@ -1139,6 +1173,9 @@ def _fleet_promql(p: Preset, role: str, ns: str, window_s: int, short_window_s: 
     if base == _IN_SYSTEM_ROLE:
         span, step = (int(x) for x in window.split("."))
         return f"({table['waiting']} + {table['running']})[{span}s:{step}s]"
+    if base == _SERVING_ROLE:
+        span, step = (int(x) for x in window.split("."))
+        return f"(count by (namespace, pod) ({p.running}{{{ns}}}))[{span}s:{step}s]"
     return table.get(role)
 
 
@@ -1217,6 +1254,26 @@ def _cumulative(buckets: Sequence[tuple[float, float]]) -> tuple[list[float], li
     if counts[-1] == 0 or math.isnan(counts[-1]):
         return None
     return [le for le, _ in pts], counts
+
+
+def histogram_spread(buckets: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """(standard deviation, total count) of the values of cumulative (upper bound, count) buckets,
+    each bucket's values taken at its midpoint (the first bucket's from 0, the +Inf bucket's at
+    its lower bound); None when they are unreadable. Counts or rates alike, as `count_within`."""
+    cum = _cumulative(buckets)
+    if cum is None:
+        return None
+    bounds, counts = cum
+    lower, below, first, second = 0.0, 0.0, 0.0, 0.0
+    for le, c in zip(bounds, counts, strict=True):
+        x = lower if math.isinf(le) else (lower + le) / 2.0
+        share = c - below
+        first += share * x
+        second += share * x * x
+        lower, below = (lower if math.isinf(le) else le), c
+    total = counts[-1]
+    mean = first / total
+    return math.sqrt(max(0.0, second / total - mean * mean)), total
 
 
 def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float:

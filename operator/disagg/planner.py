@@ -70,6 +70,7 @@ __all__ = [
     "plan",
     "plan_replicas",
     "predict",
+    "prefill_queue",
     "split_threshold_tokens",
 ]
 
@@ -1119,6 +1120,16 @@ def _prefill_queue(st: _Setup) -> tuple[float, float]:
     if st.link_s > st.prefill_s:
         return st.link_s, st.link_cs2
     return st.prefill_s, st.prefill_cs2
+
+
+def prefill_queue(
+    demand: Demand, models: StageModels | None = None, slo: SLO | None = None, chunked: bool = False
+) -> tuple[float, float]:
+    """(seconds, squared coefficient of variation) of one request's service in the disaggregated
+    prefill pool's queue, as the planner's M/G/c sizes it: the compute's, or the KV link's when
+    the link is the slower of the two (`_prefill_queue`); over the size classes when `demand`
+    has them. With `queueing.mgc_mean_wait` it gives the mean wait the planner expects."""
+    return _prefill_queue(_setup(demand, models or _DEFAULT_MODELS, slo or _DEFAULT_SLO, chunked))
 
 
 def _specs(lam: float, st: _Setup, bounds: dict[str, PoolBounds]) -> tuple[_Spec, _Spec, _Spec]:

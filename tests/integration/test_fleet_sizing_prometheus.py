@@ -57,6 +57,8 @@ def exposition(elapsed_s: float) -> str:
             queue = "vllm:request_queue_time_seconds"
             for le, c in (("0.3", 3 * n // 4), ("+Inf", n)):
                 lines.append(f'{queue}_bucket{{{labels},le="{le}"}} {c}')
+            lines.append(f"{queue}_count{{{labels}}} {n}")
+            lines.append(f"{queue}_sum{{{labels}}} {n * 0.1:g}")  # a mean wait of 0.1 s
             # the requests it holds: a queue that grows by one a second and empties every 5 s
             lines.append(f"vllm:num_requests_waiting{{{labels}}} {int(elapsed_s) % 5}")
             lines.append(f"vllm:num_requests_running{{{labels}}} {rps:g}")
@@ -120,6 +122,10 @@ def test_fleet_split_sizing_readings_equal_the_objects_own_in_real_prometheus(pr
         assert [c for _, c in got.prefill_wait_buckets] == pytest.approx(
             [c for _, c in want.prefill_wait_buckets], rel=1e-12
         )
+        # the prefill queue's mean wait and "a"'s two prefill engines at every scrape of the window
+        assert want.prefill_wait_mean_s == pytest.approx(0.1, rel=1e-6)
+        assert got.prefill_wait_mean_s == pytest.approx(want.prefill_wait_mean_s, rel=1e-12)
+        assert want.prefill_serving_min == got.prefill_serving_min == 2.0
         assert got.arrival_counts == pytest.approx(want.arrival_counts, rel=1e-12)
         assert got.count_interval_s == want.count_interval_s
         # the prefill pool's waiting + running at the counts' steps: each count's growth

@@ -294,7 +294,10 @@ class FakePrometheus:
     async def run(self, queries: list[metrics.Query]) -> dict[str, Any]:
         names = [q.name for q in queries]
         if queries and all(
-            q.kind in ("histogram", "series") or q.name.endswith("_sum_rate") for q in queries
+            q.kind in ("histogram", "series")
+            or q.name.endswith("_sum_rate")
+            or q.name == "prefill_queue_mean"
+            for q in queries
         ):
             self.sizing_asked = names  # the loop's optional sizing queries, asked separately
         else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -520,6 +521,15 @@ def test_the_evaluator_fills_sizes_and_counts_from_the_window(monkeypatch) -> No
     assert at.prefill_wait_buckets is not None
     assert [le for le, _ in at.prefill_wait_buckets] == [*metrics.QUEUE_TIME_BUCKETS, float("inf")]
     assert at.prefill_wait_buckets[-1][1] == at.ttft_buckets[-1][1]
+    # their exact mean (the histogram's sum over its count), within what the buckets allow, and
+    # the prefill workers serving at the window's scrapes
+    lower = upper = below = edge = 0.0
+    for le, c in at.prefill_wait_buckets:
+        lower, upper = lower + (c - below) * edge, upper + (c - below) * le
+        below, edge = c, le
+    assert at.prefill_wait_mean_s is not None
+    assert lower / below <= at.prefill_wait_mean_s <= (upper / below if math.isfinite(upper) else math.inf)
+    assert at.prefill_serving_min == at.requested["prefill"]  # a steady pool: all of it, all along
     seen.clear()
     # the front load gain alone (the default): the same sizes and histograms, for it to judge by
     evaluate.run_policy(
@@ -542,6 +552,7 @@ def test_the_evaluator_fills_sizes_and_counts_from_the_window(monkeypatch) -> No
         and o.arrival_counts is None
         and o.ttft_buckets is None
         and o.prefill_wait_buckets is None
+        and o.prefill_wait_mean_s is None
         for o in seen
     )
 

@@ -163,17 +163,21 @@ def test_requests_that_arrive_together_are_served_once_the_gain_is_learnt() -> N
     """Poisson arrivals floored to 3 s (a trace with coarse timestamps): ~18 requests at once.
 
     Rates and counts per sub-window look Poisson, so only the misses tell; with the gain the
-    `disagg` policy ends with more prefill workers and most of the requests it lost on time."""
+    `disagg` policy ends with more prefill workers and most of the requests it lost on time.
+    Burstiness is off in both runs: its reading of the prefill queue's waits serves the same
+    traffic (tests/unit/test_wait_term.py), and the gain is what this test is about."""
     w = poisson(6, 2400, prompt_tokens=(3, 2000), output_tokens=(20, 200), seed=5)
     batched = with_coarse_timestamps(w, 3.0)
-    off = evaluate.run_policy("disagg", batched, replace(SETTINGS, sizing={"frontLoadGain": False}))
-    on = evaluate.run_policy("disagg", batched, SETTINGS)
+    gain_only = replace(SETTINGS, sizing={"burstiness": False})
+    neither = replace(SETTINGS, sizing={"frontLoadGain": False, "burstiness": False})
+    off = evaluate.run_policy("disagg", batched, neither)
+    on = evaluate.run_policy("disagg", batched, gain_only)
     a_off, a_on = off.metrics["slo_attainment"], on.metrics["slo_attainment"]
     assert a_off < 0.7 and a_on > a_off + 0.25
     prefill = [t["replicas"]["prefill"] for t in on.timeline if "replicas" in t]
     assert max(prefill) > max(t["replicas"]["prefill"] for t in off.timeline if "replicas" in t)
-    smooth_off = evaluate.run_policy("disagg", w, replace(SETTINGS, sizing={"frontLoadGain": False}))
-    smooth_on = evaluate.run_policy("disagg", w, SETTINGS)
+    smooth_off = evaluate.run_policy("disagg", w, neither)
+    smooth_on = evaluate.run_policy("disagg", w, gain_only)
     assert (
         smooth_on.metrics["gpu_hours"] == smooth_off.metrics["gpu_hours"]
     )  # the same arrivals spread out: no gain
@@ -371,12 +375,16 @@ def test_in_a_window_of_few_requests_a_miss_below_the_percentile_still_teaches()
 def test_a_stricter_percentile_learns_the_gain_on_light_batched_traffic() -> None:
     """2.5 req/s floored to 3 s: at p99.5 a 60 s window holds fewer than one request beyond the
     percentile. The gain is learnt there as at p99, and the stricter SLO ends with at least the
-    attainment of the looser one (before, the gain never grew at p99.5 and it ended below)."""
+    attainment of the looser one (before, the gain never grew at p99.5 and it ended below).
+    Burstiness off throughout, as in the test above."""
     batched = with_coarse_timestamps(
         poisson(2.5, 2400, prompt_tokens=(3, 2000), output_tokens=(20, 200), seed=5), 3.0
     )
-    strict = evaluate.run_policy("disagg", batched, STRICT)
-    loose = evaluate.run_policy("disagg", batched, SETTINGS)
-    off = evaluate.run_policy("disagg", batched, replace(STRICT, sizing={"frontLoadGain": False}))
+    gain_only = {"burstiness": False}
+    strict = evaluate.run_policy("disagg", batched, replace(STRICT, sizing=gain_only))
+    loose = evaluate.run_policy("disagg", batched, replace(SETTINGS, sizing=gain_only))
+    off = evaluate.run_policy(
+        "disagg", batched, replace(STRICT, sizing={"frontLoadGain": False, "burstiness": False})
+    )
     assert strict.metrics["slo_attainment"] >= loose.metrics["slo_attainment"]
     assert strict.metrics["slo_attainment"] > off.metrics["slo_attainment"] + 0.05

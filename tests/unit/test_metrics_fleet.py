@@ -285,6 +285,58 @@ def test_the_sizing_inputs_are_fleet_series_split_like_the_objects_own():
     assert loop.sizing_readings(got, 30.0).prefill_wait_buckets == ((0.5, 2.0), (math.inf, 4.0))  # prefill's
 
 
+def test_the_prefill_queues_mean_wait_and_serving_count_are_split_like_the_objects_own():
+    """The queue-time histogram's sum over its count, over the object's prefill pods; the prefill
+    engines reporting at every scrape of the window (one series per pod, 1 where it reports),
+    summed per step; the loop takes the fewest."""
+    qs = sizing("a")
+    fleet_q = {q.name: q.promql for q in metrics.fleet_queries("vllm", [NS], 60, 30, metrics.fleet_roles(qs))}
+    assert fleet_q["fleet.serving.60.15"] == (
+        '(count by (namespace, pod) (vllm:num_requests_running{namespace=~"ns"}))[60s:15s]'
+    )
+    assert fleet_q["fleet.queue_sum"].startswith(
+        "sum by (namespace, pod) (rate(vllm:request_queue_time_seconds_sum{"
+    )
+    a_pre, a_dec, b_pre = pods("a", "prefill", 2), pods("a", "decode", 1), pods("b", "prefill", 1)
+    res = {
+        "fleet.queue_sum": [
+            sample(a_pre[0], 0.3),
+            sample(a_pre[1], 0.1),
+            sample(a_dec[0], 9.0),
+            sample(b_pre[0], 9.0),
+        ],
+        "fleet.queue_count": [
+            sample(a_pre[0], 2.0),
+            sample(a_pre[1], 2.0),
+            sample(a_dec[0], 1.0),
+            sample(b_pre[0], 1.0),
+        ],
+        "fleet.serving.60.15": [
+            counts(a_pre[0], {T - 45: 1.0, T - 30: 1.0, T - 15: 1.0, T: 1.0}),
+            counts(a_pre[1], {T - 15: 1.0, T: 1.0}),  # ready since the last two scrapes
+            counts(a_dec[0], {T - 45: 1.0, T - 30: 1.0, T - 15: 1.0, T: 1.0}),  # not the prefill pool
+            counts(b_pre[0], {T - 45: 1.0, T: 1.0}),  # another object
+        ],
+    }
+    got = metrics.fleet_split(res, qs, NS, "a", 0.9)
+    assert float(got["prefill_queue_mean"][0]["value"][1]) == pytest.approx(0.1)  # (0.3 + 0.1) / 4
+    own = {
+        "prefill_queue_mean": [{"metric": {}, "value": [T, "0.1"]}],
+        metrics.SERVING_SERIES: [
+            {"metric": {}, "values": [[T - 45, "1"], [T - 30, "1"], [T - 15, "2"], [T, "2"]]}
+        ],
+    }
+    read, mine = loop.sizing_readings(got, 30.0), loop.sizing_readings(own, 30.0)
+    assert (read.prefill_wait_mean_s, read.prefill_serving_min) == (
+        mine.prefill_wait_mean_s,
+        mine.prefill_serving_min,
+    )
+    assert (read.prefill_wait_mean_s, read.prefill_serving_min) == (pytest.approx(0.1), 1.0)
+    # no request in the window: 0 / 0 is no reading, and no problem either
+    quiet = loop.sizing_readings({"prefill_queue_mean": [{"metric": {}, "value": [T, "NaN"]}]}, 30.0)
+    assert quiet.prefill_wait_mean_s is None and quiet.problems == ()
+
+
 def generated_pod(deployment: str, template_hash: str = "7d9f8c6b5", random: str = "x7k2q") -> str:
     """A pod name as Kubernetes generates it: <deployment>-<hash>- cut to 58 characters, then 5."""
     return f"{deployment}-{template_hash}-"[: metrics.GENERATE_NAME_BASE_MAX] + random

@@ -57,6 +57,8 @@ def test_queries_follow_the_switches() -> None:
         "output_tokens_sum_rate",
         "ttft_histogram",
         "prefill_queue_histogram",
+        "prefill_queue_mean",
+        "prefill_serving_window",
         "arrival_counts_horizon",
         "arrival_in_system_horizon",
         "arrival_shed_horizon",
@@ -66,6 +68,13 @@ def test_queries_follow_the_switches() -> None:
         "sum by (le) (rate(vllm:request_queue_time_seconds_bucket{"
     )
     assert qs["prefill_queue_histogram"].pool == "prefill"
+    # their exact mean, and the front engines reporting at every scrape of the window (burstiness)
+    assert qs["prefill_queue_mean"].promql.startswith("sum(rate(vllm:request_queue_time_seconds_sum{")
+    assert qs["prefill_queue_mean"].pool == qs["prefill_serving_window"].pool == "prefill"
+    assert qs["prefill_serving_window"].promql.startswith("(count(vllm:num_requests_running{")
+    assert qs["prefill_serving_window"].promql.endswith(
+        f"[{SETTINGS.window_s:.0f}s:{SETTINGS.scrape_s:.0f}s]"
+    )
     # the back pool's TTFT buckets over the window, beside the token histograms
     assert qs["ttft_histogram"].promql.startswith(
         "sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{"
@@ -74,6 +83,9 @@ def test_queries_follow_the_switches() -> None:
         replace(SETTINGS, sizing={"requestSizes": True, "burstiness": False, "autoHeadroom": False})
     )
     assert "ttft_histogram" in {q.name for q in loop.sizing_query_list(sizes_only, "ns", "x")}
+    assert not {"prefill_queue_mean", "prefill_serving_window"} & {
+        q.name for q in loop.sizing_query_list(sizes_only, "ns", "x")
+    }
     headroom_only = evaluate.spec_for(
         replace(
             SETTINGS, sizing={"requestSizes": False, "burstiness": False, "autoHeadroom": True, **NO_GAIN}
@@ -317,7 +329,8 @@ def test_by_default_the_loop_reads_the_counts_and_what_the_front_gain_judges_by(
     """Default: automatic headroom on (its counts are read) and the front load gain on (the
     token, TTFT and prefill queue-time histograms: which requests are in reach, and whether
     the prefill queue is what makes them miss), and burstiness on (the same counts' index of
-    dispersion in Allen-Cunneen); request sizes off, so the plan keeps the means."""
+    dispersion in Allen-Cunneen, and the prefill queue's mean wait and serving count for the
+    arrival term its waits show); request sizes off, so the plan keeps the means."""
     spec = evaluate.spec_for(SETTINGS)
     assert sorted(q.name for q in loop.sizing_query_list(spec, "ns", "x")) == [
         "arrival_counts_horizon",
@@ -326,6 +339,8 @@ def test_by_default_the_loop_reads_the_counts_and_what_the_front_gain_judges_by(
         "output_tokens_histogram",
         "output_tokens_sum_rate",
         "prefill_queue_histogram",
+        "prefill_queue_mean",
+        "prefill_serving_window",
         "prompt_tokens_histogram",
         "prompt_tokens_sum_rate",
         "ttft_histogram",
