@@ -13,7 +13,7 @@ simulation of a fixed fleet (no autoscaler), its measured mean prefill wait, the
 at the same arrival rate and service-time moments (the workload's own prompts through the
 stage model), and their ratio.
 
-A reading of the queue's waits (docs/evaluation.md, "Remedies measured, none landed")
+A reading of the queue's waits (docs/evaluation.md, "Remedies measured")
 assumes the formula holds on smooth traffic; a ratio far from 1 at a wait that matters would
 say it does not. No assertion: this prints numbers.
 """
