@@ -1536,8 +1536,8 @@ def _decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
             inputs = replace(inputs, wait_term=term)
             notes.append(
                 f"arrival term {term:.3g} read off the prefill queue's mean wait "
-                f"{1000.0 * (obs.prefill_wait_mean_s or 0.0):.3g} ms at {math.floor(obs.prefill_serving_min or 0)} "
-                f"workers (the counts' dispersion: {inputs.dispersion or 1.0:.3g}): requests arrive together"
+                f"{1000.0 * (obs.prefill_wait_mean_s or 0.0):.3g} ms in two windows in a row (the counts' "
+                f"dispersion: {inputs.dispersion or 1.0:.3g}): requests arrive together within a scrape"
             )
     if observed is not None:
         queued = sum(v for v in obs.queued.values() if v is not None and math.isfinite(v))
