@@ -70,12 +70,21 @@ class FaultPlan:
     read_error: float = 0.1
     read_drop: float = 0.05
     read_stall: float = 0.03
+    # Faults the first requests of a kind get, in order, before any is drawn: an operator that
+    # reads from its watches sends few reads, and at these rates a run could see none of the
+    # rarer faults (a test asserting each kind happened would then depend on the timing).
+    first: dict[str, list[str]] = field(
+        default_factory=lambda: {"read": ["read_drop", "read_stall"], "write": ["write_lost", "write_stall"]}
+    )
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
 
-    def draw(self, options: list[tuple[str, float]]) -> str | None:
+    def draw(self, options: list[tuple[str, float]], kind: str = "") -> str | None:
+        forced = self.first.get(kind)
+        if forced:
+            return forced.pop(0)
         x = self.rng.random()
         for name, p in options:
             if x < p:
@@ -253,7 +262,8 @@ class FaultProxy:
                     ("read_error", plan.read_error),
                     ("read_drop", plan.read_drop),
                     ("read_stall", plan.read_stall),
-                ]
+                ],
+                "read",
             )
         return plan.draw(
             [
@@ -261,7 +271,8 @@ class FaultProxy:
                 ("write_error", plan.write_error),
                 ("write_lost", plan.write_lost),
                 ("write_stall", plan.write_stall),
-            ]
+            ],
+            "write",
         )
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
