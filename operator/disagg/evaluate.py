@@ -1292,7 +1292,12 @@ def run_policy(
     lp.push(s.interval_s, "tick")
     timeline: list[dict[str, Any]] = []
     done_i = 0
-    ttft_window: list[tuple[float, float]] = []  # (done time, ttft) of recent completions
+    # The TTFT and prefill queue-time histograms as the engines fill them: a TTFT when the first
+    # token comes out, a queue wait when the prefill starts (`Cluster.first_token_log`), not when
+    # the request finishes, which for a long output is minutes later.
+    cl.first_token_log, cl.prefill_wait_log = [], []
+    ttft_window: list[tuple[float, float]] = []  # (first-token time, ttft) of recent first tokens
+    wait_window: list[tuple[float, float]] = []  # (start time, queue wait) of recent prefills
     # The engines observe a request's output length when it finishes (the decode pool's
     # generation-tokens histogram), so the output shape a decision sees is that of the requests
     # finished in its window, not of those that arrived in it: after a shift to longer outputs
@@ -1346,14 +1351,16 @@ def run_policy(
             if i < n or cl.next_event_time() != INF:
                 lp.push(t + s.scrape_s, "scrape")
         elif kind == "tick":
-            # completions since the last tick, for the TTFT histogram
+            # completions since the last tick, for the generation-tokens histogram
             while done_i < len(cl.r_done):
-                ttft_window.append((cl.r_done[done_i], cl.r_ttft[done_i], cl.r_pf_wait[done_i]))
                 finished_outputs.append((cl.r_done[done_i], output[cl.r_id[done_i]]))
                 done_i += 1
             ts = t - s.scrape_s  # one scrape interval late
             lo = ts - s.window_s
-            ttft_window = [x for x in ttft_window if x[0] >= lo]
+            ttft_window = [x for x in (*ttft_window, *cl.first_token_log) if x[0] >= lo]
+            wait_window = [x for x in (*wait_window, *cl.prefill_wait_log) if x[0] >= lo]
+            cl.first_token_log.clear()
+            cl.prefill_wait_log.clear()
             finished_outputs = [x for x in finished_outputs if x[0] >= lo]
             cnt, pm, ps, om, os_ = pre.stats(lo, ts)
             in_system = shed_rps = shed_rps_short = None
@@ -1379,6 +1386,7 @@ def run_policy(
             covered = min(s.window_s, max(ts, s.scrape_s))
             media_fraction, items_per_request = pre.media(lo, ts)
             seen = [x for x in ttft_window if x[0] < ts]
+            waits = [x[1] for x in wait_window if x[0] < ts]
             # the engines' TTFT histogram over the window, per second as the operator's rate() reads
             # it (the error budget counts its requests; the queue-time histogram below likewise);
             # its SLO percentile is what the loop reads
@@ -1432,16 +1440,13 @@ def run_policy(
                     # the TTFT and queue-time histograms the operator reads beside the token histograms
                     ttft_buckets=ttft_buckets if sizes is not None else None,
                     prefill_wait_buckets=(
-                        tuple(
-                            (le, c / covered)
-                            for le, c in cumulative_histogram([x[2] for x in seen], QUEUE_TIME_BUCKETS)
-                        )
-                        if sizes is not None and seen
+                        tuple((le, c / covered) for le, c in cumulative_histogram(waits, QUEUE_TIME_BUCKETS))
+                        if sizes is not None and waits
                         else None
                     ),
                     # the queue-time histogram's sum over its count, and the fewest front engines
                     # at the window's scrapes (the operator's min_over_time of their count)
-                    prefill_wait_mean_s=sum(x[2] for x in seen) / len(seen) if seen else None,
+                    prefill_wait_mean_s=sum(waits) / len(waits) if waits else None,
                     prefill_serving_min=min(
                         (float(k) for tk, k in lp.front_samples if lo - 1e-9 <= tk <= ts + 1e-9), default=None
                     ),

@@ -212,6 +212,12 @@ class Cluster:
         self.r_itl_max = array("d")  # largest gap
         self.r_done = array("d")
         self.r_pf_wait = array("d")  # seconds the prefill waited in a worker's queue
+        # Set to a list to have (time, seconds) appended when the engines would observe them: each
+        # first token's TTFT at that token (vLLM's and SGLang's TTFT histograms are observed then,
+        # not when the request finishes) and each prefill's queue wait when it starts. A request
+        # in a long decode has had its TTFT observed minutes before it shows among the completed.
+        self.first_token_log: list[tuple[float, float]] | None = None
+        self.prefill_wait_log: list[tuple[float, float]] | None = None
         if config.placement == "colocated":
             n_pf, n_dec, n_col = 0, 0, config.colocated_workers()
         else:

@@ -137,6 +137,9 @@ class FcfsWorker(Component):
         self.stage.start(now, now - job.t_stage)
         if self.role == PREFILL:
             job.pf_wait = now - job.t_stage
+            log = self.host.prefill_wait_log
+            if log is not None:
+                log.append((now, job.pf_wait))
         self.cur = job
         self.t_start = now
         svc, marks = self.host.prefill_plan(self, job)
@@ -687,6 +690,9 @@ class ServeWorker(Component):
             self._kv_take(j)
             self.pf_stage.start(now, now - j.t_stage)
             j.pf_wait = now - j.t_stage
+            log = host.prefill_wait_log
+            if log is not None:
+                log.append((now, j.pf_wait))
             svc, marks = host.prefill_plan(self, j)
             self.pf_job = j
             self.pf_t0 = now
@@ -732,8 +738,11 @@ class ServeWorker(Component):
     def _first_tokens(self, t: float) -> None:
         fresh = self.fresh
         if fresh and self.batch:
+            log = self.host.first_token_log
             for j in fresh:
                 j.t_first = t
+                if log is not None:
+                    log.append((t, t - j.arrival))
             fresh.clear()
 
     def drop_all(self, now: float) -> list[Job]:

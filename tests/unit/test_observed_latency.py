@@ -1,0 +1,88 @@
+"""TTFT and prefill queue waits reach a decision when the engines observe them.
+
+vLLM and SGLang observe a request's time to first token when that token comes out and a
+prefill's queue wait when it leaves the queue, not when the request finishes. `disagg
+evaluate` shows a decision the same histograms (`Cluster.first_token_log`,
+`Cluster.prefill_wait_log`), so a burst that makes requests miss TTFT is seen within a
+scrape or two even while those requests go on decoding for minutes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from disagg import evaluate as ev
+from disagg.model import StageModels
+from disagg.sim.core import Job
+from disagg.sim.engine import Cluster, SimConfig
+from disagg.workload import Workload, piecewise_poisson
+
+STARTUP = ev.with_startup(ev.EvalSettings(), 60.0)
+OUTPUT_TOKENS = 4000  # ~180 s of decode at the models' 45 ms step: nothing finishes for minutes
+
+
+def _seen_by_the_decision(w: Workload) -> dict[int, ev.Obs]:
+    """The observation of every decision of the `disagg` policy while `w` is replayed, by time."""
+    seen: dict[int, ev.Obs] = {}
+
+    class Recording(ev.DisaggPolicy):
+        def decide(self, o: ev.Obs) -> tuple[dict[str, int], str]:
+            seen[round(o.now)] = o
+            return super().decide(o)
+
+    ev.run_policy("disagg", w, STARTUP, make=lambda s, w_, pre: Recording(s, w_, pre))
+    return seen
+
+
+def _burst_of_long_requests() -> Workload:
+    """1 req/s, then 20 req/s for 15 s from 60 s, then 1 req/s: 4,000-token prompts and outputs."""
+    rng = np.random.default_rng(3)
+    t = piecewise_poisson([(60.0, 1.0), (15.0, 20.0), (225.0, 1.0)], rng)
+    return Workload(t, np.full(t.size, 4000), np.full(t.size, OUTPUT_TOKENS), name="burst")
+
+
+def test_a_burst_s_missed_ttft_shows_before_any_of_its_requests_finish() -> None:
+    w = _burst_of_long_requests()
+    seen = _seen_by_the_decision(w)
+    target = STARTUP.slo.ttft_s
+    # at 120 s (the window [45, 105) s, one scrape late) no request has finished
+    first_done = float(w.arrival_s[0]) + OUTPUT_TOKENS * StageModels().decode.step_ms(1) / 1000.0
+    assert first_done > 120.0
+    o = seen[120]
+    assert o.output_finished_rps == 0.0
+    # ... but the burst's first tokens have come out, late: the decision sees the misses
+    assert o.ttft_p is not None and o.ttft_p > target
+    # the quiet opening's first tokens were on time, and seen as such
+    assert seen[60].ttft_p is not None and seen[60].ttft_p < target
+    # the prefill queue the burst built is in the window's waits, long before it finishes
+    assert o.prefill_wait_mean_s is not None and o.prefill_wait_mean_s > 0.2
+    assert seen[60].prefill_wait_mean_s is not None and seen[60].prefill_wait_mean_s < 0.1
+
+
+def test_the_simulator_logs_first_tokens_and_prefill_starts_when_asked() -> None:
+    """Each request's TTFT at its first token's time and its queue wait at its prefill's start:
+    the same values the completed requests report, stamped earlier."""
+    w = _burst_of_long_requests()
+    cl = Cluster(StageModels(), SimConfig(prefill=1, decode=4))
+    assert cl.first_token_log is None and cl.prefill_wait_log is None  # off unless asked for
+    cl.first_token_log, cl.prefill_wait_log = [], []
+    for i in range(len(w)):
+        t = float(w.arrival_s[i])
+        cl.advance(t)
+        cl.submit(Job(i, t, int(w.prompt_tokens[i]), int(w.output_tokens[i])), t)
+    while (t := cl.next_event_time()) != float("inf"):
+        cl.advance(t)
+    by_id = np.argsort(np.frombuffer(cl.r_id, dtype=np.int64))
+    ttft = np.frombuffer(cl.r_ttft)[by_id]
+    arrival = np.frombuffer(cl.r_arrival)[by_id]
+    logged_t, logged_ttft = np.array(cl.first_token_log).T
+    order = np.argsort(logged_t - logged_ttft)  # by arrival
+    assert len(cl.first_token_log) == len(w) == len(cl.prefill_wait_log)
+    assert logged_ttft[order] == pytest.approx(ttft)
+    assert (logged_t[order] - logged_ttft[order]) == pytest.approx(arrival)
+    # every first token comes out before its request finishes (by the whole decode)
+    done = np.frombuffer(cl.r_done)[by_id]
+    assert np.all(logged_t[order] < done - 60.0)
+    waits = sorted(x[1] for x in cl.prefill_wait_log)
+    assert waits == pytest.approx(sorted(np.frombuffer(cl.r_pf_wait)))
