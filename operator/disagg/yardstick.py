@@ -316,7 +316,7 @@ def _clone(cl: Cluster, tracker: _Tracker) -> tuple[Cluster, _Tracker]:
     model memo tables are not copied (fresh records, shared tables).
     """
     memo: dict[int, Any] = {}
-    for name in ("r_id", "r_arrival", "r_ttft", "r_itl", "r_done", "r_pf_wait"):
+    for name in ("r_id", "r_arrival", "r_ttft", "r_itl", "r_done"):
         a = getattr(cl, name)
         memo[id(a)] = array(a.typecode)
     for name in ("models", "_pf", "_marks", "_wire", "_bytes", "_enc", "step_s"):

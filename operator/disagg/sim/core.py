@@ -68,7 +68,6 @@ class Job:
         "output",
         "path",
         "pending",
-        "pf_wait",
         "prompt",
         "pw",
         "reprefills",
@@ -120,8 +119,6 @@ class Job:
         self.t_first = INF
         self.gaps = None  # [(gap s, count)] of a finished job, until the host reads them
         self.itl = INF  # the ITL statistic of the finished job (seconds), INF until done
-        # seconds its (last) prefill waited in a worker's queue: the engines' queue-time histogram
-        self.pf_wait = 0.0
 
 
 class StageStats:

@@ -211,7 +211,6 @@ class Cluster:
         self.r_itl_p99 = array("d")  # nearest-rank 99th percentile gap
         self.r_itl_max = array("d")  # largest gap
         self.r_done = array("d")
-        self.r_pf_wait = array("d")  # seconds the prefill waited in a worker's queue
         # Set to a list to have (time, seconds) appended when the engines would observe them: each
         # first token's TTFT at that token (vLLM's and SGLang's TTFT histograms are observed then,
         # not when the request finishes) and each prefill's queue wait when it starts. A request
@@ -694,7 +693,6 @@ class Cluster:
         self.r_itl_p99.append(p99)
         self.r_itl_max.append(mx)
         self.r_done.append(now)
-        self.r_pf_wait.append(job.pf_wait)
         if ttft <= self.ttft_target_s(job.prompt) and itl <= self.itl_s:
             self.good += 1
         self._out.append(job)

@@ -136,10 +136,9 @@ class FcfsWorker(Component):
         self.load_s -= est
         self.stage.start(now, now - job.t_stage)
         if self.role == PREFILL:
-            job.pf_wait = now - job.t_stage
             log = self.host.prefill_wait_log
             if log is not None:
-                log.append((now, job.pf_wait))
+                log.append((now, now - job.t_stage))
         self.cur = job
         self.t_start = now
         svc, marks = self.host.prefill_plan(self, job)
@@ -689,10 +688,9 @@ class ServeWorker(Component):
             j = self.pq.popleft()
             self._kv_take(j)
             self.pf_stage.start(now, now - j.t_stage)
-            j.pf_wait = now - j.t_stage
             log = host.prefill_wait_log
             if log is not None:
-                log.append((now, j.pf_wait))
+                log.append((now, now - j.t_stage))
             svc, marks = host.prefill_plan(self, j)
             self.pf_job = j
             self.pf_t0 = now
