@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 from disagg import evaluate as ev
+from disagg.emulator.driver import WallClockDriver
+from disagg.emulator.fleet import DeploymentEmulator, Fleet
 from disagg.model import StageModels
 from disagg.sim.core import Job
 from disagg.sim.engine import Cluster, SimConfig
-from disagg.workload import Workload, piecewise_poisson
+from disagg.workload import Request, Workload, piecewise_poisson
 
 STARTUP = ev.with_startup(ev.EvalSettings(), 60.0)
 OUTPUT_TOKENS = 4000  # ~180 s of decode at the models' 45 ms step: nothing finishes for minutes
@@ -88,3 +90,63 @@ def test_the_simulator_logs_first_tokens_and_prefill_starts_when_asked() -> None
     waits = sorted(x[1] for x in cl.prefill_wait_log)
     assert waits == pytest.approx(sorted(np.frombuffer(cl.stages["prefill"].waits)))
     assert max(waits) > 1.0  # the burst queued: the comparison is not of zeros
+
+
+class _FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class _ListLoad:
+    def __init__(self, reqs: list[Request]) -> None:
+        self.reqs = reqs
+        self.i = 0
+
+    def next_arrival(self) -> float:
+        return self.reqs[self.i].arrival_s if self.i < len(self.reqs) else float("inf")
+
+    def pop(self) -> Request:
+        self.i += 1
+        return self.reqs[self.i - 1]
+
+
+def test_the_evaluation_sees_what_the_emulated_engines_export() -> None:
+    """The same requests through the emulator (what the operator's Prometheus scrapes) and
+    through the simulator the evaluation replays on: twenty 6,000-token prompts 0.1 s apart on
+    one prefill worker queue, then decode 2,000 tokens each (90 s). Ten seconds in, every first
+    token is out and no request has finished; the TTFTs and queue waits the evaluation logged by
+    then are the ones the emulated engines' histograms hold."""
+    reqs = [Request(0.1 * (i + 1), 6000, 2000) for i in range(20)]
+    fleet = Fleet()
+    dep = DeploymentEmulator("ns", "dep", StageModels(), placement="disaggregated")
+    fleet.add_deployment(dep, 0.0)
+    pods = [
+        fleet.add_pod(dep, pool, f"{pool}-{i}", f"uid-{pool}-{i}", 0.0)
+        for pool, i in (("prefill", 0), ("decode", 0), ("decode", 1))
+    ]
+    clock = _FakeClock()
+    driver = WallClockDriver(fleet, _ListLoad(reqs), clock=clock)
+    while driver.now() < 10.0:
+        clock.t += 0.01
+        driver.step(driver.now())
+    fleet.flush(driver.now())
+    exported_ttft = [p.stats.ttft for p in pods]
+    exported_wait = pods[0].stats.queue
+
+    cl = Cluster(StageModels(), SimConfig(prefill=1, decode=2))
+    cl.first_token_log, cl.prefill_wait_log = [], []
+    for i, r in enumerate(reqs):
+        cl.advance(r.arrival_s)
+        cl.submit(Job(i, r.arrival_s, r.prompt_tokens, r.output_tokens), r.arrival_s)
+    cl.advance(10.0)
+    assert cl.completed == 0 and sum(p.stats.success for p in pods) == 0
+    logged_ttft = [v for t, v in cl.first_token_log if t <= 10.0]
+    logged_wait = [v for t, v in cl.prefill_wait_log if t <= 10.0]
+    assert len(logged_ttft) == sum(h.count for h in exported_ttft) == 20
+    assert sum(logged_ttft) == pytest.approx(sum(h.sum for h in exported_ttft), rel=1e-3)
+    assert len(logged_wait) == exported_wait.count == 20
+    assert sum(logged_wait) == pytest.approx(exported_wait.sum, rel=1e-3)
+    assert max(logged_wait) == pytest.approx(19 * (0.230 - 0.1))  # 230 ms prefills 0.1 s apart
