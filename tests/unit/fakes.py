@@ -4,6 +4,7 @@
 create, patch, delete, event) on plain dicts, with label selectors, JSON merge patches,
 strategic merge of pod conditions, resourceVersion checks and NotFound/Conflict.
 `FakePrometheus` answers `disagg.metrics.Query` lists by query name from a table of values.
+`FakeClock` and `ListLoad` drive the emulator's `WallClockDriver` without waiting on a clock.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from disagg import api, metrics, names
 from disagg.cache import KINDS as cache_kinds
 from disagg.cache import WatchCache
 from disagg.kube import Conflict, NotFound
+from disagg.workload import Request
 
 
 def iso(t: float) -> str:
@@ -381,3 +383,28 @@ def resync(kube: FakeKube, cache: WatchCache) -> None:
     for (kind, _, _), obj in kube.objects.items():
         if kind in cache_kinds:
             cache.observe(kind, "MODIFIED", copy.deepcopy(obj))
+
+
+class FakeClock:
+    """A wall clock the test advances by hand (`t` seconds)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class ListLoad:
+    """A fixed list of requests for the emulator's driver (arrival times in emulated seconds)."""
+
+    def __init__(self, reqs: list[Request]) -> None:
+        self.reqs = sorted(reqs, key=lambda r: r.arrival_s)
+        self.i = 0
+
+    def next_arrival(self) -> float:
+        return self.reqs[self.i].arrival_s if self.i < len(self.reqs) else float("inf")
+
+    def pop(self) -> Request:
+        self.i += 1
+        return self.reqs[self.i - 1]

@@ -13,6 +13,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+from fakes import FakeClock, ListLoad
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -25,29 +26,6 @@ from disagg.model import StageModels
 from disagg.workload import Request
 
 INF = math.inf
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class ListLoad:
-    """A fixed list of requests (arrival times in emulated seconds)."""
-
-    def __init__(self, reqs: list[Request]) -> None:
-        self.reqs = sorted(reqs, key=lambda r: r.arrival_s)
-        self.i = 0
-
-    def next_arrival(self) -> float:
-        return self.reqs[self.i].arrival_s if self.i < len(self.reqs) else INF
-
-    def pop(self) -> Request:
-        self.i += 1
-        return self.reqs[self.i - 1]
 
 
 def fleet_with(prefill: int = 1, decode: int = 2, colocated: int = 0, engine: str = "vllm"):

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from fakes import FakeClock, ListLoad
 
 from disagg import api
 from disagg import worked_example as we
@@ -144,25 +145,6 @@ def test_simulated_decode_worker_admits_fcfs_while_the_kv_fits():
 # ---------------------------------------------------------------------------- emulator
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class _Load:
-    def __init__(self, reqs: list[Request]) -> None:
-        self.reqs = list(reqs)
-
-    def next_arrival(self) -> float:
-        return self.reqs[0].arrival_s if self.reqs else float("inf")
-
-    def pop(self) -> Request:
-        return self.reqs.pop(0)
-
-
 def test_emulated_decode_pod_reports_reserved_kv_and_queues_what_does_not_fit():
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
@@ -176,8 +158,8 @@ def test_emulated_decode_pod_reports_reserved_kv_and_queues_what_does_not_fit():
     for i in range(3):
         fleet.add_pod(dep, "prefill", f"prefill-{i}", f"up{i}", 0.0)
     dec = fleet.add_pod(dep, "decode", "decode-0", "ud", 0.0)
-    clock = _Clock()
-    driver = WallClockDriver(fleet, _Load([Request(0.01, 1_000, 100) for _ in range(3)]), clock=clock)
+    clock = FakeClock()
+    driver = WallClockDriver(fleet, ListLoad([Request(0.01, 1_000, 100) for _ in range(3)]), clock=clock)
     while driver.now() < 1.0:  # prefilled (55 ms) and transferred; two decode, one waits
         clock.t += 0.01
         driver.step(driver.now())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fakes import FakeClock, ListLoad
 
 from disagg import evaluate as ev
 from disagg.emulator.driver import WallClockDriver
@@ -92,27 +93,6 @@ def test_the_simulator_logs_first_tokens_and_prefill_starts_when_asked() -> None
     assert max(waits) > 1.0  # the burst queued: the comparison is not of zeros
 
 
-class _FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class _ListLoad:
-    def __init__(self, reqs: list[Request]) -> None:
-        self.reqs = reqs
-        self.i = 0
-
-    def next_arrival(self) -> float:
-        return self.reqs[self.i].arrival_s if self.i < len(self.reqs) else float("inf")
-
-    def pop(self) -> Request:
-        self.i += 1
-        return self.reqs[self.i - 1]
-
-
 def test_the_evaluation_sees_what_the_emulated_engines_export() -> None:
     """The same requests through the emulator (what the operator's Prometheus scrapes) and
     through the simulator the evaluation replays on: twenty 6,000-token prompts 0.1 s apart on
@@ -127,8 +107,8 @@ def test_the_evaluation_sees_what_the_emulated_engines_export() -> None:
         fleet.add_pod(dep, pool, f"{pool}-{i}", f"uid-{pool}-{i}", 0.0)
         for pool, i in (("prefill", 0), ("decode", 0), ("decode", 1))
     ]
-    clock = _FakeClock()
-    driver = WallClockDriver(fleet, _ListLoad(reqs), clock=clock)
+    clock = FakeClock()
+    driver = WallClockDriver(fleet, ListLoad(reqs), clock=clock)
     while driver.now() < 10.0:
         clock.t += 0.01
         driver.step(driver.now())
