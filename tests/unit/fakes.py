@@ -4,7 +4,8 @@
 create, patch, delete, event) on plain dicts, with label selectors, JSON merge patches,
 strategic merge of pod conditions, resourceVersion checks and NotFound/Conflict.
 `FakePrometheus` answers `disagg.metrics.Query` lists by query name from a table of values.
-`FakeClock` and `ListLoad` drive the emulator's `WallClockDriver` without waiting on a clock.
+`FakeClock`, `ListLoad` and `run_fake` drive the emulator's `WallClockDriver` without waiting
+on a clock; `decisions_seen` records what the `disagg` policy decides on in `disagg evaluate`.
 """
 
 from __future__ import annotations
@@ -408,3 +409,26 @@ class ListLoad:
     def pop(self) -> Request:
         self.i += 1
         return self.reqs[self.i - 1]
+
+
+def run_fake(driver: Any, clock: FakeClock, until: float, dt: float = 0.01) -> None:
+    """Drive with a fake clock in steps of dt (what the asyncio loop does, without sleeping)."""
+    while driver.now() < until:
+        clock.t += dt
+        driver.step(driver.now())
+    driver.fleet.flush(driver.now())  # what a scrape does first
+
+
+def decisions_seen(w: Any, settings: Any) -> list[Any]:
+    """Every observation (`evaluate.Obs`) the `disagg` policy decides on while `w` is replayed."""
+    from disagg import evaluate as ev
+
+    seen: list[ev.Obs] = []
+
+    class Recording(ev.DisaggPolicy):
+        def decide(self, o: ev.Obs) -> tuple[dict[str, int], str]:
+            seen.append(o)
+            return super().decide(o)
+
+    ev.run_policy("disagg", w, settings, make=lambda s, w_, pre: Recording(s, w_, pre))
+    return seen

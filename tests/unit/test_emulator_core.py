@@ -13,7 +13,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from fakes import FakeClock, ListLoad
+from fakes import FakeClock, ListLoad, run_fake
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -39,14 +39,6 @@ def fleet_with(prefill: int = 1, decode: int = 2, colocated: int = 0, engine: st
         for i in range(n):
             pods[f"{pool}-{i}"] = fleet.add_pod(dep, pool, f"{pool}-{i}", f"uid-{pool}-{i}", 0.0)
     return fleet, dep, pods
-
-
-def run_fake(driver: WallClockDriver, clock: FakeClock, until: float, dt: float = 0.01) -> None:
-    """Drive with a fake clock in steps of dt (what the asyncio loop does, without sleeping)."""
-    while driver.now() < until:
-        clock.t += dt
-        driver.step(driver.now())
-    driver.fleet.flush(driver.now())  # what a scrape does first
 
 
 def scrape(fleet: Fleet, now: float) -> dict[tuple[str, tuple], float]:

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from fakes import FakeClock, ListLoad
+from fakes import FakeClock, ListLoad, run_fake
 
 from disagg import api
 from disagg import worked_example as we
@@ -160,9 +160,7 @@ def test_emulated_decode_pod_reports_reserved_kv_and_queues_what_does_not_fit():
     dec = fleet.add_pod(dep, "decode", "decode-0", "ud", 0.0)
     clock = FakeClock()
     driver = WallClockDriver(fleet, ListLoad([Request(0.01, 1_000, 100) for _ in range(3)]), clock=clock)
-    while driver.now() < 1.0:  # prefilled (55 ms) and transferred; two decode, one waits
-        clock.t += 0.01
-        driver.step(driver.now())
+    run_fake(driver, clock, 1.0)  # prefilled (55 ms) and transferred; two decode, one waits
     now = driver.now()
     reg = build_registry(fleet, lambda: fleet.flush(now))
     got = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import FakeClock, ListLoad
+from fakes import FakeClock, ListLoad, decisions_seen, run_fake
 
 from disagg import evaluate as ev
 from disagg.emulator.driver import WallClockDriver
@@ -25,17 +25,17 @@ STARTUP = ev.with_startup(ev.EvalSettings(), 60.0)
 OUTPUT_TOKENS = 4000  # ~180 s of decode at the models' 45 ms step: nothing finishes for minutes
 
 
-def _seen_by_the_decision(w: Workload) -> dict[int, ev.Obs]:
-    """The observation of every decision of the `disagg` policy while `w` is replayed, by time."""
-    seen: dict[int, ev.Obs] = {}
-
-    class Recording(ev.DisaggPolicy):
-        def decide(self, o: ev.Obs) -> tuple[dict[str, int], str]:
-            seen[round(o.now)] = o
-            return super().decide(o)
-
-    ev.run_policy("disagg", w, STARTUP, make=lambda s, w_, pre: Recording(s, w_, pre))
-    return seen
+def _logging_cluster(reqs: list[Request], until: float, prefill: int, decode: int) -> Cluster:
+    """The simulator the evaluation replays on, asked for its logs, run on `reqs` to `until`."""
+    cl = Cluster(StageModels(), SimConfig(prefill=prefill, decode=decode))
+    assert cl.first_token_log is None and cl.prefill_wait_log is None  # off unless asked for
+    cl.first_token_log, cl.prefill_wait_log = [], []
+    for i, r in enumerate(reqs):
+        cl.advance(r.arrival_s)
+        cl.submit(Job(i, r.arrival_s, r.prompt_tokens, r.output_tokens), r.arrival_s)
+    while (t := cl.next_event_time()) < float("inf") and t <= until:
+        cl.advance(t)
+    return cl
 
 
 def _burst_of_long_requests() -> Workload:
@@ -47,7 +47,7 @@ def _burst_of_long_requests() -> Workload:
 
 def test_a_burst_s_missed_ttft_shows_before_any_of_its_requests_finish() -> None:
     w = _burst_of_long_requests()
-    seen = _seen_by_the_decision(w)
+    seen = {round(o.now): o for o in decisions_seen(w, STARTUP)}
     target = STARTUP.slo.ttft_s
     # at 120 s (the window [45, 105) s, one scrape late) no request has finished
     first_done = float(w.arrival_s[0]) + OUTPUT_TOKENS * StageModels().decode.step_ms(1) / 1000.0
@@ -67,15 +67,7 @@ def test_the_simulator_logs_first_tokens_and_prefill_starts_when_asked() -> None
     """Each request's TTFT at its first token's time and its queue wait at its prefill's start:
     the same values the completed requests report, stamped earlier."""
     w = _burst_of_long_requests()
-    cl = Cluster(StageModels(), SimConfig(prefill=1, decode=4))
-    assert cl.first_token_log is None and cl.prefill_wait_log is None  # off unless asked for
-    cl.first_token_log, cl.prefill_wait_log = [], []
-    for i in range(len(w)):
-        t = float(w.arrival_s[i])
-        cl.advance(t)
-        cl.submit(Job(i, t, int(w.prompt_tokens[i]), int(w.output_tokens[i])), t)
-    while (t := cl.next_event_time()) != float("inf"):
-        cl.advance(t)
+    cl = _logging_cluster(list(w), float("inf"), prefill=1, decode=4)
     by_id = np.argsort(np.frombuffer(cl.r_id, dtype=np.int64))
     ttft = np.frombuffer(cl.r_ttft)[by_id]
     arrival = np.frombuffer(cl.r_arrival)[by_id]
@@ -108,20 +100,11 @@ def test_the_evaluation_sees_what_the_emulated_engines_export() -> None:
         for pool, i in (("prefill", 0), ("decode", 0), ("decode", 1))
     ]
     clock = FakeClock()
-    driver = WallClockDriver(fleet, ListLoad(reqs), clock=clock)
-    while driver.now() < 10.0:
-        clock.t += 0.01
-        driver.step(driver.now())
-    fleet.flush(driver.now())
+    run_fake(WallClockDriver(fleet, ListLoad(reqs), clock=clock), clock, 10.0)
     exported_ttft = [p.stats.ttft for p in pods]
     exported_wait = pods[0].stats.queue
 
-    cl = Cluster(StageModels(), SimConfig(prefill=1, decode=2))
-    cl.first_token_log, cl.prefill_wait_log = [], []
-    for i, r in enumerate(reqs):
-        cl.advance(r.arrival_s)
-        cl.submit(Job(i, r.arrival_s, r.prompt_tokens, r.output_tokens), r.arrival_s)
-    cl.advance(10.0)
+    cl = _logging_cluster(reqs, 10.0, prefill=1, decode=2)
     assert cl.completed == 0 and sum(p.stats.success for p in pods) == 0
     logged_ttft = [v for t, v in cl.first_token_log if t <= 10.0]
     logged_wait = [v for t, v in cl.prefill_wait_log if t <= 10.0]

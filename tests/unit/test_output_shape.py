@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+from fakes import decisions_seen
 
 from disagg import autoscaler
 from disagg import evaluate as ev
@@ -21,19 +22,6 @@ from disagg.workload import Workload, piecewise_poisson
 STARTUP = ev.with_startup(ev.EvalSettings(), 60.0)
 
 
-def _seen_by_the_decision(w: Workload) -> list[ev.Obs]:
-    """Every observation the `disagg` policy decides on while `w` is replayed."""
-    seen: list[ev.Obs] = []
-
-    class Recording(ev.DisaggPolicy):
-        def decide(self, o: ev.Obs) -> tuple[dict[str, int], str]:
-            seen.append(o)
-            return super().decide(o)
-
-    ev.run_policy("disagg", w, STARTUP, make=lambda s, w_, pre: Recording(s, w_, pre))
-    return seen
-
-
 def test_a_shift_to_long_outputs_shows_when_those_requests_finish() -> None:
     """2 req/s with 20-token outputs, then 1,500-token outputs from 300 s: the long requests
     take a minute or more to decode, so the first windows after the shift still show short
@@ -41,7 +29,7 @@ def test_a_shift_to_long_outputs_shows_when_those_requests_finish() -> None:
     rng = np.random.default_rng(5)
     t = piecewise_poisson([(300.0, 2.0), (300.0, 2.0)], rng)
     w = Workload(t, np.full(t.size, 500), np.where(t < 300.0, 20, 1500), name="output-shift")
-    seen = {round(o.now): o for o in _seen_by_the_decision(w)}
+    seen = {round(o.now): o for o in decisions_seen(w, STARTUP)}
     before, just_after, later = seen[270], seen[330], seen[480]
     assert before.output_mean == pytest.approx(20.0)
     assert before.output_finished_rps == pytest.approx(2.0, rel=0.3)  # what the window counted
