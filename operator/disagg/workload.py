@@ -400,6 +400,43 @@ def spikes(
     return burst(base_rate, spike_rate, every_s, duration_s, duty=spike_s / every_s, **kwargs)
 
 
+def random_bursts(
+    low_rate: float,
+    high_rate: float,
+    mean_low_s: float,
+    mean_high_s: float,
+    duration_s: float,
+    *,
+    prompt_tokens: TokenSpec = 1000,
+    output_tokens: TokenSpec = 200,
+    media_fraction: float = 0.0,
+    media_items: int = 1,
+    seed: int | None = 0,
+) -> Workload:
+    """On/off traffic at random times: a two-state Markov-modulated Poisson source.
+
+    Poisson at `low_rate` for an exponential time of mean `mean_low_s`, then at
+    `high_rate` for one of mean `mean_high_s`, and so on, starting low. Unlike
+    `burst`'s square wave, no burst can be foreseen from the last one: the
+    classic model of traffic that switches between levels (Heffes and Lucantoni).
+    """
+    if not (low_rate >= 0 and high_rate >= 0 and math.isfinite(low_rate) and math.isfinite(high_rate)):
+        raise ValueError(f"rates must be finite and >= 0, got {low_rate!r} and {high_rate!r}")
+    if not (mean_low_s > 0 and mean_high_s > 0 and duration_s > 0):
+        raise ValueError("mean_low_s, mean_high_s and duration_s must be > 0")
+    rng = np.random.default_rng(seed)
+    segments: list[tuple[float, float]] = []
+    t, high = 0.0, False
+    while t < duration_s:
+        length = min(float(rng.exponential(mean_high_s if high else mean_low_s)), duration_s - t)
+        segments.append((length, high_rate if high else low_rate))
+        t += length
+        high = not high
+    arrivals = piecewise_poisson(segments, rng)
+    name = f"random_bursts({low_rate:g}/{high_rate:g}, {mean_low_s:g}s/{mean_high_s:g}s)"
+    return _build(arrivals, rng, prompt_tokens, output_tokens, media_fraction, media_items, name)
+
+
 def mix(
     rate: float,
     duration_s: float | None = None,

@@ -15,6 +15,7 @@ from disagg.workload import (
     load_trace,
     mix,
     poisson,
+    random_bursts,
     spikes,
 )
 
@@ -201,3 +202,42 @@ def test_busiest_rate_is_the_most_requests_in_any_window() -> None:
     assert Workload([], [], []).busiest_rate(60.0) == 0.0
     with pytest.raises(ValueError, match="window_s"):
         w.busiest_rate(0.0)
+
+
+def _levels(w: Workload, step_s: float, split: float) -> np.ndarray:
+    """Whether each step_s-long window of w is in the high state (count above `split` req/s)."""
+    counts, _ = np.histogram(w.arrival_s, bins=np.arange(0.0, w.duration_s, step_s))
+    return counts > split * step_s
+
+
+def test_random_bursts_spend_the_expected_share_of_time_high_and_switch_at_random():
+    w = random_bursts(1.0, 20.0, 120.0, 60.0, 40_000.0, seed=3)
+    assert np.all(np.diff(w.arrival_s) >= 0) and w.arrival_s[0] >= 0 and w.arrival_s[-1] < 40_000.0
+    # a third of the time at 20 req/s, two thirds at 1: 7.33 req/s on average
+    assert w.mean_rate == pytest.approx((1.0 * 120.0 + 20.0 * 60.0) / 180.0, rel=0.1)
+    high = _levels(w, 10.0, 10.5)
+    assert high.mean() == pytest.approx(1 / 3, abs=0.05)
+    # bursts begin at random: the gaps between their starts vary like sums of exponentials
+    # (coefficient of variation ~0.75 here), where a square wave's do not vary at all
+    starts = np.flatnonzero(high[1:] & ~high[:-1]) * 10.0
+    gaps = np.diff(starts)
+    assert gaps.size > 100
+    assert gaps.std() / gaps.mean() > 0.5
+    square = burst(1.0, 20.0, 180.0, 40_000.0, duty=1 / 3, seed=3)
+    sq_high = _levels(square, 10.0, 10.5)
+    sq_gaps = np.diff(np.flatnonzero(sq_high[1:] & ~sq_high[:-1]))
+    assert sq_gaps.std() / sq_gaps.mean() < 0.1
+
+
+def test_random_bursts_are_seeded_and_refuse_impossible_shapes():
+    a = random_bursts(2.0, 10.0, 240.0, 90.0, 3600.0, seed=1)
+    b = random_bursts(2.0, 10.0, 240.0, 90.0, 3600.0, seed=1)
+    assert np.array_equal(a.arrival_s, b.arrival_s) and np.array_equal(a.prompt_tokens, b.prompt_tokens)
+    assert not np.array_equal(a.arrival_s, random_bursts(2.0, 10.0, 240.0, 90.0, 3600.0, seed=2).arrival_s)
+    for bad in (
+        (-1.0, 10.0, 240.0, 90.0, 3600.0),
+        (2.0, 10.0, 0.0, 90.0, 3600.0),
+        (2.0, math.inf, 1.0, 1.0, 60.0),
+    ):
+        with pytest.raises(ValueError):
+            random_bursts(*bad)
