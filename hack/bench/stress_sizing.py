@@ -8,9 +8,9 @@ Replays synthetic workloads none of the constants were tuned on -- smooth Poisso
 each input costs), on/off bursts, heavy-tailed prompt lengths, a sudden shift from short
 to long prompts, arrivals in batches, spikes shorter than a start-up; added after the
 decision's constants were set: the shift back to short prompts, a shift to long outputs,
-a steady ramp, and traffic that stops and comes back; and six probes written after all of
+a steady ramp, and traffic that stops and comes back; six probes written after all of
 that was measured (an evening peak, tenants in turn, microbursts, long and heavy-tailed
-outputs, a trickle) -- through
+outputs, a trickle); and three of on/off traffic at random times -- through
 `disagg evaluate`'s virtual-time harness with the `disagg` policy, and with the same
 policy fed, one at a time and together, by
 
@@ -52,6 +52,7 @@ from disagg.workload import (
     load_trace,
     piecewise_poisson,
     poisson,
+    random_bursts,
     spikes,
     thinned,
     with_coarse_timestamps,
@@ -94,6 +95,7 @@ def workloads(minutes: float) -> dict[str, Workload]:
         ),
         **later_workloads(dur),
         **probe_workloads(dur),
+        **random_burst_workloads(dur),
     }
 
 
@@ -190,6 +192,25 @@ def probe_workloads(dur: float) -> dict[str, Workload]:
             name="heavy-outputs",
         ),
         "trickle: 0.3 req/s": poisson(0.3, dur, prompt_tokens=(200, 3000), output_tokens=(50, 400), seed=9),
+    }
+
+
+def random_burst_workloads(dur: float) -> dict[str, Workload]:
+    """Three probes of on/off traffic at random times (a two-state Markov-modulated Poisson source,
+    `disagg.workload.random_bursts`), written after everything above was measured and run once
+    (docs/evaluation.md, "On/off bursts at random times"): the on/off workload's levels with
+    exponential stays, the same switching four times as fast, and slower, larger swings."""
+    kw = dict(prompt_tokens=(3, 4000), output_tokens=(20, 300))
+    return {
+        "random on/off: 2 <-> 10 req/s, stays of 4 min low and 1.5 min high on average": random_bursts(
+            2.0, 10.0, 240.0, 90.0, dur, seed=1, **kw
+        ),
+        "random on/off, fast: 2 <-> 10 req/s, stays of 1 min and 30 s on average": random_bursts(
+            2.0, 10.0, 60.0, 30.0, dur, seed=4, **kw
+        ),
+        "random on/off, slow: 1 <-> 8 req/s, stays of 10 min and 5 min on average": random_bursts(
+            1.0, 8.0, 600.0, 300.0, dur, seed=5, **kw
+        ),
     }
 
 
