@@ -761,9 +761,9 @@ class Sizing(_Model):
         "within one decision lead, start-up + interval + scrape, over the last hour); a burst still ramping "
         "into the metric window uses its share of it; at a rate more than 3x the hour's median only rises from "
         "comparable levels count (the top of an on/off source is not a foot for another jump); `headroom` is "
-        "then a floor under it. Over a silence, "
-        "the rate traffic stopped from (or came back at) within the last hour, when its requests are more "
-        "than the SLO percentile lets miss.",
+        "then a floor under it. Rises it cannot cover, from a silence or more than 3x their foot (on/off "
+        "traffic many times its low level), stand as the rate they reached within the last hour, when "
+        "their requests are more than the SLO percentile lets miss.",
     )
     front_load_gain: bool = Field(
         SIZING_FRONT_LOAD_GAIN_DEFAULT,

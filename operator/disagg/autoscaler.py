@@ -594,7 +594,7 @@ class DecisionRecord:
     wait_arrival_term: float | None = None
     auto_headroom: float | None = None  # automatic headroom used (None: the spec's headroom only)
     before_rise: float | None = None  # share of the rate a rise under way began from (None: unknown)
-    silence_rps: float | None = None  # rate stood ready for over a silence (None: none needed)
+    burst_floor_rps: float | None = None  # rate stood ready for, for rises no headroom covers (None: none)
     front_gain: float | None = None  # learnt multiplier on the front pools' load (None: switched off)
     size_classes: int | None = None  # prompt size classes planned over (None: the mean request)
     planning_percentile: float | None = None  # the percentile the plan was made at (None: not planned)
@@ -653,7 +653,7 @@ class DecisionRecord:
                 "waitArrivalTerm": _r(self.wait_arrival_term),
                 "autoHeadroom": _r(self.auto_headroom),
                 "beforeRise": _r(self.before_rise),
-                "silenceRps": _r(self.silence_rps),
+                "burstFloorRps": _r(self.burst_floor_rps),
                 "frontLoadGain": _r(self.front_gain),
                 "sizeClasses": self.size_classes,
                 "planningPercentile": _r(self.planning_percentile, 5),
@@ -721,7 +721,7 @@ class SizingInputs:
     dispersion: float | None = None  # index of dispersion of arrival counts
     auto_headroom: float | None = None  # fraction of demand, from the burst profile
     before_rise: float | None = None  # where a rise under way began, share of now
-    silence_rps: float | None = None  # rate to stand ready for while traffic that stopped may return
+    burst_floor_rps: float | None = None  # rate the rises no headroom covers reach
     # arrival term read off the prefill queue's waits (`wait_arrival_term`), used where above the dispersion
     wait_term: float | None = None
 
@@ -740,7 +740,7 @@ def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInpu
         counts = None
     else:
         counts = burstiness.arrivals_from_counts(counts, obs.arrival_counts_growth, obs.arrival_counts_shed)
-    disp = auto = base = silent = None
+    disp = auto = base = floor_rps = None
     try:
         if counts is not None and sz.burstiness:
             span = max(1, round(DISPERSION_SPAN_S / step))
@@ -754,15 +754,15 @@ def sizing_inputs(config: Config, obs: Observation, lead_s: float) -> SizingInpu
             # the same counts includes the bursts themselves and would explain them away.
             pct = config.planning.slo.percentile
             z = burstiness.noise_z(pct)
-            auto, silent = burstiness.burst_profile(
+            auto, floor_rps = burstiness.burst_profile(
                 counts, step, startup_s=lead_s, window_s=config.window_s, quantile=pct, z=z
             )
             if auto is not None:
                 base = burstiness.before_rise(counts, step, window_s=config.window_s, z=z)
     except ValueError:
-        disp = auto = base = silent = None  # invalid counts: missing
+        disp = auto = base = floor_rps = None  # invalid counts: missing
     return SizingInputs(
-        sizes=sizes, dispersion=disp, auto_headroom=auto, before_rise=base, silence_rps=silent
+        sizes=sizes, dispersion=disp, auto_headroom=auto, before_rise=base, burst_floor_rps=floor_rps
     )
 
 
@@ -1403,6 +1403,12 @@ def budget_percentile(p: float, judged: float, missed: float, rate: float | None
     return p - surplus / spread
 
 
+def _floor_planned(record: DecisionRecord) -> bool:
+    """Whether the rate a decision planned for is its burst floor (no other term asked more)."""
+    floor, planned = record.burst_floor_rps, record.planned_rps
+    return floor is not None and planned is not None and planned <= floor * (1.0 + 1e-9)
+
+
 def _at_percentile(config: Config, p: float) -> Config:
     pl = config.planning
     return replace(config, planning=replace(pl, slo=replace(pl.slo, percentile=p)))
@@ -1420,13 +1426,16 @@ def decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
     the lower percentile, and that one is kept unless it takes a pool below both what the
     pool holds and what the decision at the SLO percentile wants: an unspent budget may
     hold back growth, never shrink a pool the SLO percentile would keep (a budget earned in
-    quiet minutes would otherwise be spent by the standing capacity of the next burst).
+    quiet minutes would otherwise be spent by the standing capacity of the next burst). For
+    the same reason it is not spent while the demand planned for is the burst floor
+    (`burstiness.burst_floor_rate`): the floor is that standing capacity, and holding back
+    its growth would spend the budget on the next burst's misses.
     """
     judged, missed, counted_at = counted_slo(config, obs, state)
     p = config.planning.slo.percentile
     out = _decide(config, obs, state)
     lowered = p
-    if config.sizing.error_budget and out.plan is not None:
+    if config.sizing.error_budget and out.plan is not None and not _floor_planned(out.record):
         lowered = budget_percentile(p, judged, missed, obs.arrival_rps)
     if lowered < p:
         low = _decide(_at_percentile(config, lowered), obs, state)
@@ -1559,7 +1568,7 @@ def _decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
             dispersion=inputs.dispersion,
             auto_headroom=inputs.auto_headroom,
             before_rise=inputs.before_rise,
-            silence_rps=inputs.silence_rps,
+            burst_floor_rps=inputs.burst_floor_rps,
         )
         plan_rate = rate
         try:
@@ -1701,7 +1710,7 @@ def _decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
         wait_arrival_term=inputs.wait_term,
         auto_headroom=inputs.auto_headroom,
         before_rise=inputs.before_rise,
-        silence_rps=inputs.silence_rps,
+        burst_floor_rps=inputs.burst_floor_rps,
         front_gain=gain if config.sizing.front_load_gain else None,
         size_classes=len(inputs.sizes.prompt_tokens) if inputs.sizes is not None else None,
         planning_percentile=config.planning.slo.percentile if plan is not None else None,

@@ -26,9 +26,10 @@ equal sub-window (per scrape from Prometheus, or per bin from a window's request
 * `before_rise`: the rate a rise now under way began from, as a share of the current
   one (the least window mean over the last window): a burst still ramping into the
   window's mean is using the headroom that stood for it, and only the rest stands over it.
-* `silence_rate`: the rises `burst_headroom` cannot size, from a silent window (or falls
-  into one), as the rates they reach: over a silence a share of the current rate stands
-  ready for nothing, and this is the rate to stand ready for instead.
+* `burst_floor_rate`: the rises `burst_headroom` cannot size, as the rates they reach: those
+  from a silent window (or falls into one), for which a share of the current rate stands
+  ready for nothing, and those larger than the headroom may be (its cap): on/off traffic
+  whose bursts are many times its low level. This is the rate to stand ready for instead.
 * `burst_profile`: both of the last two from one judging of the counts, as the decision
   reads them each interval.
 """
@@ -47,11 +48,11 @@ __all__ = [
     "arrival_counts",
     "arrivals_from_counts",
     "before_rise",
+    "burst_floor_rate",
     "burst_headroom",
     "burst_profile",
     "index_of_dispersion",
     "noise_z",
-    "silence_rate",
 ]
 
 MIN_COUNTS = 4  # sub-windows (three pairs) from which level shifts are screened out
@@ -73,7 +74,6 @@ COMPARABLE_LEVELS = 3.0
 # once in ~16,000 pairs (a week of 30 s counts at any rate gives about one).
 LEVEL_SHIFT_Z = 16.0
 _CHI2_1_MEDIAN = NormalDist().inv_cdf(0.75) ** 2  # median of a chi-square of one degree (Poisson's z)
-_CLIP_ROUNDS = 20  # the kept pairs settle in a few rounds; a bound, not a tuning
 
 
 def _counts(counts: Sequence[float] | np.ndarray, name: str = "counts") -> np.ndarray:
@@ -146,11 +146,14 @@ def index_of_dispersion(counts: Sequence[float] | np.ndarray, *, detrend: bool =
     two sub-windows (a burst that starts or ends, slower than a sub-window: the
     forecast and the burst headroom answer those) makes that one pair's z far
     above the rest, and read as variance it would size the queues of the whole
-    span for it. So pairs above `LEVEL_SHIFT_Z` times the estimate are left out,
-    starting from the median (a mean would be pulled up by the very shifts to leave
-    out) and repeating with the mean of the pairs kept until they no longer change
-    (with a median of 0, most pairs equal, the plain mean). Pairs without arrivals
-    say nothing and are skipped.
+    span for it. So pairs above `LEVEL_SHIFT_Z` times the median's estimate (the
+    median over that of Poisson's z) are left out, and the mean of the rest is the
+    estimate (with a median of 0, most pairs equal, the plain mean). The screen is set
+    once, from the median: a shift inside a sub-window leaves a count between the two
+    levels and so two pairs of middling z, and a screen rescaled by the mean of the
+    pairs it keeps would let those in, rise, let larger ones in, and read on/off traffic
+    whose every level is Poisson as several times Poisson. Pairs without arrivals say
+    nothing and are skipped.
 
     With fewer than ``MIN_COUNTS - 1`` such pairs (a deployment's first minute or two, or
     traffic that comes and goes) there are too few to screen a shift out, but the pairs
@@ -183,14 +186,7 @@ def index_of_dispersion(counts: Sequence[float] | np.ndarray, *, detrend: bool =
     est = float(np.median(z)) / _CHI2_1_MEDIAN
     if est <= 0.0:  # most pairs equal (a few arrivals a sub-window): no scale to tell shifts by
         return float(z.mean())
-    kept: np.ndarray | None = None
-    for _ in range(_CLIP_ROUNDS):
-        keep = z <= LEVEL_SHIFT_Z * est  # never empty: the smallest pair always stays
-        if kept is not None and np.array_equal(keep, kept):
-            break
-        kept = keep
-        est = float(z[keep].mean())
-    return est
+    return float(z[z <= LEVEL_SHIFT_Z * est].mean())  # never empty: the median pair stays
 
 
 def noise_z(quantile: float) -> float:
@@ -230,7 +226,9 @@ def burst_headroom(
     The result is the ``quantile`` of those relative rises, each weighted by the
     rate it rises to (the requests it would leave unserved), between ``floor`` and
     ``cap``: with ``quantile`` the SLO's percentile, the rises larger than the
-    headroom bring at most the share of requests the SLO lets miss.
+    headroom bring at most the share of requests the SLO lets miss. Rises larger than
+    ``cap`` are not read here: no headroom allowed would cover them, and
+    `burst_floor_rate` stands ready for the rates they reach instead.
 
     When the current planned-for rate is more than `COMPARABLE_LEVELS` times the median
     over the counts (a top far above where the traffic usually is), the rises read are
@@ -268,7 +266,7 @@ def burst_headroom(
     ).headroom
 
 
-def silence_rate(
+def burst_floor_rate(
     counts: Sequence[float] | np.ndarray,
     sub_window_s: float,
     *,
@@ -277,21 +275,24 @@ def silence_rate(
     quantile: float = BURST_QUANTILE,
     z: float = NOISE_Z,
     dispersion: float = 1.0,
+    cap: float = MAX_AUTO_HEADROOM,
 ) -> float | None:
-    """The rate (req/s) to stand ready for while traffic that stopped may come back.
+    """The rate (req/s) to stand ready for, for the rises a share of the current rate cannot.
 
     `burst_headroom` is a share of the current rate, so over a silent window it keeps
     nothing, and a rise from silence (or a fall into it, read as the rise its traffic
     made when it began) has no size relative to its foot: `burst_headroom` leaves those
     out. A window is silent when its count is within counting noise of none at ``z`` (a
     straggler or two of traffic that stopped, which the engines count as it finishes).
-    This judges them as the rates they reach, beyond the same counting noise, each
-    weighted by that rate: the requests it would bring before capacity asked for then
-    serves. None when they bring at most ``1 - quantile`` of the requests of every rise in
-    the horizon (the SLO lets them miss); otherwise the least rate that leaves no more
-    than that share of them uncovered. The traffic's first arrival in the counts is
-    never such a rise (`burst_headroom`'s docstring), so a new deployment stands ready
-    for nothing.
+    Nor does it read the rises larger than ``cap`` times their foot (the most headroom it
+    may ask): on/off traffic jumping from 2 req/s to 10 within a start-up would find, at
+    its low level, three times 2 standing where 10 come. This judges both kinds as the
+    rates they reach, beyond the same counting noise, each weighted by that rate: the
+    requests it would bring before capacity asked for then serves. None when they bring
+    at most ``1 - quantile`` of the requests of every rise in the horizon (the SLO lets
+    them miss); otherwise the least rate that leaves no more than that share of them
+    uncovered. The traffic's first arrival in the counts is never such a rise
+    (`burst_headroom`'s docstring), so a new deployment stands ready for nothing.
     """
     return burst_profile(
         counts,
@@ -301,14 +302,15 @@ def silence_rate(
         quantile=quantile,
         z=z,
         dispersion=dispersion,
-    ).silence_rps
+        cap=cap,
+    ).burst_floor_rps
 
 
 class BurstProfile(NamedTuple):
     """What one reading of the horizon's rises gives the decision."""
 
     headroom: float | None  # `burst_headroom`
-    silence_rps: float | None  # `silence_rate`; None whenever `headroom` is None
+    burst_floor_rps: float | None  # `burst_floor_rate`; None whenever `headroom` is None
 
 
 def burst_profile(
@@ -323,37 +325,51 @@ def burst_profile(
     floor: float = 0.0,
     cap: float = MAX_AUTO_HEADROOM,
 ) -> BurstProfile:
-    """`burst_headroom` and `silence_rate` from one judging of the counts' rises (the
-    decision needs both each interval). The rate over a silence is read only where the
-    headroom is: with no rise from traffic above zero in the horizon there is none."""
+    """`burst_headroom` and `burst_floor_rate` from one judging of the counts' rises (the
+    decision needs both each interval). The floor is read only where the headroom is: with
+    no rise from traffic above zero in the horizon there is none."""
     _check_profile_args(sub_window_s, window_s, startup_s, quantile, dispersion)
     if floor < 0 or cap < floor:
         raise ValueError(f"need 0 <= floor <= cap, got floor={floor!r}, cap={cap!r}")
     pts = _judged(counts, sub_window_s, startup_s=startup_s, window_s=window_s, z=z, dispersion=dispersion)
     if pts is None or pts.rel.size == 0:
         return BurstProfile(None, None)
+    # rises beyond the cap go to the floor, as the rates they reach (their foot times 1 + the
+    # relative rise, so less the same counting noise), with the weight they carry
+    beyond = pts.rel > cap
+    if beyond.any():
+        keep = ~beyond
+        pts = pts._replace(
+            rel=pts.rel[keep],
+            weight=pts.weight[keep],
+            foot=pts.foot[keep],
+            foot_rate=pts.foot_rate[keep],
+            beyond_share=np.concatenate((pts.beyond_share, pts.foot_rate[beyond] * (1.0 + pts.rel[beyond]))),
+            beyond_weight=np.concatenate((pts.beyond_weight, pts.weight[beyond])),
+        )
     rel, weight = pts.rel, pts.weight
     if pts.current > COMPARABLE_LEVELS * pts.typical:  # a top far above the usual level
         near = (pts.foot * COMPARABLE_LEVELS >= pts.current) & (pts.foot <= pts.current * COMPARABLE_LEVELS)
         if near.any():
             rel, weight = rel[near], weight[near]
-    headroom = float(min(cap, max(floor, _weighted_quantile(rel, weight, quantile))))
-    return BurstProfile(headroom, _silence_floor(pts, quantile))
+    rise = _weighted_quantile(rel, weight, quantile) if rel.size else 0.0
+    headroom = float(min(cap, max(floor, rise)))
+    return BurstProfile(headroom, _burst_floor(pts, quantile))
 
 
-def _silence_floor(pts: _Judged, quantile: float) -> float | None:
-    """`silence_rate` on judged rises."""
-    if pts.from_silence.size == 0:
+def _burst_floor(pts: _Judged, quantile: float) -> float | None:
+    """`burst_floor_rate` on judged rises."""
+    if pts.beyond_share.size == 0:
         return None
-    allowed = (1.0 - quantile) * (float(pts.weight.sum()) + float(pts.silence_weight.sum()))
-    order = np.argsort(-pts.from_silence, kind="stable")  # the largest first
-    uncovered = np.cumsum(pts.silence_weight[order])
+    allowed = (1.0 - quantile) * (float(pts.weight.sum()) + float(pts.beyond_weight.sum()))
+    order = np.argsort(-pts.beyond_share, kind="stable")  # the largest first
+    uncovered = np.cumsum(pts.beyond_weight[order])
     if uncovered[-1] <= allowed:
         return None
     # largest first, the first rate at which the uncovered weight passes the allowed share:
     # standing ready for it covers it and every smaller one, and leaves only those above it
     i = int(np.searchsorted(uncovered, allowed, side="right"))
-    return float(pts.from_silence[order[i]])
+    return float(pts.beyond_share[order[i]])
 
 
 def _check_profile_args(
@@ -368,15 +384,18 @@ def _check_profile_args(
 
 
 class _Judged(NamedTuple):
-    """The horizon's rises, as `burst_headroom` and `silence_rate` judge them."""
+    """The horizon's rises, as `burst_headroom` and `burst_floor_rate` judge them."""
 
     rel: np.ndarray  # rises from a rate above zero, relative to it (beyond noise, >= 0)
     weight: np.ndarray  # the rate each rises to (the requests it would leave unserved)
     foot: np.ndarray  # the level each of `rel` rises from (a step's ramp read as its foot)
-    from_silence: np.ndarray  # rises from a silent window (or falls into one): the rate, beyond noise
-    silence_weight: np.ndarray  # the rate each rises to (or falls from)
+    # rises a share of the current rate cannot stand ready for (from a silent window or falls
+    # into one; in `burst_profile`, also those beyond the headroom's cap): the rate, beyond noise
+    beyond_share: np.ndarray
+    beyond_weight: np.ndarray  # the rate each rises to (or falls from)
     current: float  # the latest planned-for rate (the window ending with the counts)
     typical: float  # the median planned-for rate over the counts
+    foot_rate: np.ndarray  # the planned-for rate each of `rel` is relative to (its m(t), or a fall's low)
 
 
 def _judged(
@@ -442,6 +461,7 @@ def _judged(
         np.concatenate((ahead[up], now[down])),
         float(m[-1]),
         float(np.median(m)),
+        np.concatenate((now[ok_rise], low[ok_fall])),
     )
 
 

@@ -296,7 +296,7 @@ def sizing_rate(
     dispersion: float | None = None,
     auto_headroom: float | None = None,
     before_rise: float | None = None,
-    silence_rps: float | None = None,
+    burst_floor_rps: float | None = None,
 ) -> tuple[float, PolicyState]:
     """The arrival rate to plan for, shared by the operator's loop and `disagg evaluate`.
 
@@ -328,9 +328,10 @@ def sizing_rate(
     rise has used its part of the automatic headroom h, which leaves (1 + h) s - 1
     (one more whole headroom on top of a burst still ramping into the window would
     size for two bursts stacked within one window); never below the spec's headroom.
-    ``silence_rps`` (`disagg.burstiness.silence_rate`) is a floor under the demand part:
-    the rate traffic that stopped within the burst horizon may come back at, which a
-    share of the current rate cannot stand ready for while the current rate is zero.
+    ``burst_floor_rps`` (`disagg.burstiness.burst_floor_rate`) is a floor under the demand part:
+    the rate the burst horizon's largest rises reached, which no share of the current rate
+    stands ready for: traffic that stopped may come back at it while the current rate is
+    zero, and on/off bursts many times the low level jump to it from there.
 
     A backlog term larger than the counting-noise term marks this recommendation
     as backlog-driven (``state.backlog_times``): `decide` then lets it hold
@@ -381,7 +382,8 @@ def sizing_rate(
         headroom = max(headroom, auto)
     noise_now = z * math.sqrt(disp * max(r, 0.0) / window_s) if noise > 0 else 0.0
     spare = (r + noise_now) * (1.0 + headroom)
-    standing = float(silence_rps) if silence_rps is not None and math.isfinite(silence_rps) else 0.0
+    floor_ok = burst_floor_rps is not None and math.isfinite(burst_floor_rps)
+    standing = float(burst_floor_rps) if floor_ok else 0.0
     return max(f + noise, spare, standing) + backlog, state
 
 

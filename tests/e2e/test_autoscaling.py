@@ -39,7 +39,10 @@ def reached(stack, want: dict[str, int]) -> bool:
 
 
 def test_load_step_grows_then_shrinks_through_drains_without_loss(stack):
-    obj = deployment_spec(stack.prom.url)
+    # The step is this run's only burst: the automatic headroom reads its 4x rise and fall as a
+    # burst that may recur and would stand ready for its return (the burst floor) for an hour,
+    # so it is off here and the pools shrink to the 2 rps plan.
+    obj = deployment_spec(stack.prom.url, sizing={"autoHeadroom": False})
     stack.apply(obj)
     stack.start_operator()
     stack.wait_routable()
@@ -76,22 +79,18 @@ def test_load_step_grows_then_shrinks_through_drains_without_loss(stack):
     if cal["decode"]["fitted"]:
         assert cal["decode"]["stepFixedMs"] == pytest.approx(45, rel=0.1)
 
-    # (b) back to 2 rps: shrink through drains, and nothing is lost. The automatic burst
-    # headroom remembers the step it saw (the rises of the last hour), so the low size is the
-    # plan for 2 rps with the headroom the decision reports, not the bare 2 rps plan.
+    # (b) back to 2 rps: shrink through drains to the 2 rps plan, and nothing is lost.
     peak_decode = stack.replicas()["decode"]
 
     def shrunk() -> bool:
-        inputs = (stack.dd()["status"].get("lastDecision") or {}).get("inputs") or {}
-        low = planned(obj, 2.0 * (1.0 + float(inputs.get("autoHeadroom") or 0.0)), PROMPT, OUTPUT)
         decode = stack.replicas().get("decode", 99)
-        return decode < peak_decode and decode <= low["decode"] + 1
+        return decode < peak_decode and decode <= want_low["decode"] + 1
 
     stack.cluster.wait_for(
         shrunk,
         timeout=150,
         interval=2,
-        what=f"decode pool shrunk from {peak_decode} towards {want_low} (+ the burst headroom)\n{stack.debug()}",
+        what=f"decode pool shrunk from {peak_decode} towards {want_low}\n{stack.debug()}",
     )
     summary = stack.wait_emulator(timeout=120)
     assert summary["requests"]["lost"] == 0, summary
