@@ -295,9 +295,10 @@ def test_at_the_top_of_an_on_off_burst_the_rise_from_its_low_level_is_spent() ->
     """2 <-> 10 req/s, three minutes at 10 every ten: in the low phase the floor stands ready for
     the jump (4x, beyond the headroom's cap: the rate it reaches); at the top, five times the
     median rate, the headroom reads the rises from the top, none, where it stood ready for a
-    second jump of 4x on top of the first (3x the demand, the cap). A top within COMPARABLE_LEVELS of the median (5 <-> 10), or the usual
-    level between dips (10 with three-minute dips to 2), reads every rise, as before: bursts
-    that grow with the level and dips whose returns are bursts are read there."""
+    second jump of 4x on top of the first (3x the demand, the cap). A top within
+    COMPARABLE_LEVELS of the median (5 <-> 10), or the usual level between dips (10 with
+    three-minute dips to 2), reads every rise, as before: bursts that grow with the level and
+    dips whose returns are bursts are read there."""
     kw = {"startup_s": 60.0, "window_s": 60.0, "quantile": 0.99, "z": noise_z(0.99)}
     c = counts(on_off(10, 2, 180, 420), 15)
     at_top = 2 * 600 // 15 + 170 // 15  # the third burst, ten seconds before it ends
