@@ -197,7 +197,7 @@ def probe_workloads(dur: float) -> dict[str, Workload]:
 
 def random_burst_workloads(dur: float) -> dict[str, Workload]:
     """Three probes of on/off traffic at random times (a two-state Markov-modulated Poisson source,
-    `disagg.workload.random_bursts`), written after everything above was measured and run once
+    `disagg.workload.random_bursts`), written after everything above was measured
     (docs/evaluation.md, "On/off bursts at random times"): the on/off workload's levels with
     exponential stays, the same switching four times as fast, and slower, larger swings."""
     kw = dict(prompt_tokens=(3, 4000), output_tokens=(20, 300))

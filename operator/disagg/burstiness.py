@@ -331,29 +331,18 @@ def burst_profile(
     _check_profile_args(sub_window_s, window_s, startup_s, quantile, dispersion)
     if floor < 0 or cap < floor:
         raise ValueError(f"need 0 <= floor <= cap, got floor={floor!r}, cap={cap!r}")
-    pts = _judged(counts, sub_window_s, startup_s=startup_s, window_s=window_s, z=z, dispersion=dispersion)
-    if pts is None or pts.rel.size == 0:
+    pts = _judged(
+        counts, sub_window_s, startup_s=startup_s, window_s=window_s, z=z, dispersion=dispersion, cap=cap
+    )
+    if pts is None:
         return BurstProfile(None, None)
-    # rises beyond the cap go to the floor, as the rates they reach (their foot times 1 + the
-    # relative rise, so less the same counting noise), with the weight they carry
-    beyond = pts.rel > cap
-    if beyond.any():
-        keep = ~beyond
-        pts = pts._replace(
-            rel=pts.rel[keep],
-            weight=pts.weight[keep],
-            foot=pts.foot[keep],
-            foot_rate=pts.foot_rate[keep],
-            beyond_share=np.concatenate((pts.beyond_share, pts.foot_rate[beyond] * (1.0 + pts.rel[beyond]))),
-            beyond_weight=np.concatenate((pts.beyond_weight, pts.weight[beyond])),
-        )
     rel, weight = pts.rel, pts.weight
     if pts.current > COMPARABLE_LEVELS * pts.typical:  # a top far above the usual level
         near = (pts.foot * COMPARABLE_LEVELS >= pts.current) & (pts.foot <= pts.current * COMPARABLE_LEVELS)
         if near.any():
             rel, weight = rel[near], weight[near]
     rise = _weighted_quantile(rel, weight, quantile) if rel.size else 0.0
-    headroom = float(min(cap, max(floor, rise)))
+    headroom = float(max(floor, rise))  # every rise read is within the cap (`_judged`)
     return BurstProfile(headroom, _burst_floor(pts, quantile))
 
 
@@ -386,16 +375,15 @@ def _check_profile_args(
 class _Judged(NamedTuple):
     """The horizon's rises, as `burst_headroom` and `burst_floor_rate` judge them."""
 
-    rel: np.ndarray  # rises from a rate above zero, relative to it (beyond noise, >= 0)
+    rel: np.ndarray  # rises from a rate above zero, relative to it (beyond noise, 0..cap)
     weight: np.ndarray  # the rate each rises to (the requests it would leave unserved)
     foot: np.ndarray  # the level each of `rel` rises from (a step's ramp read as its foot)
     # rises a share of the current rate cannot stand ready for (from a silent window or falls
-    # into one; in `burst_profile`, also those beyond the headroom's cap): the rate, beyond noise
+    # into one, and those beyond the headroom's cap): the rate they reach, beyond noise
     beyond_share: np.ndarray
     beyond_weight: np.ndarray  # the rate each rises to (or falls from)
     current: float  # the latest planned-for rate (the window ending with the counts)
     typical: float  # the median planned-for rate over the counts
-    foot_rate: np.ndarray  # the planned-for rate each of `rel` is relative to (its m(t), or a fall's low)
 
 
 def _judged(
@@ -406,9 +394,12 @@ def _judged(
     window_s: float,
     z: float,
     dispersion: float,
+    cap: float,
 ) -> _Judged | None:
     """Every rise within one start-up over the horizon (`burst_headroom`'s docstring); None
-    when the counts from the first arrival on are shorter than one window plus one start-up."""
+    when the counts from the first arrival on are shorter than one window plus one start-up,
+    or hold no rise from traffic above zero. Rises more than ``cap`` times their foot are
+    judged with those from silence (`burst_floor_rate`)."""
     c = _counts(counts)
     k = max(1, round(window_s / sub_window_s))  # sub-windows per planning window
     lead = max(1, math.ceil(startup_s / sub_window_s - 1e-9))  # sub-windows per start-up
@@ -451,17 +442,26 @@ def _judged(
     after = np.concatenate((m[1:], np.full(lead + k, np.inf)))
     fall_end = np.lib.stride_tricks.sliding_window_view(after, lead + k)[:n].min(axis=1)
     fall_foot = np.where(fall > 0, fall_end, level)
+    foot_rate = np.concatenate((now[ok_rise], low[ok_fall]))  # the rate each relative rise is of
+    if foot_rate.size == 0:
+        return None
+    rel = np.concatenate(
+        (np.maximum(rise[ok_rise], 0.0) / now[ok_rise], np.maximum(fall[ok_fall], 0.0) / low[ok_fall])
+    )
+    weight = np.concatenate((ahead[ok_rise], now[ok_fall]))
+    foot = np.concatenate((level[ok_rise], fall_foot[ok_fall]))
+    # rises beyond the cap are read as the rates they reach (the foot's rate times 1 + the
+    # relative rise, so less the same counting noise), with the weight they carry
+    big = rel > cap
+    keep = ~big
     return _Judged(
-        np.concatenate(
-            (np.maximum(rise[ok_rise], 0.0) / now[ok_rise], np.maximum(fall[ok_fall], 0.0) / low[ok_fall])
-        ),
-        np.concatenate((ahead[ok_rise], now[ok_fall])),
-        np.concatenate((level[ok_rise], fall_foot[ok_fall])),
-        np.concatenate((rise[up], fall[down])),
-        np.concatenate((ahead[up], now[down])),
+        rel[keep],
+        weight[keep],
+        foot[keep],
+        np.concatenate((rise[up], fall[down], foot_rate[big] * (1.0 + rel[big]))),
+        np.concatenate((ahead[up], now[down], weight[big])),
         float(m[-1]),
         float(np.median(m)),
-        np.concatenate((now[ok_rise], low[ok_fall])),
     )
 
 

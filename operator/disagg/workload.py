@@ -386,21 +386,6 @@ def burst(
     return _build(arrivals, rng, prompt_tokens, output_tokens, media_fraction, media_items, name)
 
 
-def _stays(
-    rng: np.random.Generator, means: tuple[float, float], duration_s: float
-) -> list[tuple[float, int]]:
-    """Alternating stays of exponential length (mean ``means[0]``, then ``means[1]``, ...) over
-    ``duration_s``, the last one cut at its end: (length, which) per stay, 0 first."""
-    stays: list[tuple[float, int]] = []
-    t, which = 0.0, 0
-    while t < duration_s:
-        length = min(float(rng.exponential(means[which])), duration_s - t)
-        stays.append((length, which))
-        t += length
-        which = 1 - which
-    return stays
-
-
 def spikes(
     base_rate: float,
     spike_rate: float,
@@ -422,8 +407,11 @@ def random_bursts(
     mean_high_s: float,
     duration_s: float,
     *,
+    prompt_tokens: TokenSpec = 1000,
+    output_tokens: TokenSpec = 200,
+    media_fraction: float = 0.0,
+    media_items: int = 1,
     seed: int | None = 0,
-    **request_sizes,
 ) -> Workload:
     """On/off traffic at random times: a two-state Markov-modulated Poisson source.
 
@@ -431,33 +419,22 @@ def random_bursts(
     `high_rate` for one of mean `mean_high_s`, and so on, starting low. Unlike
     `burst`'s square wave, no burst can be foreseen from the last one: the
     classic model of traffic that switches between levels (Heffes and Lucantoni).
-    `request_sizes`: `burst`'s prompt_tokens, output_tokens, media_fraction, media_items.
     """
     if not (low_rate >= 0 and high_rate >= 0 and math.isfinite(low_rate) and math.isfinite(high_rate)):
         raise ValueError(f"rates must be finite and >= 0, got {low_rate!r} and {high_rate!r}")
     if not (mean_low_s > 0 and mean_high_s > 0 and duration_s > 0):
         raise ValueError("mean_low_s, mean_high_s and duration_s must be > 0")
     rng = np.random.default_rng(seed)
-    rates = (low_rate, high_rate)
-    segments = [
-        (length, rates[which]) for length, which in _stays(rng, (mean_low_s, mean_high_s), duration_s)
-    ]
+    levels = ((low_rate, mean_low_s), (high_rate, mean_high_s))  # stays alternate, low first
+    segments: list[tuple[float, float]] = []
+    t = 0.0
+    while t < duration_s:
+        rate, mean_s = levels[len(segments) % 2]
+        length = min(float(rng.exponential(mean_s)), duration_s - t)
+        segments.append((length, rate))
+        t += length
     arrivals = piecewise_poisson(segments, rng)
     name = f"random_bursts({low_rate:g}/{high_rate:g}, {mean_low_s:g}s/{mean_high_s:g}s)"
-    return _sized(arrivals, rng, name, **request_sizes)
-
-
-def _sized(
-    arrivals: np.ndarray,
-    rng: np.random.Generator,
-    name: str,
-    *,
-    prompt_tokens: TokenSpec = 1000,
-    output_tokens: TokenSpec = 200,
-    media_fraction: float = 0.0,
-    media_items: int = 1,
-) -> Workload:
-    """`_build` with `burst`'s defaults for the request sizes."""
     return _build(arrivals, rng, prompt_tokens, output_tokens, media_fraction, media_items, name)
 
 
