@@ -9,7 +9,8 @@ slot for output_tokens x step_ms). The TTFT at the SLO percentile is
     enc wait_p + enc service + prefill wait_p + prefill service
     + transfer (serial or chunked) + decode slot wait_p + one decode step
 
-(summing per-stage percentiles: conservative). ITL is the decode step at the
+(summing per-stage percentiles: conservative; the encoder's at the percentile of its own
+requests that the SLO's percentile of all requests leaves, `_Spec`). ITL is the decode step at the
 expected batch occupancy; the batch per replica is capped so the step at the
 cap fits the ITL target (matters when step_ms_per_seq > 0).
 
@@ -374,18 +375,41 @@ def _nest_stages(stages: dict[str, float]) -> dict[str, dict[str, float]]:
 # --------------------------------------------------------------------------- queue tables
 
 # A pool's table: (r0, wait_p, wait_mean) -- the percentile and mean queueing wait
-# for R = r0, r0 + 1, ... replicas (plain float lists: no per-row objects).
+# for R = r0, r0 + 1, ... replicas (plain float lists: no per-row objects). The percentile
+# wait is over all requests, the mean over the pool's own (see `_Spec`'s share).
 _Table = tuple[int, list[float], list[float]]
-# A pool's queue: (arrival rate, mean service s, service cs^2, servers per replica, bounds)
-_Spec = tuple[float, float, float, int, PoolBounds]
+# A pool's queue: (arrival rate, mean service s, service cs^2, servers per replica, bounds,
+# share). The share is the fraction of all requests that visit the pool: the encoder sees only
+# the requests with media, and one without waits nothing there. The SLO's percentile is over
+# all requests, so a pool's wait is read at the tail of its own requests that the SLO's tail
+# of all requests allows (`_visitor_tail`): at p99 with media on half the requests, the
+# encoder's wait at p98 of its own.
+_Spec = tuple[float, float, float, int, PoolBounds, float]
+# The largest tail of a pool's own requests its waits are read at: the misses the SLO allows
+# may fall on the requests with media, but the encoder is never planned for most of them to
+# wait beyond the slack (media on fewer requests than twice the SLO's tail).
+MAX_VISITOR_TAIL = 0.5
+
+
+def _visitor_tail(tail: float, share: float) -> float:
+    """The tail of a pool's own requests whose waits may exceed the slack, when ``tail`` of all
+    requests may (`_Spec`): a pool every request visits reads its waits at ``tail`` itself."""
+    if share >= 1.0:
+        return tail
+    return min(tail / share, max(tail, MAX_VISITOR_TAIL))
+
+
 _INLINE_LOAD = 40.0  # Erlangs: below, the Erlang-B recursion starts at 0 and is short
 
 
-def _table(lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: int, p: float) -> _Table:
+def _table(
+    lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: int, p: float, share: float = 1.0
+) -> _Table:
     """Percentile wait for R = first stable (>= r_lo) .. first R whose percentile wait is 0 (<= r_hi).
 
     One Erlang-B pass (`erlang_b_stride`, vectorised for large loads) that
-    stops at the first zero-wait count.
+    stops at the first zero-wait count. ``share``: the fraction of all requests
+    that visit the pool (`_Spec`); the percentile is over all requests.
     """
     if lam <= 0 or service_s <= 0:
         return r_lo, [0.0], [0.0]
@@ -395,7 +419,7 @@ def _table(lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: in
         return r0, [], []
     f = (1.0 + cs2) / 2.0
     mu = 1.0 / service_s
-    tail = 1.0 - p
+    tail = _visitor_tail(1.0 - p, share)
     wps: list[float] = []
     wms: list[float] = []
     c = r0 * k
@@ -432,27 +456,28 @@ def _table(lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: in
     return r0, wps, wms
 
 
-# One pool's Erlang pass: (r0, P(wait), drain rate c mu - lam, Allen-Cunneen factor) per count.
-_Raw = tuple[int, list[float], list[float], float]
+# One pool's Erlang pass: (r0, P(wait) among its own arrivals, drain rate c mu - lam per
+# count; Allen-Cunneen factor, share of all requests visiting it).
+_Raw = tuple[int, list[float], list[float], float, float]
 
 
 def _erlang_pass(
-    lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: int, p_max: float
+    lam: float, service_s: float, cs2: float, k: int, r_lo: int, r_hi: int, p_max: float, share: float = 1.0
 ) -> _Raw:
     """One pool's Erlang-B pass, from which `_table_at` cuts its table at any percentile <= p_max.
 
     The pass runs from the first stable count to the first with zero wait at
-    ``p_max`` (P(wait) <= 1 - p_max) or to r_hi, as `_table` does at one percentile.
+    ``p_max`` or to r_hi, as `_table` does at one percentile.
     """
     if lam <= 0 or service_s <= 0:
-        return r_lo, [0.0], [1.0], 1.0
+        return r_lo, [0.0], [1.0], 1.0, 1.0
     a = lam * service_s
     r0 = max(r_lo, int(a // k) + 1)
     if r0 > r_hi:
-        return r0, [], [], 1.0
+        return r0, [], [], 1.0, share
     f = (1.0 + cs2) / 2.0
     mu = 1.0 / service_s
-    tail_min = 1.0 - p_max
+    tail_min = _visitor_tail(1.0 - p_max, share)
     pws: list[float] = []
     gaps: list[float] = []
     c = r0 * k
@@ -478,7 +503,7 @@ def _erlang_pass(
             if pws[-1] <= tail_min or c >= c_last:
                 break
             c += k
-    return r0, pws, gaps, f
+    return r0, pws, gaps, f, share
 
 
 def _table_at(raw: _Raw, p: float) -> _Table:
@@ -486,8 +511,8 @@ def _table_at(raw: _Raw, p: float) -> _Table:
 
     tests/unit/test_sizes.py checks it equals `_table` at p.
     """
-    r0, pws, gaps, f = raw
-    tail = 1.0 - p
+    r0, pws, gaps, f, share = raw
+    tail = _visitor_tail(1.0 - p, share)
     log = math.log
     wps: list[float] = []
     add = wps.append
@@ -916,8 +941,8 @@ def _pick_cover(
     # fits, read off the passes directly, which also are the search's answer most of the time).
     p_max = max(pcts)
     raws = [
-        _erlang_pass(lam_s, s, cs2, k, b.min_replicas, b.max_replicas, p_max)
-        for lam_s, s, cs2, k, b in _specs(lam, st, bounds)
+        _erlang_pass(lam_s, s, cs2, k, b.min_replicas, b.max_replicas, p_max, share)
+        for lam_s, s, cs2, k, b, share in _specs(lam, st, bounds)
     ]
     built: dict[float, list[_Table]] = {}
 
@@ -975,7 +1000,8 @@ def _pick_cover(
         key = (_cost(p_tabs, gpus, idx), -float(cum[j]))
         if key >= best:
             continue
-        stages = [(r[1][i], r[2][i], r[3]) for r, i in zip(raws, idx, strict=True)]
+        # the mixture's misses are of all requests: a pool's P(wait) over them (`_Spec`'s share)
+        stages = [(r[4] * r[1][i], r[2][i], r[3]) for r, i in zip(raws, idx, strict=True)]
         miss = miss_fraction(cov, lambda s, stages=stages: summed_wait_tail(s, stages))
         if miss <= 1.0 - p + 1e-12:
             best = key
@@ -1138,14 +1164,22 @@ def _specs(lam: float, st: _Setup, bounds: dict[str, PoolBounds]) -> tuple[_Spec
     a = st.ca2 - 1.0
     prefill_s, prefill_cs2 = _prefill_queue(st)
     return (
-        (lam * st.media, st.enc_s, ENCODER_CS2 + a, 1, bounds[POOL_ENCODER]),
-        (lam, prefill_s, prefill_cs2 + a, 1, bounds[POOL_PREFILL]),
-        (lam, st.hold_s, st.hold_cs2 + a, st.b_eff, bounds[POOL_DECODE]),
+        (lam * st.media, st.enc_s, ENCODER_CS2 + a, 1, bounds[POOL_ENCODER], _share(st.media)),
+        (lam, prefill_s, prefill_cs2 + a, 1, bounds[POOL_PREFILL], 1.0),
+        (lam, st.hold_s, st.hold_cs2 + a, st.b_eff, bounds[POOL_DECODE], 1.0),
     )
 
 
+def _share(media: float) -> float:
+    """The encoder's share of all requests (`_Spec`): the media fraction, 1 when there is none
+    (no arrivals then: the share does not matter, and 1 keeps the tables' arithmetic as before)."""
+    return media if media > 0 else 1.0
+
+
 def _tables(specs: tuple[_Spec, ...], p: float) -> list[_Table]:
-    return [_table(lam, s, cs2, k, b.min_replicas, b.max_replicas, p) for lam, s, cs2, k, b in specs]
+    return [
+        _table(lam, s, cs2, k, b.min_replicas, b.max_replicas, p, share) for lam, s, cs2, k, b, share in specs
+    ]
 
 
 _SEARCH_EPS = 1e-12  # `_search`'s tolerance on the summed waits against the slack (rounding)
@@ -1217,11 +1251,11 @@ def _first_fits(
     `_search`'s bisection could return, so the bound holds whatever the table's shape.)
     """
     lim = slack + 1e-9  # looser than `_search`'s _SEARCH_EPS: rounding can only lower the bound
-    tail = 1.0 - p
     log = math.log
     cost = 0
     fits: list[_Fit] = []
-    for (r0, pws, gaps, f), g in zip(raws, gpus, strict=True):
+    for (r0, pws, gaps, f, share), g in zip(raws, gpus, strict=True):
+        tail = _visitor_tail(1.0 - p, share)
         for j, pw in enumerate(pws):
             wait = f * log(pw / tail) / gaps[j] if pw > tail else 0.0
             if wait <= lim:
@@ -1289,7 +1323,7 @@ def _new(cls: type[_T], **fields: Any) -> _T:
 
 
 def _pool_plan(name: str, spec: _Spec, r: int, wait_p: float, wait_mean: float) -> PoolPlan:
-    lam, service_s, _cs2, k, b = spec
+    lam, service_s, _cs2, k, b, _visiting = spec
     c = r * k
     cap = k / service_s if service_s > 0 else math.inf
     util = lam * service_s / c if c > 0 else (0.0 if lam == 0 else math.inf)
@@ -1688,7 +1722,9 @@ def _plan_colocated(
 
     def solve(lam: float) -> tuple[int, int, float] | None:
         """(encoder replicas, colocated replicas, encoder wait) of the fewest GPUs at rate `lam`."""
-        r0e, we, _ = _table(lam * st.media, st.enc_s, ENCODER_CS2, 1, eb.min_replicas, eb.max_replicas, p)
+        r0e, we, _ = _table(
+            lam * st.media, st.enc_s, ENCODER_CS2, 1, eb.min_replicas, eb.max_replicas, p, _share(st.media)
+        )
         best: tuple[int, int, int, float] | None = None
         for i, w_e in enumerate(we):
             re_ = r0e + i
@@ -1737,8 +1773,8 @@ def _plan_colocated(
     ev = _colocated_eval(r, lam_adm, d, m, slo, st)
     ttft, itl, _u, wp, ws, hold = ev if ev is not None else (math.inf, math.inf, 1.0, math.inf, math.inf, 0)
     ttft += w_enc
-    enc_tab = _table(lam_adm * st.media, st.enc_s, ENCODER_CS2, 1, r_enc, r_enc, slo.percentile)
-    enc_spec: _Spec = (lam_adm * st.media, st.enc_s, ENCODER_CS2, 1, eb)
+    enc_spec: _Spec = (lam_adm * st.media, st.enc_s, ENCODER_CS2, 1, eb, _share(st.media))
+    enc_tab = _tables((enc_spec,), slo.percentile)[0]
     enc = _pool_plan(
         POOL_ENCODER,
         enc_spec,
@@ -1969,7 +2005,9 @@ def _solve_conditional(
     eb, pb, db = bounds[POOL_ENCODER], bounds[POOL_PREFILL], bounds[POOL_DECODE]
     ge, gp, gd = eb.gpus_per_replica, pb.gpus_per_replica, db.gpus_per_replica
     lam_r, lam_l = rate * remote, rate * (1.0 - remote)
-    r0e, we, _ = _table(rate * st_r.media, st_r.enc_s, ENCODER_CS2, 1, eb.min_replicas, eb.max_replicas, p)
+    r0e, we, _ = _table(
+        rate * st_r.media, st_r.enc_s, ENCODER_CS2, 1, eb.min_replicas, eb.max_replicas, p, _share(st_r.media)
+    )
     r0p, wpp, _ = _table(lam_r, *_prefill_queue(st_r), 1, pb.min_replicas, pb.max_replicas, p)
     if not we or not wpp:
         return None
@@ -2139,20 +2177,20 @@ def _plan_conditional(
     hold = sol.hold_s
     enc = _pool_plan(
         POOL_ENCODER,
-        (lam_adm * st_r.media, st_r.enc_s, ENCODER_CS2, 1, eb),
+        (lam_adm * st_r.media, st_r.enc_s, ENCODER_CS2, 1, eb, _share(st_r.media)),
         sol.encoder,
         sol.w_enc,
         sol.w_enc,
     )
     pre = _pool_plan(
         POOL_PREFILL,
-        (lam_adm * remote, *_prefill_queue(st_r), 1, pb),
+        (lam_adm * remote, *_prefill_queue(st_r), 1, pb, 1.0),
         sol.prefill,
         sol.w_pre,
         sol.w_pre,
     )
     dec = _pool_plan(
-        POOL_DECODE, (lam_adm, hold, st_r.hold_cs2, st_r.b_eff, db), sol.decode, sol.w_dec, sol.w_dec
+        POOL_DECODE, (lam_adm, hold, st_r.hold_cs2, st_r.b_eff, db, 1.0), sol.decode, sol.w_dec, sol.w_dec
     )
     ttft_r = st_r.fixed_s + sol.w_enc + sol.w_pre + sol.w_dec if remote > 0 else 0.0
     ttft_l = local_fixed + sol.w_enc + sol.w_local + sol.w_dec if remote < 1 else 0.0
@@ -2307,9 +2345,9 @@ def predict(
     if st.covers is not None and st.covers.fixed_s:
         p = st.covers.wait_percentile[-1]  # the full cover (st.fixed_s is its bare TTFT)
     specs = _specs(d.arrival_rps, st, _bounds(None))
-    for name, (lam, svc, cs2, k, _b) in zip(POOLS, specs, strict=True):
+    for name, (lam, svc, cs2, k, _b, share) in zip(POOLS, specs, strict=True):
         r = int(replicas.get(name, 0))
-        r0, wps, _ = _table(lam, svc, cs2, k, r, r, p)
+        r0, wps, _ = _table(lam, svc, cs2, k, r, r, p, share)
         waits[name] = wps[0] if wps and r0 == r else math.inf
     return {
         "ttft_s": st.fixed_s + sum(waits.values()),

@@ -341,6 +341,28 @@ def test_colocated_keeps_the_encoder_pool_and_sizes_it_with_media():
         assert pl.pools["encoder"].arrival_rps == pytest.approx(pl.demand.arrival_rps)
 
 
+@pytest.mark.parametrize(
+    ("rate", "media", "own_percentile"),
+    [
+        (5.0, 1.0, 0.99),  # every request visits the encoder: the SLO's own percentile
+        (20.0, 0.2, 0.95),  # the 1 % of all requests the SLO lets miss is 5 % of the encoder's
+        (600.0, 0.01, 0.5),  # media on 1 %: never below the median of its own requests
+    ],
+)
+def test_the_encoder_wait_is_read_at_the_percentile_its_own_requests_leave(rate, media, own_percentile):
+    """Only requests with media wait at the encoder; the SLO's p99 is over all requests."""
+    m = StageModels()
+    slo = SLO(ttft_s=30.0, percentile=0.99)
+    d = Demand(arrival_rps=rate, prompt_tokens_mean=500, media_fraction=media, items_per_request=4)
+    got = predict({"encoder": 1, "prefill": 50, "decode": 50}, d, m, slo)["encoder_wait_s"]
+    enc_s = float(m.encoder.service_ms(4)) / 1000.0
+    want = float(q.wait_percentile(own_percentile, 1, rate * media, enc_s, planner.ENCODER_CS2))
+    assert want > 0  # a loaded encoder: the percentile matters
+    assert got == pytest.approx(want, rel=1e-9)
+    plain = float(q.wait_percentile(0.99, 1, rate * media, enc_s, planner.ENCODER_CS2))
+    assert (got < plain) == (media < 1.0)  # read at its own p99, every share would plan more
+
+
 def test_to_dict_is_json_and_stable():
     d1 = plan(Demand(arrival_rps=3.0)).to_dict()
     d2 = plan(Demand(arrival_rps=3.0)).to_dict()
@@ -421,6 +443,9 @@ def _brute_force_replicas(d: Demand, m: StageModels, slo: SLO, p: Plan) -> dict[
     Takes only the per-stage service figures from the plan (its setup); the
     tables and the joint search are redone here from scratch: fewest GPUs, then
     fewest replicas, then least summed wait, with summed percentile waits <= slack.
+    The percentile is over all requests: the encoder, which only the requests with
+    media visit, has its wait read at the percentile of its own requests that leaves
+    as many of all requests beyond it (1 - (1 - p) / media), but never below the median.
     """
     st_ = p.stages
     enc_s = st_["encoder.service_ms"] / 1000.0
@@ -430,13 +455,16 @@ def _brute_force_replicas(d: Demand, m: StageModels, slo: SLO, p: Plan) -> dict[
     fixed = enc_s + pf_s + st_["transfer.used_ms"] / 1000.0 + float(m.decode.step_ms(1)) / 1000.0
     slack = max(slo.ttft_s - fixed, 0.0)
     lam = d.arrival_rps
+    p = slo.percentile
+    media = d.media_fraction
+    p_enc = 1.0 - min((1.0 - p) / media, max(1.0 - p, 0.5)) if 0 < media < 1 else p
     pools = (
-        (lam * d.media_fraction, enc_s, 1.0, 1, 0),
-        (lam, pf_s, st_["prefill.service_cv"] ** 2, 1, 1),
-        (lam, hold, (d.output_tokens_std / d.output_tokens_mean) ** 2, k, 1),
+        (lam * media, enc_s, 1.0, 1, 0, p_enc),
+        (lam, pf_s, st_["prefill.service_cv"] ** 2, 1, 1, p),
+        (lam, hold, (d.output_tokens_std / d.output_tokens_mean) ** 2, k, 1, p),
     )
     ranges, waits = [], []
-    for rate, svc, cs2, per, lo in pools:
+    for rate, svc, cs2, per, lo, pct in pools:
         if rate <= 0 or svc <= 0:
             ranges.append(np.array([lo]))
             waits.append(np.array([0.0]))
@@ -446,7 +474,7 @@ def _brute_force_replicas(d: Demand, m: StageModels, slo: SLO, p: Plan) -> dict[
         r = np.arange(lo, hi + 1)
         w = np.full(r.shape, np.inf)
         ok = r * per > a
-        w[ok] = q.wait_percentile(slo.percentile, r[ok] * per, rate, svc, cs2)
+        w[ok] = q.wait_percentile(pct, r[ok] * per, rate, svc, cs2)
         assert w[-1] == 0.0  # the range reaches a zero-wait count
         ranges.append(r)
         waits.append(w)

@@ -289,9 +289,10 @@ def test_tables_at_several_percentiles_equal_one_table_each() -> None:
         lo = int(rng.integers(0, 3))
         hi = lo + int(rng.integers(0, 400))
         ps = tuple(sorted(rng.uniform(0.5, 0.999, int(rng.integers(1, 6)))))
-        raw = planner._erlang_pass(lam, svc, cs2, k, lo, hi, max(ps))
+        share = float(rng.choice([1.0, rng.uniform(0.001, 1.0)]))  # the share of requests visiting
+        raw = planner._erlang_pass(lam, svc, cs2, k, lo, hi, max(ps), share)
         assert [planner._table_at(raw, p) for p in ps] == [
-            planner._table(lam, svc, cs2, k, lo, hi, p) for p in ps
+            planner._table(lam, svc, cs2, k, lo, hi, p, share) for p in ps
         ]
 
 

@@ -26,17 +26,18 @@ EDGES = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000]
 # --------------------------------------------------------------------------- the previous code
 
 
-def tables_at_reference(lam, service_s, cs2, k, r_lo, r_hi, ps):
-    """The previous `planner._tables_at`: every percentile's table from one Erlang-B pass."""
+def tables_at_reference(lam, service_s, cs2, k, r_lo, r_hi, ps, share=1.0):
+    """The previous `planner._tables_at`: every percentile's table from one Erlang-B pass
+    (a pool that ``share`` of the requests visit reads its waits at `planner._visitor_tail`)."""
     if lam <= 0 or service_s <= 0:
-        return [(r_lo, [0.0], [0.0]) for _ in ps], (r_lo, [0.0], [1.0], 1.0)
+        return [(r_lo, [0.0], [0.0]) for _ in ps], (r_lo, [0.0], [1.0], 1.0, 1.0)
     a = lam * service_s
     r0 = max(r_lo, int(a // k) + 1)
     if r0 > r_hi:
-        return [(r0, [], []) for _ in ps], (r0, [], [], 1.0)
+        return [(r0, [], []) for _ in ps], (r0, [], [], 1.0, share)
     f = (1.0 + cs2) / 2.0
     mu = 1.0 / service_s
-    tail_min = 1.0 - max(ps)
+    tail_min = planner._visitor_tail(1.0 - max(ps), share)
     pws, gaps = [], []
     c = r0 * k
     c_last = r_hi * k
@@ -64,7 +65,7 @@ def tables_at_reference(lam, service_s, cs2, k, r_lo, r_hi, ps):
     wms = [f * pw / gap for pw, gap in zip(pws, gaps, strict=True)]
     out = []
     for p in ps:
-        tail = 1.0 - p
+        tail = planner._visitor_tail(1.0 - p, share)
         wps = []
         for pw, gap in zip(pws, gaps, strict=True):
             if pw > tail:
@@ -75,7 +76,7 @@ def tables_at_reference(lam, service_s, cs2, k, r_lo, r_hi, ps):
             wps.append(0.0)
             break
         out.append((r0, wps, wms[: len(wps)]))
-    return out, (r0, pws, gaps, f)
+    return out, (r0, pws, gaps, f, share)
 
 
 def cost_floor_reference(tabs, gpus, slack):
@@ -103,8 +104,8 @@ def pick_cover_reference(st, lam, bounds, gpus, p, ttft_s):
         return planner._Pick(st, p, ttft_s, 0.0, None)
     last = len(cov.fixed_s) - 1
     per_pool = [
-        tables_at_reference(lam_s, s, cs2, k, b.min_replicas, b.max_replicas, cov.wait_percentile)
-        for lam_s, s, cs2, k, b in planner._specs(lam, st, bounds)
+        tables_at_reference(lam_s, s, cs2, k, b.min_replicas, b.max_replicas, cov.wait_percentile, share)
+        for lam_s, s, cs2, k, b, share in planner._specs(lam, st, bounds)
     ]
     best = None
     pick = planner._Pick(
@@ -154,7 +155,8 @@ def pick_cover_reference(st, lam, bounds, gpus, p, ttft_s):
         key = (planner._cost(p_tabs, gpus, idx), -float(cum[j]))
         if key >= best:
             continue
-        stages = [(r[1][i], r[2][i], r[3]) for r, i in zip(raws, idx, strict=True)]
+        # P(wait) over all requests: a pool's share of them x its own (`planner._Spec`)
+        stages = [(r[4] * r[1][i], r[2][i], r[3]) for r, i in zip(raws, idx, strict=True)]
         miss = miss_fraction(cov, lambda s, stages=stages: summed_wait_tail(s, stages))
         if miss <= 1.0 - p + 1e-12:
             best = key
@@ -377,8 +379,9 @@ def test_tables_cut_from_one_pass_equal_the_previous_tables() -> None:
         lo = int(rng.integers(0, 3))
         hi = lo + int(rng.integers(0, 400))
         ps = tuple(sorted(rng.uniform(0.5, 0.999, int(rng.integers(1, 8)))))
-        ref_tabs, ref_raw = tables_at_reference(lam, svc, cs2, k, lo, hi, ps)
-        raw = planner._erlang_pass(lam, svc, cs2, k, lo, hi, max(ps))
+        share = float(rng.choice([1.0, rng.uniform(0.001, 1.0)]))
+        ref_tabs, ref_raw = tables_at_reference(lam, svc, cs2, k, lo, hi, ps, share)
+        raw = planner._erlang_pass(lam, svc, cs2, k, lo, hi, max(ps), share)
         assert raw == ref_raw
         assert [planner._table_at(raw, p) for p in ps] == ref_tabs
         gpus = tuple(int(g) for g in rng.choice([1, 2, 4], 3))
