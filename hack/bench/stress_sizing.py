@@ -10,7 +10,8 @@ to long prompts, arrivals in batches, spikes shorter than a start-up; added afte
 decision's constants were set: the shift back to short prompts, a shift to long outputs,
 a steady ramp, and traffic that stops and comes back; six probes written after all of
 that was measured (an evening peak, tenants in turn, microbursts, long and heavy-tailed
-outputs, a trickle); and three of on/off traffic at random times -- through
+outputs, a trickle); three of on/off traffic at random times; and three with media (the
+encoder pool in the pipeline) -- through
 `disagg evaluate`'s virtual-time harness with the `disagg` policy, and with the same
 policy fed, one at a time and together, by
 
@@ -96,6 +97,7 @@ def workloads(minutes: float) -> dict[str, Workload]:
         **later_workloads(dur),
         **probe_workloads(dur),
         **random_burst_workloads(dur),
+        **media_workloads(dur),
     }
 
 
@@ -210,6 +212,30 @@ def random_burst_workloads(dur: float) -> dict[str, Workload]:
         ),
         "random on/off, slow: 1 <-> 8 req/s, stays of 10 min and 5 min on average": random_bursts(
             1.0, 8.0, 600.0, 300.0, dur, seed=5, **kw
+        ),
+    }
+
+
+def media_workloads(dur: float) -> dict[str, Workload]:
+    """Three probes with media (the encoder pool in the pipeline), written after everything above
+    was measured (docs/evaluation.md, "Requests with media"): half the requests with four images
+    each, a shift from none to most at half time, and a burst source whose bursts carry media."""
+    kw = dict(prompt_tokens=(200, 3000), output_tokens=(50, 400))
+    text = poisson(5.0, dur / 2, seed=22, **kw)
+    images = poisson(5.0, dur / 2, media_fraction=0.6, media_items=3, seed=23, **kw)
+    return {
+        "media on half the requests: Poisson 5 req/s, 4 images each": poisson(
+            5.0, dur, media_fraction=0.5, media_items=4, seed=21, **kw
+        ),
+        "media 0 -> 60 % of the requests at half time (5 req/s, 3 images each)": Workload(
+            np.concatenate([text.arrival_s, images.arrival_s + dur / 2]),
+            np.concatenate([text.prompt_tokens, images.prompt_tokens]),
+            np.concatenate([text.output_tokens, images.output_tokens]),
+            np.concatenate([text.media_items, images.media_items]),
+            name="media-shift",
+        ),
+        "on/off with media: 2 <-> 8 req/s, 3 min bursts every 10 min, a third with 2 images": burst(
+            2, 8, 600, dur, duty=0.3, media_fraction=0.33, media_items=2, seed=24, **kw
         ),
     }
 
