@@ -229,8 +229,8 @@ class PoolPlan:
     service_s: float  # mean service (decode: slot hold) time
     capacity_rps: float  # per replica, at full utilisation
     utilization: float
-    wait_mean_s: float
-    wait_p_s: float
+    wait_mean_s: float  # over the pool's own requests
+    wait_p_s: float  # at the SLO's percentile of all requests (the encoder's: `_Spec`)
     queue_len: float  # Little: L_q = lambda x W_q
     in_service: float  # Little: lambda x S
 
