@@ -1171,8 +1171,8 @@ def _specs(lam: float, st: _Setup, bounds: dict[str, PoolBounds]) -> tuple[_Spec
 
 
 def _share(media: float) -> float:
-    """The encoder's share of all requests (`_Spec`): the media fraction, 1 when there is none
-    (no arrivals then: the share does not matter, and 1 keeps the tables' arithmetic as before)."""
+    """The encoder's share of all requests (`_Spec`): the media fraction; 1 when there is none
+    (the encoder then has no arrivals, and a share of 1 reads its table at the SLO's own tail)."""
     return media if media > 0 else 1.0
 
 
