@@ -219,7 +219,7 @@ def random_burst_workloads(dur: float) -> dict[str, Workload]:
 def media_workloads(dur: float) -> dict[str, Workload]:
     """Three probes with media (the encoder pool in the pipeline), written after everything above
     was measured (docs/evaluation.md, "Requests with media"): half the requests with four images
-    each, a shift from none to most at half time, and a burst source whose bursts carry media."""
+    each, a shift from none to most at half time, and on/off traffic with media on a third of it."""
     kw = dict(prompt_tokens=(200, 3000), output_tokens=(50, 400))
     text = poisson(5.0, dur / 2, seed=22, **kw)
     images = poisson(5.0, dur / 2, media_fraction=0.6, media_items=3, seed=23, **kw)
