@@ -161,8 +161,16 @@ def run_closed_loop_and_refusals(
         cluster.wait_for(
             grown, timeout=STEP_AT, interval=1, what=f"pools grown to {want_high}\n{stack.debug()}"
         )
-        status = stack.dd()["status"]  # patched through disaggdeployments/status
-        assert status["lastDecision"]["outputs"]["planned"]["decode"] >= want_high["decode"]
+        # The decision's record is patched through disaggdeployments/status just after the
+        # replicas it applied: read in between, the status still holds the decision before it.
+        cluster.wait_for(
+            lambda: (
+                stack.dd()["status"]["lastDecision"]["outputs"]["planned"]["decode"] >= want_high["decode"]
+            ),
+            timeout=10,
+            interval=0.5,
+            what=f"the decision that grew the pools recorded in status\n{stack.debug()}",
+        )
         # The loop swallows a failed Secret read into "metrics missing" (no log line): metrics
         # available with a bearerTokenSecretRef set shows `get secrets` works.
         assert (stack.condition("MetricsAvailable") or {}).get("status") == "True", stack.debug()
