@@ -1164,22 +1164,28 @@ def _specs(lam: float, st: _Setup, bounds: dict[str, PoolBounds]) -> tuple[_Spec
     a = st.ca2 - 1.0
     prefill_s, prefill_cs2 = _prefill_queue(st)
     return (
-        (lam * st.media, st.enc_s, ENCODER_CS2 + a, 1, bounds[POOL_ENCODER], _share(st.media)),
+        _encoder_spec(lam, st, bounds[POOL_ENCODER], a),
         (lam, prefill_s, prefill_cs2 + a, 1, bounds[POOL_PREFILL], 1.0),
         (lam, st.hold_s, st.hold_cs2 + a, st.b_eff, bounds[POOL_DECODE], 1.0),
     )
 
 
-def _share(media: float) -> float:
-    """The encoder's share of all requests (`_Spec`): the media fraction; 1 when there is none
-    (the encoder then has no arrivals, and a share of 1 reads its table at the SLO's own tail)."""
-    return media if media > 0 else 1.0
+def _encoder_spec(lam: float, st: _Setup, bounds: PoolBounds, cs2_extra: float = 0.0) -> _Spec:
+    """The encoder's queue at total rate `lam`: the requests with media, their share of all
+    requests (`_Spec`; 1 when there are none: no arrivals then, and a share of 1 reads the
+    table at the SLO's own tail). ``cs2_extra``: the arrival term Allen-Cunneen adds."""
+    share = st.media if st.media > 0 else 1.0
+    return (lam * st.media, st.enc_s, ENCODER_CS2 + cs2_extra, 1, bounds, share)
+
+
+def _spec_table(spec: _Spec, p: float, r_lo: int, r_hi: int) -> _Table:
+    """`_table` of one pool's queue for counts r_lo..r_hi."""
+    lam, s, cs2, k, _b, share = spec
+    return _table(lam, s, cs2, k, r_lo, r_hi, p, share)
 
 
 def _tables(specs: tuple[_Spec, ...], p: float) -> list[_Table]:
-    return [
-        _table(lam, s, cs2, k, b.min_replicas, b.max_replicas, p, share) for lam, s, cs2, k, b, share in specs
-    ]
+    return [_spec_table(spec, p, spec[4].min_replicas, spec[4].max_replicas) for spec in specs]
 
 
 _SEARCH_EPS = 1e-12  # `_search`'s tolerance on the summed waits against the slack (rounding)
@@ -1722,9 +1728,7 @@ def _plan_colocated(
 
     def solve(lam: float) -> tuple[int, int, float] | None:
         """(encoder replicas, colocated replicas, encoder wait) of the fewest GPUs at rate `lam`."""
-        r0e, we, _ = _table(
-            lam * st.media, st.enc_s, ENCODER_CS2, 1, eb.min_replicas, eb.max_replicas, p, _share(st.media)
-        )
+        r0e, we, _ = _tables((_encoder_spec(lam, st, eb),), p)[0]
         best: tuple[int, int, int, float] | None = None
         for i, w_e in enumerate(we):
             re_ = r0e + i
@@ -1773,8 +1777,8 @@ def _plan_colocated(
     ev = _colocated_eval(r, lam_adm, d, m, slo, st)
     ttft, itl, _u, wp, ws, hold = ev if ev is not None else (math.inf, math.inf, 1.0, math.inf, math.inf, 0)
     ttft += w_enc
-    enc_spec: _Spec = (lam_adm * st.media, st.enc_s, ENCODER_CS2, 1, eb, _share(st.media))
-    enc_tab = _tables((enc_spec,), slo.percentile)[0]
+    enc_spec = _encoder_spec(lam_adm, st, eb)
+    enc_tab = _spec_table(enc_spec, slo.percentile, r_enc, r_enc)
     enc = _pool_plan(
         POOL_ENCODER,
         enc_spec,
@@ -2005,9 +2009,7 @@ def _solve_conditional(
     eb, pb, db = bounds[POOL_ENCODER], bounds[POOL_PREFILL], bounds[POOL_DECODE]
     ge, gp, gd = eb.gpus_per_replica, pb.gpus_per_replica, db.gpus_per_replica
     lam_r, lam_l = rate * remote, rate * (1.0 - remote)
-    r0e, we, _ = _table(
-        rate * st_r.media, st_r.enc_s, ENCODER_CS2, 1, eb.min_replicas, eb.max_replicas, p, _share(st_r.media)
-    )
+    r0e, we, _ = _tables((_encoder_spec(rate, st_r, eb),), p)[0]
     r0p, wpp, _ = _table(lam_r, *_prefill_queue(st_r), 1, pb.min_replicas, pb.max_replicas, p)
     if not we or not wpp:
         return None
@@ -2177,7 +2179,7 @@ def _plan_conditional(
     hold = sol.hold_s
     enc = _pool_plan(
         POOL_ENCODER,
-        (lam_adm * st_r.media, st_r.enc_s, ENCODER_CS2, 1, eb, _share(st_r.media)),
+        _encoder_spec(lam_adm, st_r, eb),
         sol.encoder,
         sol.w_enc,
         sol.w_enc,
@@ -2345,9 +2347,9 @@ def predict(
     if st.covers is not None and st.covers.fixed_s:
         p = st.covers.wait_percentile[-1]  # the full cover (st.fixed_s is its bare TTFT)
     specs = _specs(d.arrival_rps, st, _bounds(None))
-    for name, (lam, svc, cs2, k, _b, share) in zip(POOLS, specs, strict=True):
+    for name, spec in zip(POOLS, specs, strict=True):
         r = int(replicas.get(name, 0))
-        r0, wps, _ = _table(lam, svc, cs2, k, r, r, p, share)
+        r0, wps, _ = _spec_table(spec, p, r, r)
         waits[name] = wps[0] if wps and r0 == r else math.inf
     return {
         "ttft_s": st.fixed_s + sum(waits.values()),

@@ -341,6 +341,23 @@ def test_colocated_keeps_the_encoder_pool_and_sizes_it_with_media():
         assert pl.pools["encoder"].arrival_rps == pytest.approx(pl.demand.arrival_rps)
 
 
+@pytest.mark.parametrize("placement", ["colocated", "conditional", "disaggregated"])
+def test_the_encoder_pool_reports_its_wait_at_the_replicas_planned(placement):
+    """The plan's encoder figures are those of the count it plans, read at the percentile of
+    its own requests that the SLO's p99 of all requests leaves (media on half: its p98)."""
+    slo = SLO(ttft_s=0.6, percentile=0.99)
+    for rate in (16.0, 24.0, 30.0):
+        d = Demand(arrival_rps=rate, prompt_tokens_mean=1000, media_fraction=0.5, items_per_request=4)
+        enc = plan(d, StageModels(), slo, bounds={"encoder": PoolBounds(1, 8, 1)}, placement=placement).pools[
+            "encoder"
+        ]
+        assert enc.replicas > int(enc.arrival_rps * enc.service_s) + 1  # above its first stable count
+        want = float(
+            q.wait_percentile(0.98, enc.replicas, enc.arrival_rps, enc.service_s, planner.ENCODER_CS2)
+        )
+        assert enc.wait_p_s == pytest.approx(want, rel=1e-9, abs=1e-12), (rate, enc.replicas)
+
+
 @pytest.mark.parametrize(
     ("rate", "media", "own_percentile"),
     [
