@@ -13,8 +13,9 @@ One decision:
 3. the rate to plan for (`policy.sizing_rate`) from the arrivals (the requests
    the engines counted plus the growth of those they hold uncounted,
    `arrivals_in_system`): fast attack from the short window
-   (`SHORT_WINDOW_SCRAPES` scrapes), forecast one observed start-up ahead,
-   counting noise, backlog, observed-TTFT feedback;
+   (`SHORT_WINDOW_SCRAPES` scrapes), forecast one observed start-up ahead (a rise
+   no further than the level bursts seen reach, `policy.burst_reach`), counting
+   noise, backlog, observed-TTFT feedback;
 4. the plan for that rate (its arrival term the counts' dispersion, or what the
    prefill queue's waits show beyond it, `wait_arrival_term`), and the floor (the plan for the observed rate: a
    budget rebalance never shrinks a donor below it);
@@ -138,6 +139,7 @@ class Tuning:
     backlog_lead_s: float | None = None  # project queue growth this far (None: the lead time)
     ttft_feedback: bool = True  # observed TTFT well below target: plan for the observation
     ttft_comfort: float = 0.5  # ... "well below" = at most this fraction of the target
+    projection_within_reach: bool = True  # a rise's projection stops at the level bursts seen reach
 
 
 @dataclass(frozen=True)
@@ -1569,6 +1571,9 @@ def _decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
             auto_headroom=inputs.auto_headroom,
             before_rise=inputs.before_rise,
             burst_floor_rps=inputs.burst_floor_rps,
+            reach_z=burstiness.noise_z(config.planning.slo.percentile)
+            if tn.projection_within_reach
+            else None,
         )
         plan_rate = rate
         try:

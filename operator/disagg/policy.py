@@ -36,6 +36,7 @@ __all__ = [
     "Decision",
     "PolicyConfig",
     "PolicyState",
+    "burst_reach",
     "decide",
     "forecast_rate",
     "observe_rate",
@@ -297,6 +298,7 @@ def sizing_rate(
     auto_headroom: float | None = None,
     before_rise: float | None = None,
     burst_floor_rps: float | None = None,
+    reach_z: float | None = None,
 ) -> tuple[float, PolicyState]:
     """The arrival rate to plan for, shared by the operator's loop and `disagg evaluate`.
 
@@ -333,6 +335,14 @@ def sizing_rate(
     stands ready for: traffic that stopped may come back at it while the current rate is
     zero, and on/off bursts many times the low level jump to it from there.
 
+    With ``reach_z``, a rising trend is projected no further than the level the bursts seen
+    reach (`burst_reach`) while the rate is within ``reach_z`` standard deviations of Poisson
+    counting noise of that level and the observed TTFT meets its target: the burst profile
+    measured how far such rises go within a lead, and a line through a burst's first
+    minute projected a lead ahead asks for far more than its top (up to twice it). A rise
+    beyond that level (one of a kind not seen), or one the pools are not keeping up with
+    (TTFT over the target, or not observed), is projected as before.
+
     A backlog term larger than the counting-noise term marks this recommendation
     as backlog-driven (``state.backlog_times``): `decide` then lets it hold
     capacity only while it is current, not through the stabilization window, so
@@ -348,6 +358,16 @@ def sizing_rate(
         r = max(r, lcb)
     state = observe_rate(state, now, r, config)
     f = forecast_rate(state, now, config, window_s) or 0.0
+    meets = (
+        ttft_observed is not None
+        and ttft_target is not None
+        and math.isfinite(ttft_observed)
+        and 0 <= ttft_observed <= ttft_target
+    )
+    if reach_z is not None and f > r and meets:
+        reach = burst_reach(r, auto_headroom, before_rise, burst_floor_rps)
+        if reach is not None and r <= reach + reach_z * math.sqrt(reach / window_s):
+            f = min(f, max(r, reach))
     noise = z * math.sqrt(disp * max(f, 0.0) / window_s)
     backlog = 0.0
     q = float(queued) if queued is not None and math.isfinite(queued) and queued > 0 else 0.0
@@ -385,6 +405,35 @@ def sizing_rate(
     floor_ok = burst_floor_rps is not None and math.isfinite(burst_floor_rps)
     standing = float(burst_floor_rps) if floor_ok else 0.0
     return max(f + noise, spare, standing) + backlog, state
+
+
+def burst_reach(
+    rate: float,
+    auto_headroom: float | None,
+    before_rise: float | None,
+    burst_floor_rps: float | None,
+) -> float | None:
+    """The level the bursts seen reach from where the rate stands (req/s); None when none was seen.
+
+    The higher of the burst floor (the rate the largest rises reached) and, while a rise is
+    under way (``before_rise`` < 1: it began from that share of `rate`), its foot times one
+    plus the automatic headroom (how far rises went within a lead). A headroom of 0 (no
+    rise seen) or no rise under way says nothing about a level: the current rate would be
+    its own reach.
+    """
+    reach = 0.0
+    if burst_floor_rps is not None and math.isfinite(burst_floor_rps):
+        reach = float(burst_floor_rps)
+    if (
+        auto_headroom is not None
+        and math.isfinite(auto_headroom)
+        and auto_headroom > 0
+        and before_rise is not None
+        and math.isfinite(before_rise)
+        and 0.0 <= before_rise < 1.0
+    ):
+        reach = max(reach, (1.0 + auto_headroom) * before_rise * rate)
+    return reach if reach > 0 else None
 
 
 # --------------------------------------------------------------------------- budget helpers

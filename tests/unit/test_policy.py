@@ -15,6 +15,7 @@ from disagg.policy import (
     Decision,
     PolicyConfig,
     PolicyState,
+    burst_reach,
     decide,
     forecast_rate,
     observe_rate,
@@ -469,6 +470,56 @@ def test_trend_and_headroom_cover_one_rise_not_two():
     # on a flat trend the headroom applies to the observation, as before
     flat, _ = sizing_rate(PolicyState(), 0.0, cfg, rate, auto_headroom=0.6, **kw)
     assert flat == pytest.approx((rate + noise) * 1.6)
+
+
+def _burst_under_way(cfg: PolicyConfig) -> PolicyState:
+    """Rate samples of a burst's first minute: 2 -> 5 -> 8 req/s, 30 s apart."""
+    state = PolicyState()
+    for t, r in ((0.0, 2.0), (30.0, 5.0), (60.0, 8.0)):
+        _, state = sizing_rate(state, t, cfg, r, window_s=60.0)
+    return state
+
+
+def test_a_rise_is_projected_no_further_than_the_bursts_seen_reach():
+    """A line through a burst's first minute, projected a lead ahead, asks for far more than its
+    top; where earlier bursts showed their level, the projection stops there while the pools keep up."""
+    cfg = PolicyConfig(forecast_horizon_s=60, forecast_samples=4, forecast_max_growth=2.0)
+    rising = _burst_under_way(cfg)
+    rate, z = 9.5, 2.576
+    kw = {"window_s": 60.0, "ttft_target": 0.6, "ttft_observed": 0.4, "burst_floor_rps": 10.0}
+    unbounded, _ = sizing_rate(rising, 90.0, cfg, rate, **kw)
+    assert unbounded > 1.5 * rate  # the trend alone: half as much again as the top, and more
+    bounded, _ = sizing_rate(rising, 90.0, cfg, rate, reach_z=z, **kw)
+    assert bounded == pytest.approx(10.0 + 1.645 * (10.0 / 60.0) ** 0.5)  # the floor, with its counting noise
+    # the pools not keeping up (TTFT over the target, or not observed): projected as before
+    late, _ = sizing_rate(rising, 90.0, cfg, rate, reach_z=z, **{**kw, "ttft_observed": 0.7})
+    unseen, _ = sizing_rate(rising, 90.0, cfg, rate, reach_z=z, **{**kw, "ttft_observed": None})
+    assert late == pytest.approx(unbounded) and unseen == pytest.approx(unbounded)
+    # a rise beyond the level bursts reached, past counting noise: a new kind, projected as before
+    beyond, _ = sizing_rate(rising, 90.0, cfg, rate, reach_z=z, **{**kw, "burst_floor_rps": 6.0})
+    assert beyond == pytest.approx(unbounded)
+    # within counting noise of that level it is the same burst: 9.5 against a floor of 9
+    near, _ = sizing_rate(rising, 90.0, cfg, rate, reach_z=z, **{**kw, "burst_floor_rps": 9.0})
+    assert near == pytest.approx(rate + 1.645 * (rate / 60.0) ** 0.5)
+    # the burst profile's reach: a rise under way from half the rate, rises of 1.2x their foot seen
+    profile = {**kw, "burst_floor_rps": None, "auto_headroom": 1.2, "before_rise": 0.5}
+    reached, _ = sizing_rate(rising, 90.0, cfg, rate, reach_z=z, **profile)
+    reach = 2.2 * 0.5 * rate
+    spare = (rate + 1.645 * (rate / 60.0) ** 0.5) * (2.2 * 0.5)  # the headroom the rise has left
+    assert reached == pytest.approx(max(reach + 1.645 * (reach / 60.0) ** 0.5, spare))
+    assert reached < sizing_rate(rising, 90.0, cfg, rate, **profile)[0]
+
+
+def test_the_reach_of_bursts_is_a_level_seen_never_the_rate_itself():
+    assert burst_reach(9.0, None, None, 12.0) == 12.0  # the burst floor
+    assert burst_reach(9.0, 1.0, 0.5, None) == pytest.approx(9.0)  # from the rise's foot, 4.5 req/s
+    assert burst_reach(9.0, 1.0, 0.5, 12.0) == 12.0  # the higher of the two
+    # no rise under way, or no rise seen: a headroom over the current rate is no level
+    assert burst_reach(9.0, 1.0, 1.0, None) is None
+    assert burst_reach(9.0, 1.0, None, None) is None
+    assert burst_reach(9.0, 0.0, 0.5, None) is None
+    assert burst_reach(9.0, None, None, None) is None
+    assert burst_reach(9.0, float("nan"), 0.5, float("nan")) is None
 
 
 def test_each_pools_last_change_is_on_record_and_survives_the_round_trip():

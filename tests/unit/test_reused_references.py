@@ -42,6 +42,7 @@ MOVED = replace(
     backlog_lead_s=10.0,
     ttft_feedback=False,
     ttft_comfort=0.3,
+    projection_within_reach=False,
     capacity_scale=1.5,
     keda_queue_per_replica=4.0,
     dynamo_predictor="constant",
