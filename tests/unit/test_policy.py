@@ -501,7 +501,7 @@ def test_a_rise_is_projected_no_further_than_the_bursts_seen_reach():
     # within counting noise of that level it is the same burst: 9.5 against a floor of 9
     near, _ = sizing_rate(rising, 90.0, cfg, rate, reach_z=z, **{**kw, "burst_floor_rps": 9.0})
     assert near == pytest.approx(rate + 1.645 * (rate / 60.0) ** 0.5)
-    # the burst profile's reach: a rise under way from half the rate, rises of 1.2x their foot seen
+    # the burst profile's reach: a rise under way from half the rate, rises to 2.2x their foot seen
     profile = {**kw, "burst_floor_rps": None, "auto_headroom": 1.2, "before_rise": 0.5}
     reached, _ = sizing_rate(rising, 90.0, cfg, rate, reach_z=z, **profile)
     reach = 2.2 * 0.5 * rate
