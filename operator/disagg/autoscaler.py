@@ -139,7 +139,7 @@ class Tuning:
     backlog_lead_s: float | None = None  # project queue growth this far (None: the lead time)
     ttft_feedback: bool = True  # observed TTFT well below target: plan for the observation
     ttft_comfort: float = 0.5  # ... "well below" = at most this fraction of the target
-    projection_within_reach: bool = True  # a rise's projection stops at the level bursts seen reach
+    within_burst_reach: bool = True  # a rise's projection and the headroom stop at the level bursts reach
 
 
 @dataclass(frozen=True)
@@ -1571,9 +1571,7 @@ def _decide(config: Config, obs: Observation, state: ScalerState) -> Outcome:
             auto_headroom=inputs.auto_headroom,
             before_rise=inputs.before_rise,
             burst_floor_rps=inputs.burst_floor_rps,
-            reach_z=burstiness.noise_z(config.planning.slo.percentile)
-            if tn.projection_within_reach
-            else None,
+            reach_z=burstiness.noise_z(config.planning.slo.percentile) if tn.within_burst_reach else None,
         )
         plan_rate = rate
         try:

@@ -131,8 +131,9 @@ class EvalSettings:
     backlog_lead_s: float | None = None  # disagg: project queue growth this far (None: start-up time)
     ttft_feedback: bool = True  # disagg: observed p90 TTFT well below target drops the headroom
     ttft_comfort: float = 0.5  # ... "well below" = at most this fraction of the target
-    # disagg: a rise's projection stops at the level the bursts seen reach (policy.burst_reach)
-    projection_within_reach: bool = True
+    # disagg: a rise's projection and the headroom at a burst's top stop at the level bursts
+    # reach (policy.burst_reach)
+    within_burst_reach: bool = True
     target_attainment: float = 0.99  # oracle and best-static: the attainment they must reach
     capacity_scale: float = 1.0  # static/throughput/dynamo: size for this multiple of their demand
     keda_queue_per_replica: float = 2.0  # keda: target requests per replica beyond its batch (curve knob)
@@ -247,7 +248,7 @@ POLICY_ONLY_SETTINGS = frozenset(
         "backlog_lead_s",
         "ttft_feedback",
         "ttft_comfort",
-        "projection_within_reach",
+        "within_burst_reach",
         "capacity_scale",
         "keda_queue_per_replica",
         "dynamo_predictor",
@@ -698,7 +699,7 @@ def tuning_for(s: EvalSettings) -> autoscaler.Tuning:
         backlog_lead_s=s.backlog_lead_s,
         ttft_feedback=s.ttft_feedback,
         ttft_comfort=s.ttft_comfort,
-        projection_within_reach=s.projection_within_reach,
+        within_burst_reach=s.within_burst_reach,
     )
 
 

@@ -341,7 +341,11 @@ def sizing_rate(
     measured how far such rises go within a lead, and a line through a burst's first
     minute projected a lead ahead asks for far more than its top (up to twice it). A rise
     beyond that level (one of a kind not seen), or one the pools are not keeping up with
-    (TTFT over the target, or not observed), is projected as before.
+    (TTFT over the target, or not observed), is projected as before. Under the same TTFT
+    condition, a rate within that noise of the burst floor or above it is at a burst's top:
+    the automatic headroom's spare capacity then stops at the floor (or at the rate), with
+    its counting noise, since the headroom's rises ran from feet to such tops, not beyond
+    them; ``config.headroom`` still applies in full.
 
     A backlog term larger than the counting-noise term marks this recommendation
     as backlog-driven (``state.backlog_times``): `decide` then lets it hold
@@ -404,6 +408,15 @@ def sizing_rate(
     spare = (r + noise_now) * (1.0 + headroom)
     floor_ok = burst_floor_rps is not None and math.isfinite(burst_floor_rps)
     standing = float(burst_floor_rps) if floor_ok else 0.0
+    if reach_z is not None and meets and standing > 0:
+        # At the level bursts reach the burst is here: the headroom's rises ran from feet to
+        # such tops, and one more on top of the top is a rise no burst has shown. The spare
+        # capacity stops at that level (or the rate, with their counting noise); the spec's
+        # own headroom stays.
+        allow = reach_z * math.sqrt(standing / window_s)
+        if r >= standing - allow:
+            top = min(spare, max(standing + allow, r + noise_now))
+            spare = max(top, (r + noise_now) * (1.0 + config.headroom))
     return max(f + noise, spare, standing) + backlog, state
 
 

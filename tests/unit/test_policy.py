@@ -510,6 +510,41 @@ def test_a_rise_is_projected_no_further_than_the_bursts_seen_reach():
     assert reached < sizing_rate(rising, 90.0, cfg, rate, **profile)[0]
 
 
+def test_at_a_bursts_top_the_headroom_stands_ready_for_no_further_rise():
+    """The automatic headroom's rises ran from feet to tops: at the level bursts reach, standing
+    ready for another rise of that share on top of the top would size for a burst not seen."""
+    cfg = PolicyConfig(forecast_horizon_s=60)
+    kw = {
+        "window_s": 60.0,
+        "ttft_target": 0.6,
+        "ttft_observed": 0.4,
+        "auto_headroom": 1.9,
+        "before_rise": 1.0,
+        "burst_floor_rps": 9.5,
+    }
+    z = 2.576
+
+    def noise(x: float) -> float:
+        return 1.645 * (x / 60.0) ** 0.5
+
+    free, _ = sizing_rate(PolicyState(), 0.0, cfg, 10.0, **kw)
+    assert free == pytest.approx((10.0 + noise(10.0)) * 2.9)  # another 2.9x from the top
+    top, _ = sizing_rate(PolicyState(), 0.0, cfg, 10.0, reach_z=z, **kw)
+    assert top == pytest.approx(10.0 + noise(10.0))  # the rate with its noise, above the floor's
+    # just below the floor, within its counting noise: stops at the floor and its noise
+    near, _ = sizing_rate(PolicyState(), 0.0, cfg, 9.0, reach_z=z, **kw)
+    assert near == pytest.approx(9.5 + z * (9.5 / 60.0) ** 0.5)
+    # at a foot the headroom stands ready for the rise, as before
+    foot, _ = sizing_rate(PolicyState(), 0.0, cfg, 3.0, reach_z=z, **kw)
+    assert foot == pytest.approx((3.0 + noise(3.0)) * 2.9)
+    # pools not keeping up, or the spec's own headroom: neither is cut
+    late, _ = sizing_rate(PolicyState(), 0.0, cfg, 10.0, reach_z=z, **{**kw, "ttft_observed": 0.8})
+    assert late == pytest.approx(free)
+    spec = PolicyConfig(forecast_horizon_s=60, headroom=0.3)
+    kept, _ = sizing_rate(PolicyState(), 0.0, spec, 10.0, reach_z=z, **kw)
+    assert kept == pytest.approx((10.0 + noise(10.0)) * 1.3)
+
+
 def test_the_reach_of_bursts_is_a_level_seen_never_the_rate_itself():
     assert burst_reach(9.0, None, None, 12.0) == 12.0  # the burst floor
     assert burst_reach(9.0, 1.0, 0.5, None) == pytest.approx(9.0)  # from the rise's foot, 4.5 req/s
