@@ -362,9 +362,10 @@ def sizing_rate(
         r = max(r, lcb)
     state = observe_rate(state, now, r, config)
     f = forecast_rate(state, now, config, window_s) or 0.0
-    meets = (
+    # the observed TTFT meets its target (the comfort rule below asks for room to spare too)
+    meets = bool(
         ttft_observed is not None
-        and ttft_target is not None
+        and ttft_target
         and math.isfinite(ttft_observed)
         and 0 <= ttft_observed <= ttft_target
     )
@@ -382,13 +383,7 @@ def sizing_rate(
         if prev is not None and now > prev[0]:
             growth = max(0.0, (q - prev[1]) / (now - prev[0]))
         backlog = (q + growth * max(0.0, lead)) / backlog_drain_s
-    if (
-        backlog <= 0
-        and ttft_observed is not None
-        and ttft_target
-        and math.isfinite(ttft_observed)
-        and 0 <= ttft_observed <= ttft_comfort * ttft_target
-    ):
+    if backlog <= 0 and meets and ttft_observed <= ttft_comfort * ttft_target:
         # the pools meet the target with room to spare: plan for the observation,
         # no extrapolated growth and no counting-noise headroom
         f, noise = r, 0.0
